@@ -1,0 +1,153 @@
+"""`scripts/compile.py` (also installed as `tvm-ext-compile`): compile a model with the tvm_ext
+pipeline, export it, run it here, check it against a plain TVM build, and report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+
+import numpy as np
+
+
+def _parse_value(text: str):
+    """`--set` values: ints, floats, comma lists of ints, or strings."""
+    if "," in text:
+        return tuple(_parse_value(t) for t in text.split(",") if t)
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="compile.py",
+        description="Compile a model with the tvm_ext pipeline; optionally run, check, export.",
+    )
+    p.add_argument("model", nargs="?", default="gpt",
+                   help="zoo model (mlp, gpt, resnet) or a .pt2 / .onnx / .py file "
+                        "(default: gpt)")
+    p.add_argument("--size", default="tiny", help="zoo model size (tiny, small, medium, ...)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a zoo size field, e.g. --set layers=4 (repeatable)")
+    p.add_argument("--training", action="store_true",
+                   help="compile the training step (forward + backward) instead of inference")
+    p.add_argument("--target", default="llvm", help="llvm, cuda, or a TVM target string")
+    p.add_argument("--arch", default=None, help="CUDA arch (default sm_90, Hopper)")
+    p.add_argument("--output", "-o", help="export the compiled module to this .so")
+    p.add_argument("--run", action="store_true", help="run the module here; print latency "
+                                                      "and measured peak device memory")
+    p.add_argument("--check", action="store_true",
+                   help="compare outputs with a plain tvm.compile on random inputs")
+    p.add_argument("--report", metavar="PATH", help="write a JSON report")
+    p.add_argument("--repeat", type=int, default=5, help="timed runs for --run")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--rtol", type=float, default=1e-5)
+    p.add_argument("--atol", type=float, default=1e-5)
+    p.add_argument("--dump-dir", help="write the module after each pipeline phase there")
+    return p
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # Heavy imports after argument parsing, so --help is instant.
+    import tvm_ext  # noqa: F401  (loads the runtime library, registers the pipeline)
+    from tvm_ext import compiler
+    from tvm_ext.cuda_support import DEFAULT_ARCH, CudaUnavailableError
+    from tvm_ext.models import ModelLoadError, load_model
+
+    report: dict = {"model": args.model, "target": args.target, "host": platform.node()}
+    try:
+        overrides = dict(kv.split("=", 1) for kv in args.set)
+    except ValueError:
+        print("error: --set takes FIELD=VALUE", file=sys.stderr)
+        return 2
+    overrides = {k: _parse_value(v) for k, v in overrides.items()}
+    try:
+        model = load_model(args.model, args.size, args.training, **overrides)
+        target = compiler.resolve_target(args.target, args.arch or DEFAULT_ARCH)
+    except (ModelLoadError, CudaUnavailableError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    report["model_summary"] = model.summary()
+    kind = "training step" if model.training else "inference"
+    print(f"model   {model.name} ({kind}), {len(model.params)} parameters, "
+          f"{_fmt_bytes(model.param_bytes)}")
+
+    graph = compiler.analyze(model, target)
+    gsum = graph.summary()
+    report["graph"] = gsum
+    print(f"graph   {gsum['ops']} ops ({gsum['kernels']} kernels), {gsum['gflops']:.3f} GFLOP, "
+          f"predicted peak {_fmt_bytes(gsum['peak_bytes'])}")
+
+    start = time.perf_counter()
+    executable = compiler.build(model, target, dump_dir=args.dump_dir)
+    report["compile_seconds"] = time.perf_counter() - start
+    print(f"compile {report['compile_seconds']:.2f} s for {target.kind.name}")
+
+    if args.output:
+        compiler.export(executable, args.output)
+        report["output"] = args.output
+        print(f"export  {args.output}")
+
+    status = 0
+    if args.run or args.check:
+        device = compiler.device_of(target)
+        if not device.exist:
+            print(f"error: no {target.kind.name} device here to run on; --output exports a "
+                  "module for a machine that has one", file=sys.stderr)
+            return 2
+        arguments = model.random_arguments(args.seed)
+        result = compiler.run(executable, arguments, device, repeat=args.repeat)
+        predicted = graph.peak_memory()
+        report["run"] = {
+            "latency_ms_median": result.median_ms,
+            "latencies_ms": result.latencies_ms,
+            "measured_peak_bytes": result.peak_bytes,
+            "argument_bytes": result.argument_bytes,
+            "predicted_unplanned_peak_bytes": predicted,
+        }
+        print(f"run     {result.median_ms:.3f} ms (median of {args.repeat}), measured peak "
+              f"{_fmt_bytes(result.peak_bytes)} on {device} (arguments "
+              f"{_fmt_bytes(result.argument_bytes)})")
+        if args.check:
+            reference = compiler.build_reference(model, target)
+            ref = compiler.run(reference, arguments, device, repeat=0)
+            try:
+                check = compiler.compare(result.outputs, ref.outputs, args.rtol, args.atol)
+            except compiler.CheckError as err:
+                report["check"] = {"ok": False, "error": str(err)}
+                print(f"check   FAILED: {err}", file=sys.stderr)
+                status = 1
+            else:
+                report["check"] = {"ok": True, **vars(check)}
+                print(f"check   OK: {check.outputs} outputs match the plain TVM build "
+                      f"(max abs error {check.max_abs_error:.2e})")
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(report, f, indent=2, default=_json_default)
+        print(f"report  {args.report}")
+    return status
+
+
+def _json_default(obj):
+    if isinstance(obj, (np.integer, np.floating)):
+        return obj.item()
+    return str(obj)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

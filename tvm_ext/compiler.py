@@ -1,0 +1,159 @@
+"""Build, run, check and export a model: the steps behind `scripts/compile.py`.
+
+Each step is a plain function so tests and benchmarks use the same code as the CLI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from . import runtime
+from .cuda_support import DEFAULT_ARCH, cuda_target, ensure_cuda_runtime
+from .graph import DataflowGraph
+from .graph_builder import build_graph
+from .models import Model
+from .pipeline import legalize_passes, library_dispatch_passes
+
+
+class CheckError(AssertionError):
+    """The compiled module disagrees with the reference build."""
+
+
+def resolve_target(name: str, arch: str = DEFAULT_ARCH) -> tvm.target.Target:
+    """`llvm`, `cuda` (any machine: see cuda_support) or any TVM target string."""
+    if name == "cuda":
+        ensure_cuda_runtime()
+        return cuda_target(arch)
+    return tvm.target.Target(name)
+
+
+def device_of(target: tvm.target.Target, index: int = 0) -> tvm.runtime.Device:
+    """The device a target's kernels run on."""
+    if target.kind.name in ("llvm", "c"):
+        return tvm.cpu(index)
+    return tvm.device(target.kind.name, index)
+
+
+def analyze(model: Model, target: tvm.target.Target) -> DataflowGraph:
+    """The DataflowGraph of the model as the pipeline fuses it for `target`."""
+    with target:
+        passes = library_dispatch_passes(target) + legalize_passes(target)
+        fused = tvm.transform.Sequential(passes)(model.mod)
+        fused = relax.transform.RewriteDataflowReshape()(fused)
+    return build_graph(fused)
+
+
+def build(model: Model, target: tvm.target.Target, **pipeline_options) -> relax.VMExecutable:
+    """Compile through the registered `tvm_ext` pipeline."""
+    pipeline = relax.get_pipeline("tvm_ext", target=target, **pipeline_options)
+    with target:
+        return tvm.compile(model.mod, target, relax_pipeline=pipeline)
+
+
+def build_reference(model: Model, target: tvm.target.Target) -> relax.VMExecutable:
+    """A plain `tvm.compile` with TVM's default pipeline: the reference for `--check`."""
+    with target:
+        return tvm.compile(model.mod, target)
+
+
+@dataclasses.dataclass
+class RunResult:
+    outputs: list[np.ndarray]
+    latencies_ms: list[float]
+    peak_bytes: int  # tracked bytes at the peak of the first call, arguments included
+    argument_bytes: int  # bytes of the inputs and parameters placed on the device
+
+    @property
+    def median_ms(self) -> float:
+        return float(np.median(self.latencies_ms)) if self.latencies_ms else float("nan")
+
+    @property
+    def peak_vm_bytes(self) -> int:
+        """The part of the peak the VM allocated itself."""
+        return self.peak_bytes - self.argument_bytes
+
+
+def flatten_outputs(value) -> list[np.ndarray]:
+    if isinstance(value, tvm.runtime.Tensor):
+        return [value.numpy()]
+    out = []
+    for v in value:
+        out += flatten_outputs(v)
+    return out
+
+
+def run(
+    executable: relax.VMExecutable,
+    arguments: Sequence[np.ndarray],
+    device: tvm.runtime.Device,
+    repeat: int = 5,
+) -> RunResult:
+    """Run `main` on `device`: the first call is measured for memory (naive allocator, so the
+    counters see every free), the next `repeat` calls for time."""
+    vm = relax.VirtualMachine(executable, device, memory_cfg="naive")
+    if not runtime.is_tracked(device, "naive"):
+        raise RuntimeError(f"the VM allocator on {device} predates tvm_ext's import: memory "
+                           "cannot be measured in this process")
+    before = runtime.memory_stats(device).in_use
+    args = [runtime.to_device(a, device) for a in arguments]
+    arg_bytes = runtime.memory_stats(device).in_use - before
+    runtime.reset_peak(device)
+    out = vm["main"](*args)
+    device.sync()
+    peak = runtime.memory_stats(device).peak_in_use - before
+    outputs = flatten_outputs(out)
+    del out
+    latencies = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        vm["main"](*args)
+        device.sync()
+        latencies.append((time.perf_counter() - start) * 1e3)
+    return RunResult(outputs, latencies, int(peak), int(arg_bytes))
+
+
+@dataclasses.dataclass
+class CheckResult:
+    max_abs_error: float
+    max_rel_error: float
+    outputs: int
+
+
+def compare(
+    outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray], rtol=1e-5, atol=1e-5
+) -> CheckResult:
+    """Raise `CheckError` naming the first output that differs beyond tolerance."""
+    if len(outputs) != len(reference):
+        raise CheckError(f"{len(outputs)} outputs, the reference has {len(reference)}")
+    max_abs = max_rel = 0.0
+    for i, (out, ref) in enumerate(zip(outputs, reference, strict=True)):
+        if out.shape != ref.shape or out.dtype != ref.dtype:
+            raise CheckError(f"output {i}: {out.shape} {out.dtype}, reference "
+                             f"{ref.shape} {ref.dtype}")
+        if not np.all(np.isfinite(out) == np.isfinite(ref)):
+            raise CheckError(f"output {i}: non-finite values differ from the reference")
+        diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
+        if diff.size:
+            max_abs = max(max_abs, float(np.nanmax(diff)))
+            scale = np.abs(ref.astype(np.float64))
+            max_rel = max(max_rel, float(np.nanmax(diff / np.maximum(scale, atol))))
+        bad = ~np.isclose(out, ref, rtol=rtol, atol=atol, equal_nan=True)
+        if bad.any():
+            idx = np.unravel_index(int(np.argmax(bad)), bad.shape)
+            raise CheckError(f"output {i} differs at {tuple(int(j) for j in idx)}: "
+                             f"{out[idx]!r} vs reference {ref[idx]!r} "
+                             f"({int(bad.sum())} of {bad.size} elements beyond rtol={rtol}, "
+                             f"atol={atol})")
+    return CheckResult(max_abs, max_rel, len(outputs))
+
+
+def export(executable: relax.VMExecutable, path: str) -> str:
+    """Write a deployable shared library."""
+    executable.export_library(path)
+    return path

@@ -1,0 +1,7 @@
+"""Cost models: hardware presets, roofline op durations, link transfer times."""
+
+from .hardware import HARDWARE, LINKS, Hardware, Link, get_hardware, get_link
+from .roofline import op_time, op_times
+
+__all__ = ["HARDWARE", "LINKS", "Hardware", "Link", "get_hardware", "get_link", "op_time",
+           "op_times"]

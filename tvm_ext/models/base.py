@@ -1,0 +1,292 @@
+"""The `Model` every tvm_ext entry point works on, and the training-step builder.
+
+A model is one Relax function `main(inputs..., params...)` with the `num_input` attribute, plus
+the specs of its inputs and parameters (shape, dtype, how to draw random values). The training
+step of a model is built from its forward function the same way whatever its source (zoo,
+torch.export, ONNX): add a loss, decompose what has no gradient, differentiate with
+`relax.transform.Gradient`, and return `(loss, grad_0, grad_1, ...)` flat.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from tvm_ext import gradients
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One argument of a model: its shape, dtype and how random values are drawn.
+
+    init: "normal" (std `scale`), "uniform" ([-scale, scale]), "ones", "zeros", or "randint"
+    (integers in [0, high)).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    init: str = "normal"
+    scale: float = 1.0
+    high: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    def sample(self, rng: np.random.Generator) -> np.ndarray:
+        shape, dtype = self.shape, self.dtype
+        if self.init == "randint":
+            return rng.integers(0, self.high, size=shape).astype(dtype)
+        if self.init == "ones":
+            return np.ones(shape, dtype)
+        if self.init == "zeros":
+            return np.zeros(shape, dtype)
+        if self.init == "uniform":
+            return rng.uniform(-self.scale, self.scale, size=shape).astype(dtype)
+        if self.init == "normal":
+            return (rng.standard_normal(size=shape) * self.scale).astype(dtype)
+        raise ValueError(f"unknown init {self.init!r} for {self.name}")
+
+
+@dataclasses.dataclass
+class Model:
+    """A compiled-ready model: `mod["main"]` takes `inputs` then `params`."""
+
+    name: str
+    mod: tvm.IRModule
+    inputs: list[TensorSpec]
+    params: list[TensorSpec]
+    training: bool = False
+    config: dict = dataclasses.field(default_factory=dict)
+    # Trained weights that came with the model (files); random parameters otherwise.
+    weights: list[np.ndarray] | None = None
+
+    @property
+    def main(self) -> relax.Function:
+        return self.mod["main"]
+
+    @property
+    def num_input(self) -> int:
+        return len(self.inputs)
+
+    @property
+    def specs(self) -> list[TensorSpec]:
+        return [*self.inputs, *self.params]
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(p.nbytes for p in self.params)
+
+    def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
+        rng = np.random.default_rng(seed)
+        return [s.sample(rng) for s in self.inputs]
+
+    def random_params(self, seed: int = 0) -> list[np.ndarray]:
+        """The model's own weights if it has them, else random values drawn per spec."""
+        if self.weights is not None:
+            return [np.array(w) for w in self.weights]
+        rng = np.random.default_rng(seed + 1_000_003)
+        return [s.sample(rng) for s in self.params]
+
+    def random_arguments(self, seed: int = 0) -> list[np.ndarray]:
+        """Inputs then parameters, as `main` takes them."""
+        return [*self.random_inputs(seed), *self.random_params(seed)]
+
+    def summary(self) -> dict:
+        return {
+            "name": self.name,
+            "training": self.training,
+            "inputs": [(s.name, list(s.shape), s.dtype) for s in self.inputs],
+            "num_params": len(self.params),
+            "param_bytes": self.param_bytes,
+            "config": dict(self.config),
+        }
+
+
+def default_param_spec(name: str, shape: Sequence[int], dtype: str) -> TensorSpec:
+    """A sensible random init for a parameter known only by name and shape."""
+    shape = tuple(int(s) for s in shape)
+    lowered = name.lower()
+    if not dtype.startswith("float"):
+        return TensorSpec(name, shape, dtype, init="zeros")
+    if "running_var" in lowered or lowered.endswith("_var") or "moving_var" in lowered:
+        return TensorSpec(name, shape, dtype, init="ones")
+    if "running_mean" in lowered or "moving_mean" in lowered:
+        return TensorSpec(name, shape, dtype, init="zeros")
+    if len(shape) <= 1:
+        # Biases and norm scales: small random values, so that gradients are informative.
+        return TensorSpec(name, shape, dtype, init="uniform", scale=0.1)
+    fan_in = int(np.prod(shape[1:]))
+    return TensorSpec(name, shape, dtype, init="normal", scale=1.0 / math.sqrt(max(fan_in, 1)))
+
+
+def model_from_function(
+    name: str,
+    func: relax.Function,
+    num_input: int,
+    input_specs: Sequence[TensorSpec] | None = None,
+    param_specs: Sequence[TensorSpec] | None = None,
+    config: dict | None = None,
+) -> Model:
+    """Wrap a forward Relax function (inputs first) as a `Model` named `main`."""
+    func = func.with_attr("num_input", num_input).with_attr("global_symbol", "main")
+    params = list(func.params)
+    if input_specs is None:
+        input_specs = [_spec_of_var(v, init="normal") for v in params[:num_input]]
+    if param_specs is None:
+        param_specs = [
+            default_param_spec(v.name, _shape_of(v), str(v.ty.dtype)) for v in params[num_input:]
+        ]
+    if len(input_specs) + len(param_specs) != len(params):
+        raise ValueError(
+            f"{name}: {len(params)} function parameters but {len(input_specs)} input and "
+            f"{len(param_specs)} parameter specs"
+        )
+    mod = tvm.IRModule({"main": func})
+    return Model(name, mod, list(input_specs), list(param_specs), False, dict(config or {}))
+
+
+def _shape_of(var: relax.Var) -> tuple[int, ...]:
+    ty = var.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        raise ValueError(f"argument {var.name} is not a tensor of known shape: {ty}")
+    try:
+        return tuple(int(d) for d in ty.shape.values)
+    except TypeError as err:
+        raise ValueError(
+            f"argument {var.name} has a symbolic shape {ty.shape}: tvm_ext plans static shapes only"
+        ) from err
+
+
+def _spec_of_var(var: relax.Var, init: str) -> TensorSpec:
+    dtype = str(var.ty.dtype)
+    if dtype.startswith("int") or dtype.startswith("uint"):
+        return TensorSpec(var.name, _shape_of(var), dtype, init="randint", high=2)
+    return TensorSpec(var.name, _shape_of(var), dtype, init=init)
+
+
+# --------------------------------------------------------------------------------------------
+# Training step
+# --------------------------------------------------------------------------------------------
+
+LOSSES = ("cross_entropy", "mse")
+
+
+def make_training_step(
+    model: Model,
+    loss: str = "cross_entropy",
+    trainable: Sequence[str] | None = None,
+    num_classes: int | None = None,
+) -> Model:
+    """The training step of `model`: `main(inputs..., labels, params...) -> (loss, grads...)`.
+
+    Args:
+        model: a forward model; its first output (or only output) feeds the loss.
+        loss: "cross_entropy" (labels are class indices over the last output axis) or "mse"
+            (labels have the output's shape).
+        trainable: names of the parameters to differentiate (default: all float parameters not
+            named like running statistics).
+        num_classes: the label range for cross entropy (default: the last output axis).
+    """
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; choose one of {LOSSES}")
+    gradients.register_all()
+    fwd = model.main.without_attr("global_symbol").with_attr("num_input", model.num_input)
+    out_ty = fwd.ret_ty
+    if isinstance(out_ty, relax.TupleType):
+        out_ty = out_ty.fields[0]
+    if not isinstance(out_ty, relax.TensorType):
+        raise ValueError(f"{model.name}: the forward output is not a tensor: {out_ty}")
+    out_shape = tuple(int(d) for d in out_ty.shape.values)
+    out_dtype = str(out_ty.dtype)
+
+    if loss == "cross_entropy":
+        classes = num_classes or out_shape[-1]
+        label_spec = TensorSpec("labels", out_shape[:-1], "int64", init="randint", high=classes)
+    else:
+        label_spec = TensorSpec("labels", out_shape, out_dtype, init="normal")
+    if trainable is None:
+        trainable = [
+            p.name
+            for p in model.params
+            if p.dtype.startswith("float") and not _is_running_stat(p.name)
+        ]
+    trainable = set(trainable)
+
+    bb = relax.BlockBuilder()
+    fwd_gv = bb.add_func(fwd, "forward")
+    inputs = [relax.Var(s.name, relax.TensorType(s.shape, s.dtype)) for s in model.inputs]
+    labels = relax.Var("labels", relax.TensorType(label_spec.shape, label_spec.dtype))
+    params = [relax.Var(s.name, relax.TensorType(s.shape, s.dtype)) for s in model.params]
+    with bb.function("main", [*inputs, labels, *params]):
+        with bb.dataflow():
+            out = bb.emit(relax.Call(fwd_gv, [*inputs, *params]))
+            if isinstance(fwd.ret_ty, relax.TupleType):
+                out = bb.emit(relax.TupleGetItem(out, 0))
+            value = bb.emit_output(_emit_loss(bb, loss, out, labels, out_shape))
+        bb.emit_func_output(value)
+    mod = bb.get()
+    mod = relax.transform.InlinePrivateFunctions()(mod)
+    mod = relax.transform.DeadCodeElimination(["main"])(mod)
+    mod = relax.transform.ConvertToDataflow()(mod)
+    mod = relax.transform.DecomposeOpsForTraining()(mod)
+    main = mod["main"]
+    wrt = [v for v in main.params[len(inputs) + 1 :] if v.name in trainable]
+    if not wrt:
+        raise ValueError(f"{model.name}: no trainable parameter to differentiate")
+    mod = relax.transform.Gradient("main", require_grads=wrt)(mod)
+    step = _flatten_return(mod["main_adjoint"])
+    step = step.with_attr("global_symbol", "main").with_attr("num_input", len(inputs) + 1)
+    grad_names = [v.name for v in wrt]
+    config = dict(model.config, loss=loss, gradients=grad_names)
+    return Model(
+        model.name,
+        tvm.IRModule({"main": step}),
+        [*model.inputs, label_spec],
+        list(model.params),
+        True,
+        config,
+        model.weights,
+    )
+
+
+def _is_running_stat(name: str) -> bool:
+    lowered = name.lower()
+    return any(k in lowered for k in ("running_mean", "running_var", "moving_mean", "moving_var"))
+
+
+def _emit_loss(bb, loss, out, labels, out_shape):
+    op = relax.op
+    if loss == "cross_entropy":
+        classes = out_shape[-1]
+        rows = int(np.prod(out_shape[:-1], dtype=np.int64))
+        logits = bb.emit(op.reshape(out, (rows, classes))) if len(out_shape) != 2 else out
+        flat_labels = bb.emit(op.reshape(labels, (rows,))) if len(out_shape) != 2 else labels
+        logp = bb.emit(op.nn.log_softmax(logits, axis=-1))
+        return op.nn.nll_loss(logp, flat_labels, reduction="mean")
+    diff = bb.emit(op.subtract(out, labels))
+    return op.mean(op.multiply(diff, diff))
+
+
+def _flatten_return(func: relax.Function) -> relax.Function:
+    """`(loss, (g0, g1, ...))` -> `(loss, g0, g1, ...)`."""
+    body = func.body
+    ret = body.body
+    if (
+        isinstance(ret, relax.Tuple)
+        and len(ret.fields) == 2
+        and isinstance(ret.fields[1], relax.Tuple)
+    ):
+        flat = relax.Tuple([ret.fields[0], *ret.fields[1].fields])
+        ret_ty = relax.TupleType([f.ty for f in flat.fields])
+        func = relax.Function(
+            func.params, relax.SeqExpr(body.blocks, flat), ret_ty, func.is_pure, func.attrs
+        )
+        return relax.BlockBuilder().normalize(func)
+    raise ValueError("unexpected return of relax.transform.Gradient: " + str(type(ret)))

@@ -1,0 +1,103 @@
+"""Models from files: a torch `ExportedProgram` (.pt2), an ONNX model (.onnx), or a Python file
+(.py) whose `get_model(**kwargs)` returns a `Model`, an `IRModule` with `main`, or a pair
+`(nn.Module, {input_name: TensorSpec | (shape, dtype)})`."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .base import Model, TensorSpec, model_from_function
+
+SUFFIXES = (".pt2", ".onnx", ".py")
+
+
+class ModelLoadError(ValueError):
+    """A model file that is missing, of an unknown kind, or does not parse."""
+
+
+def load_file(path: str, **kwargs) -> Model:
+    """Load the model in `path` (its kind from the suffix)."""
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"model file {path} does not exist")
+    suffix = os.path.splitext(path)[1].lower()
+    loader = {".pt2": _load_pt2, ".onnx": _load_onnx, ".py": _load_py}.get(suffix)
+    if loader is None:
+        raise ModelLoadError(f"{path}: unknown model file kind {suffix!r}; expected one of "
+                             f"{', '.join(SUFFIXES)}")
+    try:
+        return loader(path, **kwargs)
+    except ModelLoadError:
+        raise
+    except ImportError as err:
+        raise ModelLoadError(f"{path}: {err}; install the frontends extra: "
+                             "pip install 'tvm_ext[frontends]'") from err
+    except Exception as err:
+        raise ModelLoadError(f"{path} does not parse as a {suffix} model: "
+                             f"{type(err).__name__}: {err}") from err
+
+
+def _with_weights(name: str, mod: tvm.IRModule, path: str) -> Model:
+    """A frontend module whose `main` carries its weights in the `params` attribute."""
+    mod, params = relax.frontend.detach_params(mod)
+    func = mod["main"]
+    num_input = int(func.attrs["num_input"])
+    model = model_from_function(name, func, num_input, config={"file": os.path.abspath(path)})
+    weights = [np.asarray(w.numpy()) for w in params.get("main", [])]
+    if len(weights) != len(model.params):
+        raise ModelLoadError(f"{path}: {len(weights)} weights for {len(model.params)} parameters")
+    model.weights = weights
+    return model
+
+
+def _load_pt2(path: str, **_) -> Model:
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    program = torch.export.load(path)
+    mod = from_exported_program(program, keep_params_as_input=True,
+                                unwrap_unit_return_tuple=True)
+    return _with_weights(os.path.basename(path), mod, path)
+
+
+def _load_onnx(path: str, **_) -> Model:
+    import onnx
+    from tvm.relax.frontend.onnx import from_onnx
+
+    proto = onnx.load(path)
+    onnx.checker.check_model(proto)
+    mod = from_onnx(proto, keep_params_in_input=True)
+    return _with_weights(os.path.basename(path), mod, path)
+
+
+def _load_py(path: str, **kwargs) -> Model:
+    name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(f"tvm_ext_user_model_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    get_model = getattr(module, "get_model", None)
+    if get_model is None:
+        raise ModelLoadError(f"{path} defines no get_model()")
+    result = get_model(**kwargs)
+    if isinstance(result, Model):
+        return result
+    if isinstance(result, tvm.IRModule):
+        if "main" not in [gv.name_hint for gv in result.functions]:
+            raise ModelLoadError(f"{path}: get_model() returned an IRModule without 'main'")
+        func = result["main"]
+        num_input = int(func.attrs["num_input"]) if func.attrs and "num_input" in func.attrs \
+            else len(func.params)
+        return model_from_function(name, func, num_input, config={"file": path})
+    if isinstance(result, tuple) and len(result) == 2:
+        from ._nn import export
+
+        module_, inputs = result
+        specs = [s if isinstance(s, TensorSpec) else TensorSpec(k, tuple(s[0]), s[1])
+                 for k, s in inputs.items()]
+        return export(name, module_, specs, {"file": path})
+    raise ModelLoadError(f"{path}: get_model() returned {type(result).__name__}; expected a "
+                         "Model, an IRModule or (nn.Module, input specs)")

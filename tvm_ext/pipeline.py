@@ -1,0 +1,128 @@
+"""The tvm_ext compilation pipeline, registered as `relax.get_pipeline("tvm_ext", ...)`.
+
+Phases, in order (each a list of passes, so a caller can rebuild the pipeline from parts):
+
+1. `library_dispatch_passes`  target-specific library dispatch (sort, sampling).
+2. `legalize_passes`          LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR:
+                              after this phase the module is what `tvm_ext.graph` reads.
+3. `schedule_passes`          default GPU schedules (dlight) for kernels without one.
+4. `dataflow_lower_passes`    RewriteDataflowReshape, ToNonDataflow, RemovePurityChecking,
+                              CallTIRRewrite.
+5. `finalize_passes`          memory planning, builtin lowering, VM shape lowering.
+
+With `dump_dir`, the module is written after each phase as `NN_<phase>.py` (TVMScript).
+"""
+
+from __future__ import annotations
+
+import os
+
+import tvm
+from tvm import relax
+
+_GPU_KINDS = ("cuda", "rocm", "metal", "vulkan", "opencl")
+
+
+def is_gpu(target: tvm.target.Target) -> bool:
+    return target.kind.name in _GPU_KINDS
+
+
+def library_dispatch_passes(target: tvm.target.Target) -> list:
+    return [relax.backend.DispatchSampling(), relax.backend.DispatchSortScan()]
+
+
+def legalize_passes(target: tvm.target.Target) -> list:
+    return [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
+
+
+def schedule_passes(target: tvm.target.Target) -> list:
+    if not is_gpu(target):
+        return []
+    from tvm.s_tir import dlight as dl
+
+    # ApplyDefaultSchedule leaves kernels that already carry a schedule untouched.
+    return [
+        dl.ApplyDefaultSchedule(
+            dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+            dl.gpu.Fallback(),
+        )
+    ]
+
+
+def dataflow_lower_passes(target: tvm.target.Target) -> list:
+    return [
+        relax.transform.RewriteDataflowReshape(),
+        relax.transform.ToNonDataflow(),
+        relax.transform.RemovePurityChecking(),
+        relax.transform.CallTIRRewrite(),
+    ]
+
+
+def finalize_passes(target: tvm.target.Target, memory_planning: bool = True) -> list:
+    """`memory_planning=False` skips StaticPlanBlockMemory: every tensor is allocated before its
+    kernel and freed after its last use, which `DataflowGraph.peak_memory` predicts exactly."""
+    planning = [relax.transform.StaticPlanBlockMemory()] if memory_planning else []
+    return [
+        *planning,
+        relax.transform.LowerAllocTensor(),
+        relax.transform.KillAfterLastUse(),
+        relax.transform.LowerRuntimeBuiltin(),
+        relax.transform.ComputePrimValue(),
+        relax.transform.VMShapeLower(),
+        relax.transform.AttachGlobalSymbol(),
+    ]
+
+
+def _dump(dump_dir: str | None, index: int, phase: str, mod: tvm.IRModule) -> None:
+    if dump_dir:
+        os.makedirs(dump_dir, exist_ok=True)
+        with open(os.path.join(dump_dir, f"{index:02d}_{phase}.py"), "w") as f:
+            f.write(mod.script())
+
+
+def phases(target: tvm.target.Target, *, memory_planning: bool = True) -> list[tuple[str, list]]:
+    """The pipeline as (phase name, passes) pairs."""
+    return [
+        ("library_dispatch", library_dispatch_passes(target)),
+        ("legalize", legalize_passes(target)),
+        ("schedule", schedule_passes(target)),
+        ("dataflow_lower", dataflow_lower_passes(target)),
+        ("finalize", finalize_passes(target, memory_planning)),
+    ]
+
+
+@relax.pipeline.register_pipeline("tvm_ext")
+def tvm_ext_pipeline(
+    target: tvm.target.Target | str | None = None,
+    *,
+    memory_planning: bool = True,
+    dump_dir: str | None = None,
+) -> tvm.transform.Pass:
+    """The tvm_ext pipeline for `tvm.compile(mod, target, relax_pipeline=...)`.
+
+    Args:
+        target: the target (default: the current one; `tvm.compile` sets it).
+        memory_planning: run TVM's StaticPlanBlockMemory (see `finalize_passes`).
+        dump_dir: write the module after each phase there.
+    """
+
+    @tvm.transform.module_pass(opt_level=0, name="tvm_ext_pipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        tgt = tvm.target.Target(target) if target is not None else tvm.target.Target.current()
+        if tgt is None:
+            raise ValueError("the tvm_ext pipeline needs a target: pass target= or compile "
+                             "with tvm.compile(mod, target, ...)")
+        with tgt:
+            _dump(dump_dir, 0, "input", mod)
+            for i, (name, passes) in enumerate(phases(tgt, memory_planning=memory_planning)):
+                mod = tvm.transform.Sequential(passes, name=name)(mod)
+                _dump(dump_dir, i + 1, name, mod)
+        return mod
+
+    return _pipeline
