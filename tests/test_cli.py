@@ -68,3 +68,27 @@ assert [m.kind for m in lib.imports[0].imports] == ["cuda"]
     assert proc.returncode == 0, proc.stderr
     data = so.read_bytes()
     assert data.count(b"\x7fELF") >= 2 and b".nv.info" in data
+
+
+def test_exported_module_runs_with_runtime_only(tmp_path):
+    """A module exported by tvm_ext runs where only TVM's runtime library (no compiler) and the
+    tvm_ext runtime library are loaded."""
+    from tvm_ext import runtime
+
+    so = tmp_path / "mlp.so"
+    assert main(["mlp", "--output", str(so)]) == 0
+    code = f"""
+import ctypes, numpy as np, tvm, tvm_ffi
+ctypes.CDLL({runtime.load_library()!r}, ctypes.RTLD_GLOBAL)
+assert tvm_ffi.get_global_func("relax.build", allow_missing=True) is None  # no compiler here
+from tvm.runtime import vm
+machine = vm.VirtualMachine(tvm.runtime.load_module({str(so)!r}), tvm.cpu())
+shapes = [(4, 16), (32, 16), (32,), (8, 32), (8,)]
+out = machine["main"](*[tvm.runtime.tensor(np.ones(s, "float32")) for s in shapes])
+print(out.numpy().shape)
+"""
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "(4, 8)"
