@@ -111,13 +111,18 @@ class BlockedClock {
     static auto* inst = new BlockedClock();
     return inst;
   }
-  void Enter() {
+  /*! \brief A caller starts blocking; returns the time (the clock's own, for exact traces). */
+  int64_t Enter() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (count_++ == 0) since_ = NowNs();
+    int64_t now = NowNs();
+    if (count_++ == 0) since_ = now;
+    return now;
   }
-  void Leave() {
+  int64_t Leave() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (--count_ == 0) total_ += NowNs() - since_;
+    int64_t now = NowNs();
+    if (--count_ == 0) total_ += now - since_;
+    return now;
   }
   /*! \brief Blocked time up to now, and now. */
   std::pair<int64_t, int64_t> Read() {
@@ -237,18 +242,26 @@ struct Region {
 
 class CopyStream;
 
+/*! \brief A copy on another stream that a job must run after (they touch the same memory). */
+struct Dep {
+  std::shared_ptr<CopyStream> stream;
+  uint64_t seq;
+  bool reads_its_output;  // then the job fails if that copy failed: its input would be stale
+};
+
 struct Job {
   uint64_t seq = 0;
   Tensor src;  // held until the copy is done: the caller may drop its references meanwhile
   Tensor dst;
   std::string name;
+  DLDevice src_device;
+  DLDevice dst_device;
   Region src_region;
   Region dst_region;
   int64_t nbytes = 0;
   int64_t enqueue_ns = 0;
   bool inject_failure = false;
-  // CPU: copies on other streams this one must wait for (they touch the same memory).
-  std::vector<std::pair<std::shared_ptr<CopyStream>, uint64_t>> deps;
+  std::vector<Dep> deps;  // CPU: copies on other streams this one must wait for
   CudaDriver::CUevent event = nullptr;  // CUDA: recorded after the copy
 
   bool Touches(const Region& r) const { return src_region.Overlaps(r) || dst_region.Overlaps(r); }
@@ -354,18 +367,18 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
     PoisonLocked(message);
   }
 
-  /*! \brief Jobs on this stream that `job` (for another stream) must wait for. */
-  std::vector<uint64_t> ConflictingSeqs(const Job& job) {
+  /*! \brief Adds the jobs on this stream that `job` (for another stream) must wait for. */
+  void AddConflicts(const Job& job, std::vector<Dep>* deps) {
     std::lock_guard<std::mutex> lock(mu_);
-    std::vector<uint64_t> seqs;
     for (const Job& p : pending_) {
-      if (p.ConflictsWith(job)) seqs.push_back(p.seq);
+      if (p.ConflictsWith(job)) {
+        deps->push_back({shared_from_this(), p.seq, job.src_region.Overlaps(p.dst_region)});
+      }
     }
-    return seqs;
   }
 
   /*! \brief Enqueue a validated job; `deps` are conflicting jobs on other streams. */
-  void Enqueue(Job job, const std::vector<std::pair<std::shared_ptr<CopyStream>, uint64_t>>& deps) {
+  void Enqueue(Job job, const std::vector<Dep>& deps) {
     std::unique_lock<std::mutex> lock(mu_);
     CheckHealthyLocked();
     job.seq = next_seq_++;
@@ -383,7 +396,7 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
     try {
       // The source was produced, and the destination last read, on the compute stream.
       api->SyncStreamFromTo(dev_, api->GetCurrentStream(dev_), handle_);
-      for (const auto& dep : deps) dep.first->OrderAfter(dep.second, handle_);
+      for (const Dep& dep : deps) dep.stream->OrderAfter(dep.seq, handle_);
       if (job.inject_failure) {
         TVM_FFI_THROW(RuntimeError) << "injected failure (tvm_ext.swap.inject_failure)";
       }
@@ -503,8 +516,8 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
  private:
   std::string FailureMessage(const Job& job, const std::string& reason) const {
     std::ostringstream os;
-    os << "tvm_ext.swap: copy of tensor '" << job.name << "' (" << DeviceStr(job.src.device())
-       << " -> " << DeviceStr(job.dst.device()) << ", " << job.nbytes << " bytes) on copy stream "
+    os << "tvm_ext.swap: copy of tensor '" << job.name << "' (" << DeviceStr(job.src_device)
+       << " -> " << DeviceStr(job.dst_device) << ", " << job.nbytes << " bytes) on copy stream "
        << stream_id_ << " failed: " << reason;
     return os.str();
   }
@@ -518,11 +531,9 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
   template <typename Pred>
   void BlockUntil(std::unique_lock<std::mutex>* lock, Pred pred) {
     if (pred()) return;
-    int64_t t0 = NowNs();
-    BlockedClock::Global()->Enter();
+    int64_t t0 = BlockedClock::Global()->Enter();
     cv_.wait(*lock, pred);
-    BlockedClock::Global()->Leave();
-    int64_t t1 = NowNs();
+    int64_t t1 = BlockedClock::Global()->Leave();
     stats_.wait_ns += t1 - t0;
     stats_.waits += 1;
     Trace::Global()->Add({1, stream_id_, 0, t0, t0, t1, ""});
@@ -555,9 +566,9 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
       std::string failure;
       int64_t start = 0, end = 0, blocked0 = 0, blocked1 = 0;
       if (!skip) {
-        for (const auto& dep : job.deps) {
-          std::string dep_error = dep.first->WaitSeq(dep.second);
-          if (!dep_error.empty()) {
+        for (const Dep& dep : job.deps) {
+          std::string dep_error = dep.stream->WaitSeq(dep.seq);
+          if (!dep_error.empty() && dep.reads_its_output) {
             failure = "it reads or overwrites memory of a failed copy: " + dep_error;
             break;
           }
@@ -582,10 +593,17 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
         std::tie(blocked1, end) = BlockedClock::Global()->Read();
       }
 
+      if (!failure.empty()) failure = FailureMessage(job, failure);
+      // Drop the references before the copy counts as done: a caller that waited for it may
+      // then rely on the memory being released (the VM frees what it no longer uses).
+      job.src = Tensor();
+      job.dst = Tensor();
+
       lock.lock();
       if (!failure.empty()) {
-        PoisonLocked(FailureMessage(job, failure));
+        PoisonLocked(failure);
       } else if (!skip) {
+        ok_through_seq_ = job.seq;
         stats_.copies += 1;
         stats_.bytes += job.nbytes;
         stats_.busy_ns += end - start;
@@ -593,19 +611,17 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
         Trace::Global()->Add({0, stream_id_, job.nbytes, job.enqueue_ns, start, end, job.name});
       }
       completed_seq_ = job.seq;
-      Job done = std::move(job);
       pending_.pop_front();
       cv_.notify_all();
-      lock.unlock();
-      // `done` releases the tensors here, outside the lock (their memory may be freed).
     }
   }
 
-  /*! \brief Block (a worker) until job `seq` is done; returns the stream's error, if any. */
+  /*! \brief Block (a worker) until job `seq` is done; "" if it copied, else the error. */
   std::string WaitSeq(uint64_t seq) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return completed_seq_ >= seq || !error_.empty(); });
-    return error_;
+    cv_.wait(lock, [&] { return completed_seq_ >= seq; });  // a poisoned stream skips quickly
+    if (seq <= ok_through_seq_) return "";
+    return error_.empty() ? "it was not run" : error_;
   }
 
   DLDevice dev_;
@@ -617,6 +633,7 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
   std::deque<Job> pending_;  // enqueued and not yet retired, in FIFO order
   uint64_t next_seq_ = 1;
   uint64_t completed_seq_ = 0;
+  uint64_t ok_through_seq_ = 0;  // CPU: jobs 1..this copied (a failure stops the rest)
   std::string error_;
   StreamStats stats_;
 };
@@ -750,15 +767,20 @@ void CopyAsync(Tensor src, Tensor dst, int64_t stream_id, const std::string& nam
   job.src = src;
   job.dst = dst;
   job.name = name;
+  job.src_device = s->device;
+  job.dst_device = d->device;
   job.src_region = Region::Of(s);
   job.dst_region = Region::Of(d);
   job.nbytes = static_cast<int64_t>(tvm::ffi::GetDataSize(*s));
   job.inject_failure = StreamTable::Global()->TakeInjectedFailure(stream_id);
   // Copies on other streams that touch the same memory run first.
-  std::vector<std::pair<std::shared_ptr<CopyStream>, uint64_t>> deps;
+  std::vector<Dep> deps;
   for (const auto& other : StreamTable::Global()->Select(kAllStreams)) {
-    if (other == stream) continue;
-    for (uint64_t seq : other->ConflictingSeqs(job)) deps.emplace_back(other, seq);
+    // Streams of one device only: a CPU worker must not wait on a CUDA stream's bookkeeping.
+    DLDevice a = other->device(), b = stream->device();
+    if (other != stream && a.device_type == b.device_type && a.device_id == b.device_id) {
+      other->AddConflicts(job, &deps);
+    }
   }
   stream->Enqueue(std::move(job), deps);
 }
