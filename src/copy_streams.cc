@@ -28,42 +28,42 @@
  * Calling convention (what the SwapOffload pass emits). The function is non-dataflow and
  * impure (after CallTIRRewrite, before StaticPlanBlockMemory). Copies and waits are impure
  * `R.call_packed(..., ty_args=R.Tuple([]))` (never `call_pure_packed`: DCE drops it). `host` and
- * `dev` below are positions in the VM's device list ([cpu(0), cpu(1)] or [cuda(0), cpu(0)]), S a
- * stream id (int), "a" the tensor's name for error messages:
+ * `dev` are positions in the VM's device list ([cpu(0), cpu(1)] or [cuda(0), cpu(0)]), S a stream
+ * id (an int >= 0; copies on one stream run in order, e.g. S=0 for swap-outs and S=1 for
+ * swap-ins), "a" the tensor's name for error messages. Host buffers: see host_buffers.cc.
  *
- *   # host memory: a pool (tensors placed with R.memory.alloc_tensor) or one tensor
  *   hpool = R.call_builtin_with_ctx("tvm_ext.swap.host_storage",
  *               (R.shape([nbytes]), R.prim_value(host), R.prim_value(dev)), ty_args=R.Object)
- *   a_host = R.memory.alloc_tensor(hpool, R.prim_value(offset), R.shape([4, 4]), R.dtype("float32"))
- *   a_host = R.call_builtin_with_ctx("tvm_ext.swap.host_empty",
- *               (R.shape([4, 4]), R.dtype("float32"), R.prim_value(host), R.prim_value(dev)),
- *               ty_args=R.Tensor((4, 4), "float32"))
+ *   a_host = R.memory.alloc_tensor(hpool, R.prim_value(off), R.shape([4, 4]), R.dtype("float32"))
  *   # swap-out, right after the producer of `a`
  *   _ = R.call_packed("tvm_ext.swap.copy_async", a, a_host, R.prim_value(S), R.str("a"),
  *                     ty_args=R.Tuple([]))
- *   # before the first kernel that overwrites a's device memory (and to keep `a` alive)
+ *   # before the first kernel that overwrites a's device memory; passing `a` also keeps it
+ *   # alive until here (StaticPlanBlockMemory assumes an extern call keeps no reference)
  *   _ = R.call_packed("tvm_ext.swap.wait", a, R.prim_value(S), ty_args=R.Tuple([]))
- *   # swap-in into a fresh device tensor a2, ahead of its consumer
+ *   # swap-in into a2 (a device tensor: ensure_zero_offset of a pool slice), ahead of its use
  *   _ = R.call_packed("tvm_ext.swap.copy_async", a_host, a2, R.prim_value(S), R.str("a"),
  *                     ty_args=R.Tuple([]))
- *   # right before the first consumer of a2
+ *   # right before the first kernel that reads a2
  *   _ = R.call_packed("tvm_ext.swap.wait", a2, R.prim_value(S), ty_args=R.Tuple([]))
  *   # before the function returns: every stream (-1) or one stream
  *   _ = R.call_packed("tvm_ext.swap.wait_all", R.prim_value(-1), ty_args=R.Tuple([]))
+ *
+ * `wait(t, S)` waits for every copy on S enqueued so far whose source or destination overlaps
+ * t's bytes (any view of the memory works); it returns at once if there is none; S = -1 waits
+ * on every stream.
  *
  * Statistics (per stream: copies, bytes, busy time, the part of it during which no caller was
  * blocked in a wait = overlap with compute, time callers spent blocked) and an optional trace of
  * timestamps serve tests and benchmarks; CUDA streams report copies and bytes but no times.
  */
 #include "copy_streams.h"
+#include "cuda_driver.h"
 
-#include <dlfcn.h>
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 #include <tvm/runtime/device_api.h>
-#include <tvm/runtime/memory/memory_manager.h>
-#include <tvm/runtime/vm/vm.h>
 
 #include <algorithm>
 #include <atomic>
@@ -84,9 +84,6 @@ namespace swap {
 
 using tvm::ffi::Tensor;
 using tvm::runtime::DeviceAPI;
-using tvm::runtime::memory::Allocator;
-using tvm::runtime::memory::AllocatorType;
-using tvm::runtime::memory::MemoryManager;
 
 namespace {
 
@@ -136,67 +133,6 @@ class BlockedClock {
   int count_ = 0;
   int64_t since_ = 0;
   int64_t total_ = 0;
-};
-
-// ---------------------------------------------------------------------------------------------
-// The CUDA driver, resolved at run time: the library builds and loads without CUDA.
-// ---------------------------------------------------------------------------------------------
-
-struct CudaDriver {
-  using CUresult = int;
-  using CUstream = void*;
-  using CUevent = void*;
-  static constexpr CUresult kSuccess = 0;
-  static constexpr CUresult kNotReady = 600;
-  static constexpr unsigned kStreamNonBlocking = 0x1;
-  static constexpr unsigned kEventDisableTiming = 0x2;
-
-  CUresult (*StreamCreate)(CUstream*, unsigned) = nullptr;
-  CUresult (*EventCreate)(CUevent*, unsigned) = nullptr;
-  CUresult (*EventRecord)(CUevent, CUstream) = nullptr;
-  CUresult (*EventQuery)(CUevent) = nullptr;
-  CUresult (*EventDestroy)(CUevent) = nullptr;
-  CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned) = nullptr;
-  CUresult (*GetErrorString)(CUresult, const char**) = nullptr;
-
-  /*! \brief The driver if libcuda.so.1 is loadable and has every entry point, else nullptr. */
-  static const CudaDriver* Get() {
-    static const CudaDriver* inst = Load();
-    return inst;
-  }
-
-  std::string Describe(CUresult r) const {
-    const char* msg = nullptr;
-    if (GetErrorString) GetErrorString(r, &msg);
-    std::ostringstream os;
-    os << "CUDA error " << r << (msg ? std::string(" (") + msg + ")" : "");
-    return os.str();
-  }
-
- private:
-  static const CudaDriver* Load() {
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    if (lib == nullptr) lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (lib == nullptr) return nullptr;
-    auto* d = new CudaDriver();
-    bool ok = Bind(lib, "cuStreamCreate", &d->StreamCreate) &&
-              Bind(lib, "cuEventCreate", &d->EventCreate) &&
-              Bind(lib, "cuEventRecord", &d->EventRecord) &&
-              Bind(lib, "cuEventQuery", &d->EventQuery) &&
-              Bind(lib, "cuEventDestroy_v2", &d->EventDestroy) &&
-              Bind(lib, "cuStreamWaitEvent", &d->StreamWaitEvent);
-    Bind(lib, "cuGetErrorString", &d->GetErrorString);
-    if (!ok) {  // e.g. tvm_ext's no-device stub: no CUDA tensor can exist then anyway
-      delete d;
-      return nullptr;
-    }
-    return d;
-  }
-  template <typename F>
-  static bool Bind(void* lib, const char* name, F* fn) {
-    *fn = reinterpret_cast<F>(dlsym(lib, name));
-    return *fn != nullptr;
-  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -487,7 +423,10 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
         PoisonLocked(FailureMessage(pending_.front(), err.message()));
       }
       ReapLocked();
-      if (!pending_.empty() && kind_ == StreamKind::kDeviceApi) pending_.clear();
+      if (kind_ == StreamKind::kDeviceApi) {  // no events: the whole stream is done
+        completed_seq_ = next_seq_ - 1;
+        pending_.clear();
+      }
       stats_.wait_ns += NowNs() - t0;
       stats_.waits += 1;
     }
@@ -722,28 +661,6 @@ std::string ValidationError(const DLTensor* src, const DLTensor* dst) {
   return os.str();
 }
 
-Allocator* HostAllocator(DLDevice host, DLDevice device, AllocatorType type, DLDevice* alloc_dev) {
-  // Pinned memory where the device can copy asynchronously from it; the tracked allocators of
-  // memory_stats.cc serve cuda_host too, so pinned bytes are counted (under cuda_host:0).
-  *alloc_dev = device.device_type == kDLCUDA ? DLDevice{kDLCUDAHost, 0} : host;
-  if (!(IsHostType(alloc_dev->device_type))) TVM_FFI_THROW(ValueError)
-      << "tvm_ext.swap: host memory must be on a CPU device, got " << DeviceStr(host);
-  return MemoryManager::GetOrCreateAllocator(*alloc_dev, type);
-}
-
-constexpr size_t kHostAlignment = 256;  // enough for any device's DMA engine
-
-tvm::runtime::vm::VirtualMachine* VMOf(void* ctx) {
-  return static_cast<tvm::runtime::vm::VirtualMachine*>(ctx);
-}
-
-DLDevice VMDevice(tvm::runtime::vm::VirtualMachine* vm, int64_t index) {
-  if (!(index >= 0 && index < static_cast<int64_t>(vm->devices.size()))) TVM_FFI_THROW(IndexError)
-      << "tvm_ext.swap: device index " << index << " is outside the VM's device list of "
-      << vm->devices.size() << " devices";
-  return vm->devices[index];
-}
-
 }  // namespace
 
 void CopyAsync(Tensor src, Tensor dst, int64_t stream_id, const std::string& name) {
@@ -795,30 +712,7 @@ void WaitAll(int64_t stream_id) {
   for (const auto& stream : StreamTable::Global()->Select(stream_id)) stream->Drain(true);
 }
 
-Tensor HostEmpty(tvm::ffi::Shape shape, DLDataType dtype, DLDevice host, DLDevice device,
-                 int alloc_type) {
-  DLDevice alloc_dev;
-  Allocator* alloc = HostAllocator(host, device, static_cast<AllocatorType>(alloc_type), &alloc_dev);
-  return alloc->Empty(shape, dtype, alloc_dev);
-}
-
 namespace {
-
-tvm::runtime::memory::Storage HostStorage(int64_t nbytes, DLDevice host, DLDevice device,
-                                          int alloc_type) {
-  if (nbytes < 0) TVM_FFI_THROW(ValueError) << "tvm_ext.swap: negative storage size " << nbytes;
-  DLDevice alloc_dev;
-  Allocator* alloc = HostAllocator(host, device, static_cast<AllocatorType>(alloc_type), &alloc_dev);
-  DLDataType u8{kDLUInt, 8, 1};
-  auto buffer = alloc->Alloc(alloc_dev, static_cast<size_t>(nbytes), kHostAlignment, u8);
-  return tvm::runtime::memory::Storage(buffer, alloc);
-}
-
-int64_t SumShape(const tvm::ffi::Shape& shape) {
-  if (shape.size() != 1) TVM_FFI_THROW(ValueError)
-      << "tvm_ext.swap.host_storage takes a 1-D shape [nbytes], got " << shape.size() << " dims";
-  return shape[0];
-}
 
 tvm::ffi::Array<int64_t> StatsRow(const std::shared_ptr<CopyStream>& s) {
   StreamStats st = s->Stats();
@@ -849,25 +743,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
            })
       .def("tvm_ext.swap.wait", [](Tensor t, int64_t stream_id) { Wait(t, stream_id); })
       .def("tvm_ext.swap.wait_all", [](int64_t stream_id) { WaitAll(stream_id); })
-      .def("tvm_ext.swap.host_empty",
-           [](void* ctx, Shape shape, DLDataType dtype, int64_t host_index, int64_t dev_index) {
-             auto* vm = VMOf(ctx);
-             DLDevice host = VMDevice(vm, host_index);
-             return HostEmpty(shape, dtype, host, VMDevice(vm, dev_index),
-                              vm->allocators[host_index]->type());
-           })
-      .def("tvm_ext.swap.host_storage",
-           [](void* ctx, Shape size, int64_t host_index, int64_t dev_index) {
-             auto* vm = VMOf(ctx);
-             DLDevice host = VMDevice(vm, host_index);
-             return HostStorage(SumShape(size), host, VMDevice(vm, dev_index),
-                                vm->allocators[host_index]->type());
-           })
       // --- for Python, tests and benchmarks ---
-      .def("tvm_ext.swap.host_empty_on",
-           [](Shape shape, DLDataType dtype, DLDevice host, DLDevice device) {
-             return HostEmpty(shape, dtype, host, device, tvm::runtime::memory::kNaive);
-           })
       .def("tvm_ext.swap.is_idle",
            [](int64_t stream_id) {
              for (const auto& s : StreamTable::Global()->Select(stream_id)) {

@@ -6,7 +6,6 @@
 #ifndef TVM_EXT_COPY_STREAMS_H_
 #define TVM_EXT_COPY_STREAMS_H_
 
-#include <tvm/ffi/container/shape.h>
 #include <tvm/ffi/container/tensor.h>
 
 #include <cstdint>
@@ -33,10 +32,6 @@ void Wait(tvm::ffi::Tensor tensor, int64_t stream_id);
 
 /*! \brief Block until every copy on `stream_id` (or every stream: kAllStreams) has completed. */
 void WaitAll(int64_t stream_id);
-
-/*! \brief Host memory for swapped tensors: pinned (cuda_host) when `device` is CUDA. */
-tvm::ffi::Tensor HostEmpty(tvm::ffi::Shape shape, DLDataType dtype, DLDevice host, DLDevice device,
-                           int alloc_type);
 
 }  // namespace swap
 }  // namespace tvm_ext
