@@ -480,8 +480,9 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
 
   /*! \brief Device streams: retire finished jobs from the front (drops their references). */
   void ReapLocked() {
-    if (kind_ != StreamKind::kCudaEvents) return;
+    if (kind_ != StreamKind::kCudaEvents || pending_.empty()) return;
     const CudaDriver* cu = CudaDriver::Get();
+    DeviceAPI::Get(dev_)->SetDevice(dev_);  // the caller's thread may not have touched CUDA yet
     while (!pending_.empty()) {
       Job& front = pending_.front();
       CudaDriver::CUresult r = cu->EventQuery(front.event);
