@@ -152,8 +152,9 @@ class Session:
         runtime.load_library()
         if backend == "nccl":
             load_nccl_backend()
-        if timeout is not None:
-            runtime.get_function("tvm_ext.ccl.cpu.set_timeout")(float(timeout))
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be positive seconds, got {timeout}")
+        self.timeout = timeout
         self.backend = backend
         self.num_workers = int(num_workers)
         self.device_ids = ids
@@ -161,8 +162,14 @@ class Session:
         self._sess = self._disco.ThreadedSession(self.num_workers, num_groups)
         self._funcs: dict[str, Any] = {}
         self._closed = False
-        self._disco._ffi_api.SessionInitCCL(self._sess, backend, Shape(ids))
-        self.check("init_ccl")
+        try:
+            self._init_ccl()
+            self.check("init_ccl")
+        except Exception as err:
+            self.shutdown()
+            if backend == "nccl" and not isinstance(err, DistributedError):
+                raise NcclUnavailableError(f"the nccl backend cannot start: {err}") from err
+            raise
         kind = "cpu" if backend == "cpu" else "cuda"
         self.devices = [tvm.runtime.device(kind, i) for i in ids]
 
@@ -173,10 +180,13 @@ class Session:
             self._funcs[name] = self._sess.get_global_func(name)
         return self._funcs[name]
 
-    def _call(self, name: str, *args: Any) -> Any:
-        """Call a global function on every worker, keeping errors for `check`."""
+    def call(self, name: str, *args: Any) -> Any:
+        """Queue a call of global function `name` on every worker; returns the result's DRef.
+        DArray arguments are passed as their `.ref`. Errors are kept on the workers: `check`
+        waits for all of them and raises the first."""
         if self._closed:
             raise RuntimeError("the session was shut down")
+        args = tuple(a.ref if isinstance(a, DArray) else a for a in args)
         return self._sess.call_packed(self._func("tvm_ext.disco.call_guarded"), self._func(name),
                                       *args)
 
@@ -185,6 +195,16 @@ class Session:
 
     def _from_worker(self, ref: Any, worker: int) -> Any:
         return ref.debug_get_from_remote(worker)
+
+    def _init_ccl(self) -> None:
+        # The cpu backend reads its timeout when a communicator is created: set it for this one.
+        set_timeout = runtime.get_function("tvm_ext.ccl.cpu.set_timeout")
+        default = float(runtime.get_function("tvm_ext.ccl.cpu.timeout")())
+        set_timeout(float(self.timeout or default))
+        try:
+            self._disco._ffi_api.SessionInitCCL(self._sess, self.backend, Shape(self.device_ids))
+        finally:
+            set_timeout(default)
 
     def check(self, what: str = "the last calls") -> None:
         """Wait for every worker and raise the first root-cause error any of them kept."""
@@ -199,11 +219,13 @@ class Session:
             return
         found.sort()
         _, worker, message = found[0]
-        others = [i for _, i, _ in found[1:]]
-        tail = f" (workers {others} stopped with it)" if others else ""
+        failed = [i for echo, i, _ in found[1:] if not echo]
+        stopped = [i for echo, i, _ in found[1:] if echo]
+        tail = f"; workers {failed} failed too" if failed else ""
+        tail += f"; workers {stopped} were stopped by it" if stopped else ""
         if self.backend == "cpu":
             # A failure aborts the cpu communicator; a fresh one keeps the session usable.
-            self._disco._ffi_api.SessionInitCCL(self._sess, self.backend, Shape(self.device_ids))
+            self._init_ccl()
         raise DistributedError(f"{what} failed on worker {worker}: {message}{tail}")
 
     # -- modules ---------------------------------------------------------------------------------
@@ -221,7 +243,7 @@ class Session:
         path = os.path.abspath(os.fspath(module))
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no module at {path}")
-        ref = self._call("tvm_ext.disco.load_vm_module", path, _ALLOCATORS[allocator])
+        ref = self.call("tvm_ext.disco.load_vm_module", path, _ALLOCATORS[allocator])
         self.check(f"loading {path}")
         return DModule(self, ref, path)
 
@@ -230,7 +252,7 @@ class Session:
     def empty(self, shape: Sequence[int], dtype: str) -> DArray:
         """An uninitialised array of `shape` on every worker (tracked allocator)."""
         shape = tuple(int(s) for s in shape)
-        ref = self._call("tvm_ext.disco.empty", Shape(shape), dtype)
+        ref = self.call("tvm_ext.disco.empty", Shape(shape), dtype)
         self.check("allocating")
         return DArray(self, ref, shape, str(dtype))
 
@@ -239,7 +261,7 @@ class Session:
         array = np.ascontiguousarray(array)
         out = self.empty(array.shape, str(array.dtype))
         self._sess.copy_to_worker_0(tvm.runtime.tensor(array), out.ref)
-        self._call("runtime.disco.broadcast_from_worker0", out.ref, False, out.ref)
+        self.call("runtime.disco.broadcast_from_worker0", out.ref, False, out.ref)
         self.check("broadcast_from_worker0")
         return out
 
@@ -266,7 +288,7 @@ class Session:
         staging = self._sess.empty(stacked.shape, str(stacked.dtype), worker0_only=True,
                                    in_group=False)
         self._sess.copy_to_worker_0(tvm.runtime.tensor(stacked), staging)
-        self._call("runtime.disco.scatter_from_worker0", staging, False, out.ref)
+        self.call("runtime.disco.scatter_from_worker0", staging, False, out.ref)
         self.check("scatter_from_worker0")
         return out
 
@@ -306,7 +328,7 @@ class Session:
         k = self.num_workers
         staging = self._sess.empty((k, *darray.shape), darray.dtype, worker0_only=True,
                                    in_group=False)
-        self._call("runtime.disco.gather_to_worker0", darray.ref, False, staging)
+        self.call("runtime.disco.gather_to_worker0", darray.ref, False, staging)
         self.check("gather_to_worker0")
         stacked = self._copy_from_worker0(staging, (k, *darray.shape), darray.dtype)
         return list(stacked)
@@ -321,13 +343,13 @@ class Session:
 
     def memory_stats(self) -> list[runtime.MemoryStats]:
         """tvm_ext's counters of each worker's device."""
-        ref = self._call("tvm_ext.disco.memory_stats")
+        ref = self.call("tvm_ext.disco.memory_stats")
         self.check("memory_stats")
         return [runtime.MemoryStats(*(int(v) for v in self._from_worker(ref, i)))
                 for i in range(self.num_workers)]
 
     def reset_peak(self) -> None:
-        self._call("tvm_ext.disco.reset_peak")
+        self.call("tvm_ext.disco.reset_peak")
         self.check("reset_peak")
 
     @contextmanager
@@ -374,7 +396,7 @@ class DModule:
 
     def __getitem__(self, name: str) -> DFunction:
         sess = self.session
-        ref = sess._call("tvm_ext.disco.get_function", self.ref, name)
+        ref = sess.call("tvm_ext.disco.get_function", self.ref, name)
         sess.check(f"looking up {name}")
         return DFunction(sess, ref, name)
 
@@ -392,7 +414,7 @@ class DFunction:
         sess = self.session
         result = self.invoke(*args)
         sess.check(f"calling {self.name}")
-        described = sess._call("tvm_ext.disco.describe", result)
+        described = sess.call("tvm_ext.disco.describe", result)
         sess.check(f"reading the result of {self.name}")
         layouts = [json.loads(str(sess._from_worker(described, i)))
                    for i in range(sess.num_workers)]
@@ -405,7 +427,7 @@ class DFunction:
         for j, leaf in enumerate(leaves):
             if "shape" not in leaf:
                 raise DistributedError(f"{self.name}: output {j} is {leaf}, not a tensor")
-            ref = sess._call("tvm_ext.disco.leaf", result, j)
+            ref = sess.call("tvm_ext.disco.leaf", result, j)
             outputs.append(DArray(sess, ref, tuple(leaf["shape"]), leaf["dtype"]))
         sess.check(f"reading the result of {self.name}")
         return outputs
