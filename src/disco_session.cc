@@ -106,6 +106,10 @@ void DescribeValue(const Any& value, std::ostringstream& os) {
       DescribeValue(item, os);
     }
     os << "]";
+  } else if (auto shape = value.as<Shape>()) {
+    os << "{\"shape_value\": [";
+    for (size_t i = 0; i < shape.value().size(); ++i) os << (i ? ", " : "") << shape.value()[i];
+    os << "]}";
   } else if (auto i = value.as<int64_t>()) {
     os << "{\"int\": " << i.value() << "}";
   } else if (auto f = value.as<double>()) {

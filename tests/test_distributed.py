@@ -11,6 +11,7 @@ from tvm import relax
 from tvm.relax.distributed import transform as dist_transform
 from tvm.script import ir as I
 from tvm.script import relax as R
+from tvm.script import tirx as T
 
 import tvm_ext
 from tvm_ext import distributed as dist
@@ -185,6 +186,28 @@ def test_api_errors():
         w1 = sess.scatter(np.zeros((D, H), "float32"), 1)
         w2 = sess.scatter(np.zeros((H, D), "float32"), 0)
         assert sess.gather(module["main"](x, w1, w2)[0]).shape == (B, D)
+
+
+_CONST = np.arange(24, dtype="float32").reshape(4, 6)
+
+
+@I.ir_module
+class _ConstantsAndShapes:
+    @R.function
+    def main(x: R.Tensor((4, 6), "float32"), n: R.Tensor(("m",), "float32")):
+        m = T.int64()
+        z = R.ccl.allreduce(R.add(x, R.const(_CONST)), "sum")
+        return (z, (R.sum(n), R.shape([m])))
+
+
+def test_constants_dynamic_shapes_and_non_tensor_outputs():
+    with dist.Session(3) as sess:
+        module = sess.load_module(tvm.compile(_ConstantsAndShapes, target="llvm"))
+        x = sess.per_worker([np.full((4, 6), i, "float32") for i in range(3)])
+        z, total, shape = module["main"](x, sess.replicate(np.arange(5, dtype="float32")))
+        np.testing.assert_array_equal(sess.gather(z), 3 * _CONST + 3)
+        assert [float(v) for v in sess.worker_values(total)] == [10.0] * 3
+        assert shape == (5,)
 
 
 def test_disco_module_survives_the_stale_import():

@@ -99,8 +99,8 @@ def nccl_available() -> bool:
 class DArray:
     """A tensor with one part on every worker. `shape` is the per-worker shape."""
 
-    session: Session
-    ref: Any  # the disco DRef
+    session: Session = dataclasses.field(repr=False)
+    ref: Any = dataclasses.field(repr=False)  # the disco DRef
     shape: tuple[int, ...]
     dtype: str
 
@@ -409,8 +409,9 @@ class DFunction:
         self.ref = ref
         self.name = name
 
-    def __call__(self, *args: DArray) -> list[DArray]:
-        """Run on every worker; returns the result's tensors (a tuple flattened depth-first)."""
+    def __call__(self, *args: DArray) -> list[Any]:
+        """Run on every worker; returns the result flattened depth-first: a DArray per tensor,
+        and worker 0's value of each shape (tuple), int, float or None."""
         sess = self.session
         result = self.invoke(*args)
         sess.check(f"calling {self.name}")
@@ -425,8 +426,9 @@ class DFunction:
         leaves = _leaves(layouts[0])
         outputs = []
         for j, leaf in enumerate(leaves):
-            if "shape" not in leaf:
-                raise DistributedError(f"{self.name}: output {j} is {leaf}, not a tensor")
+            if leaf is None or "shape" not in leaf:
+                outputs.append(_plain_value(self.name, j, leaf))
+                continue
             ref = sess.call("tvm_ext.disco.leaf", result, j)
             outputs.append(DArray(sess, ref, tuple(leaf["shape"]), leaf["dtype"]))
         sess.check(f"reading the result of {self.name}")
@@ -442,6 +444,17 @@ class DFunction:
                 raise TypeError(f"{self.name}: arguments must be DArrays of this session "
                                 "(Session.scatter / replicate / per_worker)")
         return sess._call_ref(self.ref, *(a.ref for a in args))
+
+
+def _plain_value(name: str, index: int, leaf: dict | None) -> Any:
+    if leaf is None:
+        return None
+    if "shape_value" in leaf:
+        return tuple(leaf["shape_value"])
+    if "int" in leaf or "float" in leaf:
+        return leaf.get("int", leaf.get("float"))
+    raise DistributedError(f"{name}: output {index} is a {leaf['other']}, which cannot be "
+                           "returned from the workers")
 
 
 def _leaves(layout: Any) -> list[dict]:
@@ -460,7 +473,7 @@ def _normalize_axis(axis: int, ndim: int) -> int:
 class DistributedRunResult:
     """What `run` measured: outputs gathered to the host, per-worker bytes, latencies (ms)."""
 
-    outputs: list[np.ndarray]
+    outputs: list[Any]  # numpy arrays (tensors), tuples (shapes), numbers
     peak_bytes: list[int]  # per worker, arguments included, above what it held before
     argument_bytes: list[int]  # per worker
     latencies_ms: list[float]
@@ -493,7 +506,8 @@ def run(
     axes = list(output_axes) if output_axes is not None else [None] * len(outs)
     if len(axes) != len(outs):
         raise ValueError(f"{len(axes)} output axes for {len(outs)} outputs")
-    outputs = [session.gather(o, ax) for o, ax in zip(outs, axes, strict=True)]
+    outputs = [session.gather(o, ax) if isinstance(o, DArray) else o
+               for o, ax in zip(outs, axes, strict=True)]
     del outs
     latencies = []
     for _ in range(repeat):
