@@ -80,7 +80,7 @@ def _builtin(sess: dist.Session, name: str, *args) -> None:
 # -- every collective, every dtype, 1..8 workers ---------------------------------------------------
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6, 7, 8])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_allreduce_every_kind_matches_numpy(sessions, k, dtype):
     sess = sessions(k)
@@ -95,6 +95,19 @@ def test_allreduce_every_kind_matches_numpy(sessions, k, dtype):
         expected = _expected_allreduce(parts, op, dtype)
         for worker, value in enumerate(sess.worker_values(out)):
             np.testing.assert_array_equal(value, expected, err_msg=f"{op} on worker {worker}")
+
+
+@pytest.mark.parametrize("k", [1, 3, 4])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int64"])
+def test_allreduce_spans_several_blocks(sessions, k, dtype):
+    sess = sessions(k)
+    rng = np.random.default_rng(7)
+    parts = [_random(rng, (2053,), dtype) for _ in range(k)]  # > 512-element blocks per slice
+    src = sess.per_worker(parts)
+    out = sess.empty(src.shape, src.dtype)
+    _builtin(sess, "allreduce", src, Shape([KINDS["sum"]]), False, out)
+    for value in sess.worker_values(out):
+        np.testing.assert_array_equal(value, _expected_allreduce(parts, "sum", dtype))
 
 
 @pytest.mark.parametrize("k", [1, 3, 4])
@@ -177,8 +190,11 @@ def _p2p(buf):
     rank = _rank()
     if rank == 0:
         builtin("runtime.disco.send_to_worker")(buf, 2)
+        builtin("runtime.disco.send_to_worker")(buf, 3)
     elif rank == 2:
         builtin("runtime.disco.recv_from_worker")(buf, 0)
+    elif rank == 3:
+        builtin("runtime.disco.recv_from_worker0")(buf)
 
 
 @tvm_ffi.register_global_func("tvm_ext_test.ccl_groups")
@@ -189,13 +205,32 @@ def _groups(buf):
         tvm_ffi.get_global_func("runtime.disco.recv_from_prev_group")(buf)
 
 
+@tvm_ffi.register_global_func("tvm_ext_test.ccl_p2p_sizes")
+def _p2p_sizes():
+    rank = _rank()
+    buf = tvm.runtime.tensor(np.zeros(4 + rank, "float32"), tvm.cpu(rank))
+    if rank == 0:
+        tvm_ffi.get_global_func("runtime.disco.send_to_worker")(buf, 1)
+    else:
+        tvm_ffi.get_global_func("runtime.disco.recv_from_worker")(buf, 0)
+
+
+def test_point_to_point_size_mismatch(sessions):
+    sess = sessions(2)
+    with pytest.raises(dist.DistributedError, match=r"worker 1 receives into float32\[5\] but "
+                       r"worker 0 sent float32\[4\]"):
+        sess.call("tvm_ext_test.ccl_p2p_sizes")
+        sess.check()
+    _check_session_still_works(sess)
+
+
 def test_point_to_point():
     with dist.Session(4, num_groups=2) as sess:
         parts = [np.full(4, i, "int32") for i in range(4)]
         buf = sess.per_worker(parts)
         sess.call("tvm_ext_test.ccl_p2p", buf)
         sess.check()
-        assert [int(v[0]) for v in sess.worker_values(buf)] == [0, 1, 0, 3]
+        assert [int(v[0]) for v in sess.worker_values(buf)] == [0, 1, 0, 0]
         buf = sess.per_worker(parts)
         sess.call("tvm_ext_test.ccl_groups", buf)
         sess.check()

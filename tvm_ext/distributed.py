@@ -236,10 +236,11 @@ class Session:
         if allocator not in _ALLOCATORS:
             raise ValueError(f"allocator must be one of {list(_ALLOCATORS)}, got {allocator!r}")
         if not isinstance(module, (str, os.PathLike)):
-            tmp = tempfile.mkdtemp(prefix="tvm_ext_dist_")
-            path = os.path.join(tmp, "module.so")
-            module.export_library(path)
-            module = path
+            # Once loaded, the library stays mapped: the exported file can go.
+            with tempfile.TemporaryDirectory(prefix="tvm_ext_dist_") as tmp:
+                path = os.path.join(tmp, "module.so")
+                module.export_library(path)
+                return self.load_module(path, allocator)
         path = os.path.abspath(os.fspath(module))
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no module at {path}")
