@@ -97,6 +97,23 @@ def test_allreduce_every_kind_matches_numpy(sessions, k, dtype):
             np.testing.assert_array_equal(value, expected, err_msg=f"{op} on worker {worker}")
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_types_every_bit_pattern(sessions, dtype):
+    """All 65536 values (subnormals, inf, nan): float32 accumulation, one rounding to nearest
+    even, as numpy / ml_dtypes round."""
+    sess = sessions(2)
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    parts = [bits.view(_np_dtype(dtype)), np.roll(bits, 12345).view(_np_dtype(dtype))]
+    src = sess.per_worker(parts)
+    out = sess.empty(src.shape, src.dtype)
+    for op in ("sum", "max", "avg"):
+        _builtin(sess, "allreduce", src, Shape([KINDS[op]]), False, out)
+        with np.errstate(invalid="ignore", over="ignore"):
+            want = _expected_allreduce(parts, op, dtype).astype(np.float32)
+        got = sess.gather(out).astype(np.float32)
+        np.testing.assert_array_equal(got, want, err_msg=op)
+
+
 @pytest.mark.parametrize("k", [1, 3, 4])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int64"])
 def test_allreduce_spans_several_blocks(sessions, k, dtype):
