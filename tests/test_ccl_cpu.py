@@ -433,8 +433,8 @@ def test_failing_worker_stops_the_waiting_ones_at_once():
 
 
 def test_missing_worker_times_out():
-    with dist.Session(2, timeout=0.5) as sess:
-        with pytest.raises(dist.DistributedError, match=r"worker 0 waited 0\.5 s"):
+    with dist.Session(2, timeout=2.0) as sess:
+        with pytest.raises(dist.DistributedError, match=r"worker 0 waited 2 s"):
             sess.call("tvm_ext_test.ccl_only_0")
             sess.check()
         _check_session_still_works(sess)
