@@ -1,0 +1,315 @@
+"""Tune a module's kernels with MetaSchedule (evolutionary search + XGBoost cost model) into a
+work directory that later builds apply (`relax.get_pipeline("tvm_ext", tune_db=DIR)`).
+
+The trial budget is global to the module, as MetaSchedule's `max_trials_global`: the gradient
+task scheduler spends it where the weighted kernel time drops most. Reuse: candidates already in
+the database for these kernels count against the budget, so a second call with the same budget
+tunes nothing, an interrupted run resumes with what is left, and a larger budget tunes the
+difference. A run that ends early (every search space exhausted) is recorded as complete in
+`state.json`, so it is not started again either.
+
+Without a device for the target (CUDA on a machine with no GPU), tuning is build-only: the
+candidates are generated, compiled (nvcc) and fed to the cost model, but none is timed; the
+records go to a separate `.untimed` database that is never applied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import warnings
+from collections.abc import Callable
+
+import tvm
+import tvm_ffi
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.logging import get_loggers_from_work_dir
+from tvm.s_tir.meta_schedule.utils import cpu_count, fork_seed
+
+from .database import count_records, database_dir, open_database, target_key
+from .measure import PooledBuilder, UntimedRunner, timing_runner
+from .progress import ProgressCallback, TaskProgress
+from .tasks import TuningTask, extract_tasks, module_at_schedule_phase
+
+COST_MODEL_FILE = "cost_model.tar"
+STATE_FILE = "state.json"
+POPULATION = int(os.environ.get("TVM_EXT_TUNE_POPULATION", "128"))
+
+
+class NoDeviceError(RuntimeError):
+    """Timed tuning was asked for, but there is no device for the target here."""
+
+
+@dataclasses.dataclass
+class TuningReport:
+    target: str
+    database: str  # the directory holding the records
+    timed: bool  # False: build-only, nothing was timed
+    budget: int  # the trial budget asked for
+    trials_before: int  # candidates of these kernels already in the database
+    trials_run: int  # candidates measured (or built, if not timed) by this call
+    seconds: float
+    interrupted: bool
+    tasks: list[TaskProgress]
+
+    @property
+    def tuned_nothing(self) -> bool:
+        return self.trials_run == 0
+
+    def kernel_ms(self) -> float | None:
+        """Sum over kernels of weight x best time, None unless every kernel was timed."""
+        if any(t.best_s is None for t in self.tasks):
+            return None
+        return sum(t.best_s * t.weight for t in self.tasks) * 1e3
+
+    def to_json(self) -> dict:
+        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                   if f.name != "tasks"},
+                "tasks": [dataclasses.asdict(t) for t in self.tasks]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> TuningReport:
+        return cls(**{**data, "tasks": [TaskProgress(**t) for t in data["tasks"]]})
+
+    def format(self) -> str:
+        """A table of the kernels, and a line saying what was (and was not) measured."""
+        rows = [f"  {'kernel':<40} {'calls':>5} {'trials':>6} {'best ms':>10}"]
+        for t in self.tasks:
+            best = "-" if t.best_s is None else f"{t.best_s * 1e3:.4f}"
+            rows.append(f"  {t.name[:40]:<40} {t.weight:>5} {t.trials_before + t.trials:>6} "
+                        f"{best:>10}")
+        if self.timed:
+            total = self.kernel_ms()
+            timed = sum(t.best_s is not None for t in self.tasks)
+            rows.append(f"  {timed}/{len(self.tasks)} kernels timed; sum of weighted best times "
+                        + ("n/a" if total is None else f"{total:.3f} ms"))
+        else:
+            built = sum(t.built for t in self.tasks)
+            failed = sum(t.build_errors for t in self.tasks)
+            rows.append(f"  build-only: {built} candidates built, {failed} failed to build, "
+                        "NO candidate was timed (no device here); compile keeps the default "
+                        "schedules")
+        return "\n".join(rows)
+
+
+def can_time(target: tvm.target.Target) -> bool:
+    """Whether candidates for `target` can be timed on this machine."""
+    if target.kind.name in ("llvm", "c"):
+        return True
+    if target.kind.name == "cuda":
+        from tvm_ext.cuda_support import has_gpu
+
+        return has_gpu()
+    return bool(tvm.device(target.kind.name, 0).exist)
+
+
+def tuning_target(target: tvm.target.Target) -> tvm.target.Target:
+    """`target` with what MetaSchedule needs to know on CPUs: the number of cores to use."""
+    if target.kind.name != "llvm" or "num-cores" in target.attrs:
+        return target
+    config = dict(target.export())
+    config["num-cores"] = cpu_count(logical=False)
+    return tvm.target.Target(config)
+
+
+def tune(
+    mod: tvm.IRModule,
+    target: tvm.target.Target,
+    work_dir: str,
+    trials: int,
+    *,
+    measure: bool | None = None,
+    trials_per_iter: int | None = None,
+    seed: int | None = 0,
+    log: Callable[[str], None] | None = None,
+    **pipeline_options,
+) -> TuningReport:
+    """Tune the kernels of `mod` as the tvm_ext pipeline will compile them.
+
+    Args:
+        mod: a Relax module, as given to `tvm.compile` (before the pipeline).
+        target: the compilation target (the same one the build uses).
+        work_dir: the tuning work directory (created if missing; shared by models and targets).
+        trials: the trial budget for all kernels of `mod` together.
+        measure: time candidates on the device (default: when there is one; False: build only).
+        trials_per_iter: candidates per search iteration (default: from the budget).
+        seed: the search's random seed (None: random).
+        log: where progress lines go (default: stdout, flushed).
+        pipeline_options: options of `pipeline.phases` that shape the kernels (e.g. a partition
+            plan added by later issues), so tasks are the kernels the build will see.
+    """
+    staged = module_at_schedule_phase(mod, target, **pipeline_options)
+    return tune_tasks(extract_tasks(staged, target), target, work_dir, trials, measure=measure,
+                      trials_per_iter=trials_per_iter, seed=seed, log=log)
+
+
+def tune_tasks(
+    tasks: list[TuningTask],
+    target: tvm.target.Target,
+    work_dir: str,
+    trials: int,
+    *,
+    measure: bool | None = None,
+    trials_per_iter: int | None = None,
+    seed: int | None = 0,
+    log: Callable[[str], None] | None = None,
+) -> TuningReport:
+    """Tune `tasks` (from `extract_tasks`); see `tune`."""
+    log = log or _print
+    if trials < 0:
+        raise ValueError(f"the trial budget must be >= 0, got {trials}")
+    timed = can_time(target) if measure is None else measure
+    if timed and not can_time(target):
+        raise NoDeviceError(f"no {target.kind.name} device here to time candidates on; tune "
+                            "with measure=False (build-only) or on a machine with one")
+    db_dir = database_dir(work_dir, target, timed)
+    db = open_database(db_dir)
+    counts = count_records(db, [t.mod for t in tasks])
+    progress = [TaskProgress(t.name, t.weight, c, _best(db, t)) for t, c in zip(tasks, counts,
+                                                                                 strict=True)]
+    before = sum(counts)
+    fingerprint = _fingerprint(tasks)
+    state = _load_state(db_dir)
+    remaining = 0 if state.get(fingerprint, 0) >= trials else trials - before
+    report = TuningReport(target_key(target), db_dir, timed, trials, before, 0, 0.0, False,
+                          progress)
+    if not tasks or remaining <= 0:
+        log(f"tuning: nothing to tune: {len(tasks)} kernels, {before} trials already in {db_dir} "
+            f"(budget {trials})")
+        if tasks:
+            _save_state(db_dir, state, fingerprint, trials)
+        return report
+
+    per_iter = trials_per_iter or max(4, min(16, remaining // len(tasks)))
+    log(f"tuning: {len(tasks)} kernels for {target_key(target)}, {remaining} trials "
+        f"({before} already in the database), {per_iter} per search step, records in {db_dir}"
+        + ("" if timed else "; BUILD-ONLY: no device here, no candidate will be timed"))
+    start = time.perf_counter()
+    callback = ProgressCallback(tasks, progress, remaining, timed, log)
+    cost_model = _load_cost_model(db_dir)
+    builder = PooledBuilder(target.kind.name, max_workers=cpu_count(logical=True))
+    runner = timing_runner(target.kind.name) if timed else UntimedRunner()
+    try:
+        with _sigterm_as_interrupt():
+            _scheduler_tune(tasks, tuning_target(target), db_dir, db, remaining, per_iter, seed,
+                            builder, runner, callback, cost_model)
+        _save_state(db_dir, state, fingerprint, trials)
+    except BaseException as err:
+        report.interrupted = True
+        report.trials_run = callback.trials
+        report.seconds = time.perf_counter() - start
+        log(f"tuning interrupted ({type(err).__name__}) after {callback.trials} trials: "
+            f"{before + callback.trials} kept in {db_dir}; run again with the same budget to "
+            "finish")
+        raise
+    finally:
+        _save_cost_model(cost_model, db_dir)
+        builder.shutdown()
+    report.trials_run = callback.trials
+    report.seconds = time.perf_counter() - start
+    log(f"tuning: {callback.trials} trials in {report.seconds:.1f} s\n{report.format()}")
+    return report
+
+
+def _scheduler_tune(tasks, target, db_dir, db, trials, per_iter, seed, builder, runner, callback,
+                    cost_model) -> None:
+    # MetaSchedule's own tables and per-trial logs go to files under db_dir/logs, not stdout.
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    loggers = get_loggers_from_work_dir(db_dir, [t.name for t in tasks])
+    contexts = [
+        ms.TuneContext(mod=t.mod, target=target, space_generator="post-order-apply",
+                       search_strategy=_search_strategy(), task_name=t.name, logger=logger,
+                       rand_state=rand, num_threads="physical").clone()
+        for t, logger, rand in zip(tasks, loggers, fork_seed(seed, len(tasks)), strict=True)
+    ]
+    scheduler = ms.task_scheduler.TaskScheduler.create("gradient")
+    scheduler.tune(
+        tasks=contexts,
+        task_weights=[float(t.weight) for t in tasks],
+        max_trials_global=trials,
+        max_trials_per_task=trials,
+        num_trials_per_iter=per_iter,
+        builder=builder,
+        runner=runner,
+        measure_callbacks=[callback, *ms.measure_callback.MeasureCallback.create("default")],
+        database=db,
+        cost_model=cost_model,
+    )
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+def _search_strategy() -> ms.search_strategy.EvolutionarySearch:
+    # MetaSchedule's default population (512) makes mutation the main cost of a step on a
+    # 2-core machine; the budgets here are small, and the cost model is untrained (random
+    # scores) for its first 100 samples, so a smaller population loses little.
+    return ms.search_strategy.EvolutionarySearch(population_size=POPULATION)
+
+
+def _best(db, task: TuningTask) -> float | None:
+    from .database import best_seconds
+
+    return best_seconds(db, task.mod)
+
+
+def _fingerprint(tasks: list[TuningTask]) -> str:
+    hashes = sorted(str(tvm_ffi.structural_hash(t.mod)) for t in tasks)
+    return hashlib.sha1(",".join(hashes).encode()).hexdigest()[:16]
+
+
+def _load_state(db_dir: str) -> dict[str, int]:
+    path = os.path.join(db_dir, STATE_FILE)
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f).get("completed_budgets", {})
+
+
+def _save_state(db_dir: str, state: dict[str, int], fingerprint: str, trials: int) -> None:
+    state = {**state, fingerprint: max(trials, state.get(fingerprint, 0))}
+    tmp = os.path.join(db_dir, STATE_FILE + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump({"completed_budgets": state}, f, indent=1)
+    os.replace(tmp, os.path.join(db_dir, STATE_FILE))
+
+
+def _load_cost_model(db_dir: str) -> ms.cost_model.XGBModel:
+    model = ms.cost_model.XGBModel(num_tuning_cores=cpu_count(logical=False),
+                                   adaptive_training=True, tree_method="auto")
+    path = os.path.join(db_dir, COST_MODEL_FILE)
+    if os.path.isfile(path):
+        model.load(path)
+    return model
+
+
+def _save_cost_model(model: ms.cost_model.XGBModel, db_dir: str) -> None:
+    if model.booster is not None:  # XGBModel.load cannot read a model saved without a booster
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # xgboost's note on its default file format
+            model.save(os.path.join(db_dir, COST_MODEL_FILE))
+
+
+class _sigterm_as_interrupt:
+    """SIGTERM stops tuning like Ctrl-C does (records so far are on disk either way)."""
+
+    def __enter__(self):
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
