@@ -23,7 +23,7 @@ from .tasks import (
     run_phases,
     scheduled_module,
 )
-from .tune import NoDeviceError, TuningReport, can_time, tune, tune_tasks
+from .tuning import NoDeviceError, TuningReport, can_time, tune, tune_tasks
 
 DEFAULT_WORK_DIR = "tvm_ext_tune_db"
 

@@ -5,7 +5,7 @@ Layout of a work dir `DIR`:
     DIR/<target key>/database_workload.json       kernels (one TIR module per line)
     DIR/<target key>/database_tuning_record.json  one line per measured candidate
     DIR/<target key>/cost_model.tar               the XGBoost cost model and its training data
-    DIR/<target key>/state.json                   budgets completed per module (see tune.py)
+    DIR/<target key>/state.json                   budgets completed per module (see tuning.py)
     DIR/<target key>/logs/                        MetaSchedule's own logs
     DIR/<target key>.untimed/...                  the same for build-only tuning (no device):
                                                   its records carry no time and are never applied

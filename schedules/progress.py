@@ -60,7 +60,8 @@ class ProgressCallback(PyMeasureCallback):
             p.timed += 1
             median = secs[len(secs) // 2]
             p.best_s = median if p.best_s is None else min(p.best_s, median)
-        self.log(self._line(p, len(builder_results)))
+        if builder_results:  # a task whose search space is exhausted comes back empty
+            self.log(self._line(p, len(builder_results)))
 
     def _line(self, p: TaskProgress, batch: int) -> str:
         head = (f"  trial {self.trials:4d}/{self.budget}  {time.perf_counter() - self.start:6.1f} s"

@@ -15,6 +15,7 @@ records go to a separate `.untimed` database that is never applied.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -29,7 +30,6 @@ from collections.abc import Callable
 import tvm
 import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
-from tvm.s_tir.meta_schedule.logging import get_loggers_from_work_dir
 from tvm.s_tir.meta_schedule.utils import cpu_count, fork_seed
 
 from .database import count_records, database_dir, open_database, target_key
@@ -55,7 +55,6 @@ class TuningReport:
     trials_before: int  # candidates of these kernels already in the database
     trials_run: int  # candidates measured (or built, if not timed) by this call
     seconds: float
-    interrupted: bool
     tasks: list[TaskProgress]
 
     @property
@@ -110,11 +109,15 @@ def can_time(target: tvm.target.Target) -> bool:
 
 
 def tuning_target(target: tvm.target.Target) -> tvm.target.Target:
-    """`target` with what MetaSchedule needs to know on CPUs: the number of cores to use."""
-    if target.kind.name != "llvm" or "num-cores" in target.attrs:
-        return target
+    """`target` with the attributes MetaSchedule's rules read and target tags usually carry:
+    the cores to use on CPUs, thread and shared-memory limits on CUDA."""
     config = dict(target.export())
-    config["num-cores"] = cpu_count(logical=False)
+    if target.kind.name == "llvm":
+        config.setdefault("num-cores", cpu_count(logical=False))
+    elif target.kind.name == "cuda":
+        config.setdefault("max_threads_per_block", int(config.get("max_num_threads", 1024)))
+        # 48 KiB: the shared memory any CUDA GPU gives a block without opting in.
+        config.setdefault("max_shared_memory_per_block", 48 * 1024)
     return tvm.target.Target(config)
 
 
@@ -177,8 +180,7 @@ def tune_tasks(
     fingerprint = _fingerprint(tasks)
     state = _load_state(db_dir)
     remaining = 0 if state.get(fingerprint, 0) >= trials else trials - before
-    report = TuningReport(target_key(target), db_dir, timed, trials, before, 0, 0.0, False,
-                          progress)
+    report = TuningReport(target_key(target), db_dir, timed, trials, before, 0, 0.0, progress)
     if not tasks or remaining <= 0:
         log(f"tuning: nothing to tune: {len(tasks)} kernels, {before} trials already in {db_dir} "
             f"(budget {trials})")
@@ -196,17 +198,15 @@ def tune_tasks(
     builder = PooledBuilder(target.kind.name, max_workers=cpu_count(logical=True))
     runner = timing_runner(target.kind.name) if timed else UntimedRunner()
     try:
-        with _sigterm_as_interrupt():
+        with _Interruptible():
             _scheduler_tune(tasks, tuning_target(target), db_dir, db, remaining, per_iter, seed,
                             builder, runner, callback, cost_model)
         _save_state(db_dir, state, fingerprint, trials)
     except BaseException as err:
-        report.interrupted = True
-        report.trials_run = callback.trials
-        report.seconds = time.perf_counter() - start
-        log(f"tuning interrupted ({type(err).__name__}) after {callback.trials} trials: "
-            f"{before + callback.trials} kept in {db_dir}; run again with the same budget to "
-            "finish")
+        what = ("interrupted" if isinstance(err, KeyboardInterrupt)
+                else f"failed ({type(err).__name__}: {str(err).strip().splitlines()[-1:]})")
+        log(f"tuning {what} after {callback.trials} trials: {before + callback.trials} kept in "
+            f"{db_dir}; run again with the same budget to finish")
         raise
     finally:
         _save_cost_model(cost_model, db_dir)
@@ -219,28 +219,66 @@ def tune_tasks(
 
 def _scheduler_tune(tasks, target, db_dir, db, trials, per_iter, seed, builder, runner, callback,
                     cost_model) -> None:
-    # MetaSchedule's own tables and per-trial logs go to files under db_dir/logs, not stdout.
-    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
-    loggers = get_loggers_from_work_dir(db_dir, [t.name for t in tasks])
-    contexts = [
-        ms.TuneContext(mod=t.mod, target=target, space_generator="post-order-apply",
-                       search_strategy=_search_strategy(), task_name=t.name, logger=logger,
-                       rand_state=rand, num_threads="physical").clone()
-        for t, logger, rand in zip(tasks, loggers, fork_seed(seed, len(tasks)), strict=True)
-    ]
-    scheduler = ms.task_scheduler.TaskScheduler.create("gradient")
-    scheduler.tune(
-        tasks=contexts,
-        task_weights=[float(t.weight) for t in tasks],
-        max_trials_global=trials,
-        max_trials_per_task=trials,
-        num_trials_per_iter=per_iter,
-        builder=builder,
-        runner=runner,
-        measure_callbacks=[callback, *ms.measure_callback.MeasureCallback.create("default")],
-        database=db,
-        cost_model=cost_model,
-    )
+    with _metaschedule_logs(db_dir, [t.name for t in tasks]) as loggers:
+        contexts = [
+            ms.TuneContext(mod=t.mod, target=target, space_generator="post-order-apply",
+                           search_strategy=_search_strategy(), task_name=t.name, logger=logger,
+                           rand_state=rand, num_threads="physical").clone()
+            for t, logger, rand in zip(tasks, loggers, fork_seed(seed, len(tasks)), strict=True)
+        ]
+        ms.task_scheduler.TaskScheduler.create("gradient").tune(
+            tasks=contexts,
+            task_weights=[float(t.weight) for t in tasks],
+            max_trials_global=trials,
+            max_trials_per_task=trials,
+            num_trials_per_iter=per_iter,
+            builder=builder,
+            runner=runner,
+            measure_callbacks=[callback, *ms.measure_callback.MeasureCallback.create("default")],
+            database=db,
+            cost_model=cost_model,
+        )
+
+
+@contextlib.contextmanager
+def _metaschedule_logs(db_dir: str, names: list[str]):
+    """MetaSchedule's tables and per-trial logs go to files under db_dir/logs (its warnings to
+    stderr), for this run only. (Its own `get_loggers_from_work_dir` fails when called twice in
+    one process.)"""
+    log_dir = os.path.join(db_dir, "logs")
+    os.makedirs(log_dir, exist_ok=True)
+    fmt = logging.Formatter("%(asctime)s [%(levelname)s] %(message)s")
+
+    def file_handler(name: str) -> logging.Handler:
+        handler = logging.FileHandler(os.path.join(log_dir, name + ".log"))
+        handler.setFormatter(fmt)
+        return handler
+
+    warn = logging.StreamHandler()
+    warn.setLevel(logging.WARNING)
+    top = logging.getLogger("tvm.s_tir.meta_schedule")
+    attached = [(top, file_handler("task_scheduler")), (top, warn)]
+    loggers = []
+    for i, name in enumerate(names):
+        # One logger per task, unique to this run (loggers live for the whole process).
+        logger = logging.getLogger(f"tvm_ext.schedules.run{id(attached)}.task_{i}")
+        attached.append((logger, file_handler(f"task_{i:02d}_{name[:80]}")))
+        loggers.append(logger)
+    saved = top.level, top.propagate
+    top.setLevel(logging.INFO)
+    top.propagate = False
+    for logger in loggers:
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    for logger, handler in attached:
+        logger.addHandler(handler)
+    try:
+        yield loggers
+    finally:
+        for logger, handler in attached:
+            logger.removeHandler(handler)
+            handler.close()
+        top.level, top.propagate = saved
 
 
 def _print(line: str) -> None:
@@ -286,7 +324,9 @@ def _load_cost_model(db_dir: str) -> ms.cost_model.XGBModel:
                                    adaptive_training=True, tree_method="auto")
     path = os.path.join(db_dir, COST_MODEL_FILE)
     if os.path.isfile(path):
-        model.load(path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # xgboost guessing the file format it wrote
+            model.load(path)
     return model
 
 
@@ -297,19 +337,32 @@ def _save_cost_model(model: ms.cost_model.XGBModel, db_dir: str) -> None:
             model.save(os.path.join(db_dir, COST_MODEL_FILE))
 
 
-class _sigterm_as_interrupt:
-    """SIGTERM stops tuning like Ctrl-C does (records so far are on disk either way)."""
+class _Interruptible:
+    """Ctrl-C (SIGINT) and SIGTERM stop tuning with a KeyboardInterrupt.
+
+    A KeyboardInterrupt raised inside MetaSchedule's Python callbacks crosses the C++ task
+    scheduler and comes back as a RuntimeError; the signal is noted so the caller still sees a
+    KeyboardInterrupt. (Records so far are on disk either way, even after SIGKILL.)
+    """
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self.previous: dict[int, object] = {}
+
+    def _handle(self, signum, frame):
+        self.signal = signum
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
     def __enter__(self):
-        self.previous = None
         if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self.previous[sig] = signal.signal(sig, self._handle)
         return self
 
-    def __exit__(self, *exc) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+    def __exit__(self, kind, value, traceback) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        if self.signal is not None and kind is not None and not issubclass(kind,
+                                                                           KeyboardInterrupt):
+            raise KeyboardInterrupt(f"signal {signal.Signals(self.signal).name}") from value
