@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import tempfile
 
 import tvm
@@ -46,11 +47,11 @@ def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params) -> tv
         return tvm.tirx.build(mod, target=target)
 
 
-def export_candidate(rt_mod: tvm.runtime.Module) -> str:
+def export_candidate(rt_mod: tvm.runtime.Module, root: str) -> str:
     """Write a built candidate where the runner loads it from (a tar, as MetaSchedule does)."""
     from tvm.support.tar import tar
 
-    path = os.path.join(tempfile.mkdtemp(prefix="tvm_ext_tune_"), "candidate." + tar.output_format)
+    path = os.path.join(tempfile.mkdtemp(dir=root), "candidate." + tar.output_format)
     rt_mod.export_library(path, fcompile=tar)
     return path
 
@@ -62,11 +63,15 @@ class PooledBuilder(PyBuilder):
     def __init__(self, target_kind: str, max_workers: int, timeout_s: float = 60.0) -> None:
         super().__init__()
         self.timeout_s = timeout_s
+        # Candidates of one run live under one directory, removed at shutdown (MetaSchedule's
+        # RemoveBuildArtifact removes each once timed; this catches those of an interrupted run).
+        self.artifacts = tempfile.mkdtemp(prefix="tvm_ext_tune_")
         self.pool = PopenPoolExecutor(max_workers=max_workers, timeout=timeout_s,
                                       initializer=init_worker, initargs=(target_kind,))
 
     def build(self, build_inputs: list[BuilderInput]) -> list[BuilderResult]:
-        jobs = [(build_candidate, export_candidate, b.mod, b.target, None) for b in build_inputs]
+        export = functools.partial(export_candidate, root=self.artifacts)
+        jobs = [(build_candidate, export, b.mod, b.target, None) for b in build_inputs]
         results = []
         for res in self.pool.map_with_error_catching(lambda job: _worker_func(*job), jobs):
             if res.status == StatusKind.COMPLETE:
@@ -79,6 +84,7 @@ class PooledBuilder(PyBuilder):
 
     def shutdown(self) -> None:
         self.pool.shutdown()
+        shutil.rmtree(self.artifacts, ignore_errors=True)
 
 
 @derived_object

@@ -32,14 +32,14 @@ import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.utils import cpu_count, fork_seed
 
-from .database import count_records, database_dir, open_database, target_key
+from .database import best_seconds, count_records, database_dir, open_database, target_key
 from .measure import PooledBuilder, UntimedRunner, timing_runner
 from .progress import ProgressCallback, TaskProgress
 from .tasks import TuningTask, extract_tasks, module_at_schedule_phase
 
 COST_MODEL_FILE = "cost_model.tar"
 STATE_FILE = "state.json"
-POPULATION = int(os.environ.get("TVM_EXT_TUNE_POPULATION", "128"))
+POPULATION = 128  # of the evolutionary search; see _search_strategy
 
 
 class NoDeviceError(RuntimeError):
@@ -174,8 +174,8 @@ def tune_tasks(
     db_dir = database_dir(work_dir, target, timed)
     db = open_database(db_dir)
     counts = count_records(db, [t.mod for t in tasks])
-    progress = [TaskProgress(t.name, t.weight, c, _best(db, t)) for t, c in zip(tasks, counts,
-                                                                                 strict=True)]
+    progress = [TaskProgress(t.name, t.weight, c, best_seconds(db, t.mod))
+                for t, c in zip(tasks, counts, strict=True)]
     before = sum(counts)
     fingerprint = _fingerprint(tasks)
     state = _load_state(db_dir)
@@ -203,8 +203,8 @@ def tune_tasks(
                             builder, runner, callback, cost_model)
         _save_state(db_dir, state, fingerprint, trials)
     except BaseException as err:
-        what = ("interrupted" if isinstance(err, KeyboardInterrupt)
-                else f"failed ({type(err).__name__}: {str(err).strip().splitlines()[-1:]})")
+        what = "interrupted" if isinstance(err, KeyboardInterrupt) else (
+            f"failed ({type(err).__name__}: {(str(err).strip().splitlines() or [''])[-1]})")
         log(f"tuning {what} after {callback.trials} trials: {before + callback.trials} kept in "
             f"{db_dir}; run again with the same budget to finish")
         raise
@@ -290,12 +290,6 @@ def _search_strategy() -> ms.search_strategy.EvolutionarySearch:
     # 2-core machine; the budgets here are small, and the cost model is untrained (random
     # scores) for its first 100 samples, so a smaller population loses little.
     return ms.search_strategy.EvolutionarySearch(population_size=POPULATION)
-
-
-def _best(db, task: TuningTask) -> float | None:
-    from .database import best_seconds
-
-    return best_seconds(db, task.mod)
 
 
 def _fingerprint(tasks: list[TuningTask]) -> str:

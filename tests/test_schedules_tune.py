@@ -112,8 +112,10 @@ _INTERRUPTED_RUN = textwrap.dedent("""
 def test_an_interrupted_run_keeps_its_records(tmp_path, mlp, llvm, sig):
     work_dir = str(tmp_path / "db")
     records = os.path.join(schedules.database_dir(work_dir, llvm), RECORD_FILE)
+    # TMPDIR: a killed run cannot remove its build artifacts; keep them in tmp_path.
     proc = subprocess.Popen([sys.executable, "-c", _INTERRUPTED_RUN, work_dir],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         deadline = time.monotonic() + 120
         while not (os.path.isfile(records) and os.path.getsize(records) > 0):
