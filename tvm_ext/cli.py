@@ -50,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtol", type=float, default=1e-5)
     p.add_argument("--atol", type=float, default=1e-5)
     p.add_argument("--dump-dir", help="write the module after each pipeline phase there")
+    p.add_argument("--tune-trials", type=int, default=0, metavar="N",
+                   help="tune the kernels with MetaSchedule (XGBoost cost model), N trials in "
+                        "all, into --tune-db, then build with the records; trials already in "
+                        "the database count, so a second call tunes nothing")
+    p.add_argument("--tune-db", metavar="DIR",
+                   help="tuning work dir to build with (and tune into with --tune-trials; "
+                        "default there: ./tvm_ext_tune_db)")
     return p
 
 
@@ -95,8 +102,12 @@ def main(argv: list[str] | None = None) -> int:
           f"liveness peak {_fmt_bytes(live)} without kernel scratch "
           f"({_fmt_bytes(gsum['peak_bytes'])} with)")
 
+    failed, tune_db = _tune(args, model, target, report)
+    if failed:
+        return failed
+
     start = time.perf_counter()
-    executable = compiler.build(model, target, dump_dir=args.dump_dir)
+    executable = compiler.build(model, target, dump_dir=args.dump_dir, tune_db=tune_db)
     report["compile_seconds"] = time.perf_counter() - start
     print(f"compile {report['compile_seconds']:.2f} s for {target.kind.name}")
 
@@ -144,6 +155,40 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(report, f, indent=2, default=_json_default)
         print(f"report  {args.report}")
     return status
+
+
+def _tune(args, model, target, report: dict) -> tuple[int, str | None]:
+    """--tune-trials / --tune-db: tune if asked. Returns (exit status if it failed, else 0;
+    the work dir to build with, None without tuning)."""
+    if not args.tune_trials and not args.tune_db:
+        return 0, None
+    import os
+
+    from tvm_ext import schedules
+
+    work_dir = args.tune_db or schedules.DEFAULT_WORK_DIR
+    if args.tune_trials < 0:
+        print("error: --tune-trials takes a number of trials >= 0", file=sys.stderr)
+        return 2, None
+    if args.tune_trials:
+        try:
+            tuning = schedules.tune(model.mod, target, work_dir, args.tune_trials)
+        except KeyboardInterrupt:
+            print("tuning interrupted: the records so far are kept; run the same command "
+                  "again to resume", file=sys.stderr)
+            return 130, None
+        report["tuning"] = tuning.to_json()
+    elif not os.path.isdir(work_dir):
+        print(f"error: no tuning work dir {work_dir}: create one with --tune-trials N",
+              file=sys.stderr)
+        return 2, None
+    staged = schedules.module_at_schedule_phase(model.mod, target)
+    tuned, default = schedules.coverage(staged, target, work_dir)
+    report.setdefault("tuning", {}).update(kernels_tuned=tuned, kernels_default=default)
+    print(f"tuning  {len(tuned)} of {len(tuned) + len(default)} kernels scheduled from "
+          f"{schedules.database_dir(work_dir, target)}"
+          + (f"; {len(default)} keep the default schedules" if default else ""))
+    return 0, work_dir
 
 
 def _json_default(obj):

@@ -5,7 +5,9 @@ Phases, in order (each a list of passes, so a caller can rebuild the pipeline fr
 1. `library_dispatch_passes`  target-specific library dispatch (sort, sampling).
 2. `legalize_passes`          LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR:
                               after this phase the module is what `tvm_ext.graph` reads.
-3. `schedule_passes`          default GPU schedules (dlight) for kernels without one.
+3. `schedule_passes`          kernels tuned with MetaSchedule (records of a `tune_db` work dir,
+                              see tvm_ext.schedules), then default GPU schedules (dlight) for
+                              kernels without one.
 4. `dataflow_lower_passes`    RewriteDataflowReshape, ToNonDataflow, RemovePurityChecking,
                               CallTIRRewrite.
 5. `finalize_passes`          memory planning, builtin lowering, VM shape lowering.
@@ -41,13 +43,20 @@ def legalize_passes(target: tvm.target.Target) -> list:
     ]
 
 
-def schedule_passes(target: tvm.target.Target) -> list:
+def schedule_passes(target: tvm.target.Target, tune_db: str | None = None) -> list:
+    """`tune_db`: a tuning work dir (tvm_ext.schedules); its records are applied first."""
+    tuned = []
+    if tune_db is not None:
+        from tvm_ext.schedules import ApplyTuningDatabase
+
+        tuned = [ApplyTuningDatabase(tune_db, target)]
     if not is_gpu(target):
-        return []
+        return tuned
     from tvm.s_tir import dlight as dl
 
     # ApplyDefaultSchedule leaves kernels that already carry a schedule untouched.
     return [
+        *tuned,
         dl.ApplyDefaultSchedule(
             dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
             dl.gpu.Fallback(),
@@ -86,12 +95,14 @@ def _dump(dump_dir: str | None, index: int, phase: str, mod: tvm.IRModule) -> No
             f.write(mod.script())
 
 
-def phases(target: tvm.target.Target, *, memory_planning: bool = True) -> list[tuple[str, list]]:
+def phases(
+    target: tvm.target.Target, *, memory_planning: bool = True, tune_db: str | None = None
+) -> list[tuple[str, list]]:
     """The pipeline as (phase name, passes) pairs."""
     return [
         ("library_dispatch", library_dispatch_passes(target)),
         ("legalize", legalize_passes(target)),
-        ("schedule", schedule_passes(target)),
+        ("schedule", schedule_passes(target, tune_db)),
         ("dataflow_lower", dataflow_lower_passes(target)),
         ("finalize", finalize_passes(target, memory_planning)),
     ]
@@ -103,6 +114,7 @@ def tvm_ext_pipeline(
     *,
     memory_planning: bool = True,
     dump_dir: str | None = None,
+    tune_db: str | None = None,
 ) -> tvm.transform.Pass:
     """The tvm_ext pipeline for `tvm.compile(mod, target, relax_pipeline=...)`.
 
@@ -110,6 +122,8 @@ def tvm_ext_pipeline(
         target: the target (default: the current one; `tvm.compile` sets it).
         memory_planning: run TVM's StaticPlanBlockMemory (see `finalize_passes`).
         dump_dir: write the module after each phase there.
+        tune_db: a tuning work dir (`tvm_ext.schedules.tune`): its best records schedule the
+            kernels they cover; the others keep the default schedules.
     """
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_ext_pipeline")
@@ -120,7 +134,8 @@ def tvm_ext_pipeline(
                              "with tvm.compile(mod, target, ...)")
         with tgt:
             _dump(dump_dir, 0, "input", mod)
-            for i, (name, passes) in enumerate(phases(tgt, memory_planning=memory_planning)):
+            stages = phases(tgt, memory_planning=memory_planning, tune_db=tune_db)
+            for i, (name, passes) in enumerate(stages):
                 mod = tvm.transform.Sequential(passes, name=name)(mod)
                 _dump(dump_dir, i + 1, name, mod)
         return mod

@@ -1,0 +1,80 @@
+"""ApplyTuningDatabase: schedule the kernels that a tuning work dir holds a timed record for.
+
+Runs in the pipeline's schedule phase, before dlight. Each PrimFunc whose workload has a timed
+record gets the best one (MetaSchedule's `MetaScheduleApplyDatabase`, which marks it
+`tirx.is_scheduled`); the others are left as they are and get TVM's defaults afterwards (dlight
+on GPUs, the plain lowering on CPUs). Untimed (build-only) records live elsewhere and are never
+applied. A missing database applies nothing and creates nothing.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from .database import database_dir, has_database, open_database, record_seconds
+
+
+@tvm.transform.module_pass(opt_level=0, name="ApplyTuningDatabase")
+class ApplyTuningDatabase:
+    """Apply the best timed records of `work_dir` for `target` (default: the current target)."""
+
+    def __init__(self, work_dir: str, target: tvm.target.Target | None = None) -> None:
+        self.work_dir = work_dir
+        self.target = target
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext
+                         ) -> tvm.IRModule:
+        target = self.target or tvm.target.Target.current()
+        if target is None:
+            raise ValueError("ApplyTuningDatabase needs a target: pass one or run it inside "
+                             "`with target:`")
+        db_dir = database_dir(self.work_dir, target)
+        if not has_database(db_dir):
+            return mod
+        db = open_database(db_dir, create=False)
+        with target, db:
+            return relax.transform.MetaScheduleApplyDatabase()(mod)
+
+
+def kernel_workload(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
+    """A PrimFunc as MetaSchedule keys it in a database."""
+    from tvm.s_tir.meta_schedule.tune_context import _normalize_mod
+
+    return _normalize_mod(func)
+
+
+def kernel_times(
+    staged: tvm.IRModule, target: tvm.target.Target, work_dir: str
+) -> dict[str, float]:
+    """Measured seconds per kernel name (PrimFunc name, as `DataflowGraph` ops name kernels) for
+    the kernels of `staged` (a module at the schedule phase) that `work_dir` holds a timed
+    record for: a measured counterpart to the roofline estimate of a cost model."""
+    db_dir = database_dir(work_dir, target)
+    if not has_database(db_dir):
+        return {}
+    db = open_database(db_dir, create=False)
+    times = {}
+    for gv, func in staged.functions.items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        workload = kernel_workload(func)
+        if not db.has_workload(workload):
+            continue
+        top = db.get_top_k(db.commit_workload(workload), 1)
+        secs = record_seconds(top[0]) if top else None
+        if secs is not None:
+            times[gv.name_hint] = secs
+    return times
+
+
+def coverage(staged: tvm.IRModule, target: tvm.target.Target, work_dir: str
+             ) -> tuple[list[str], list[str]]:
+    """(kernels a build with `tune_db=work_dir` schedules from records, kernels left to the
+    default schedules), by PrimFunc name."""
+    times = kernel_times(staged, target, work_dir)
+    names = [gv.name_hint for gv, f in staged.functions.items()
+             if isinstance(f, tvm.tirx.PrimFunc)
+             and not (f.attrs is not None and f.attrs.get("tirx.is_scheduled", False))]
+    return [n for n in names if n in times], [n for n in names if n not in times]
+

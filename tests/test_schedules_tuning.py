@@ -1,0 +1,160 @@
+"""Tuning with MetaSchedule + XGBoost: a tiny run through compile.py, reuse of its database (no
+re-tuning, the same kernels), interruption, and build-only tuning for CUDA without a GPU.
+
+Budgets are a handful of trials on zoo `tiny` models: these check the mechanics, not speed
+(benchmarks/tuning.py measures the speed-up).
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import tvm
+
+from tvm_ext import cli, compiler, schedules
+from tvm_ext.models import get_model
+from tvm_ext.schedules.database import RECORD_FILE, WORKLOAD_FILE
+from tvm_ext.schedules.tuning import COST_MODEL_FILE
+
+TRIALS = 6
+
+
+def _db_files(db_dir):
+    return {name: open(os.path.join(db_dir, name), "rb").read()
+            for name in (WORKLOAD_FILE, RECORD_FILE)}
+
+
+@pytest.fixture(scope="module")
+def llvm():
+    return compiler.resolve_target("llvm")
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return get_model("mlp", "tiny")
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    """compile.py mlp --tune-trials 6 --tune-db DIR --run --check: the first (tuning) call."""
+    work = tmp_path_factory.mktemp("tune")
+    report = work / "first.json"
+    status = cli.main(["mlp", "--tune-trials", str(TRIALS), "--tune-db", str(work / "db"),
+                       "--check", "--report", str(report)])
+    assert status == 0
+    return str(work / "db"), json.loads(report.read_text())
+
+
+def test_compile_tunes_stores_and_applies(tuned, mlp, llvm, capsys):
+    work_dir, report = tuned
+    tuning = report["tuning"]
+    assert tuning["timed"]
+    assert tuning["trials_before"] == 0 and tuning["trials_run"] >= TRIALS
+    db_dir = schedules.database_dir(work_dir, llvm)
+    records = open(os.path.join(db_dir, RECORD_FILE)).read().splitlines()
+    assert len(records) == tuning["trials_run"]  # one line per trial, appended as it goes
+    assert any(t["best_s"] for t in tuning["tasks"])
+    # The build applied the records (and --check passed: tuned outputs match a plain build).
+    assert tuning["kernels_tuned"] and report["check"]["ok"]
+    scheduled = schedules.scheduled_module(mlp.mod, llvm, work_dir)
+    applied = [gv.name_hint for gv, f in scheduled.functions.items()
+               if isinstance(f, tvm.tirx.PrimFunc) and f.attrs.get("tirx.is_scheduled", False)]
+    assert sorted(applied) == sorted(tuning["kernels_tuned"])
+
+
+def test_second_call_tunes_nothing_and_builds_the_same_kernels(tuned, mlp, llvm, tmp_path):
+    work_dir, first = tuned
+    db_dir = schedules.database_dir(work_dir, llvm)
+    files = _db_files(db_dir)
+    kernels = schedules.scheduled_module(mlp.mod, llvm, work_dir)
+    report = tmp_path / "second.json"
+    assert cli.main(["mlp", "--tune-trials", str(TRIALS), "--tune-db", work_dir,
+                     "--report", str(report)]) == 0
+    second = json.loads(report.read_text())["tuning"]
+    assert second["trials_run"] == 0
+    assert second["trials_before"] == first["tuning"]["trials_run"]
+    assert _db_files(db_dir) == files
+    assert second["kernels_tuned"] == first["tuning"]["kernels_tuned"]
+    tvm.ir.assert_structural_equal(schedules.scheduled_module(mlp.mod, llvm, work_dir), kernels)
+
+
+def test_a_larger_budget_tunes_the_difference(tuned, mlp, llvm, tmp_path):
+    work_dir = str(tmp_path / "db")
+    shutil.copytree(tuned[0], work_dir)
+    before = tuned[1]["tuning"]["trials_run"]
+    report = schedules.tune(mlp.mod, llvm, work_dir, before + 2, trials_per_iter=2,
+                            log=lambda line: None)
+    assert report.trials_before == before
+    assert 2 <= report.trials_run <= 4
+
+
+def test_apply_only_needs_an_existing_work_dir(tmp_path, capsys):
+    assert cli.main(["mlp", "--tune-db", str(tmp_path / "none")]) == 2
+    assert "--tune-trials" in capsys.readouterr().err
+
+
+_INTERRUPTED_RUN = textwrap.dedent("""
+    import sys
+    from tvm_ext import compiler, schedules
+    from tvm_ext.models import get_model
+    schedules.tune(get_model("mlp", "tiny").mod, compiler.resolve_target("llvm"), sys.argv[1],
+                   500, trials_per_iter=2)
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_an_interrupted_run_keeps_its_records(tmp_path, mlp, llvm, sig):
+    work_dir = str(tmp_path / "db")
+    records = os.path.join(schedules.database_dir(work_dir, llvm), RECORD_FILE)
+    # TMPDIR: a killed run cannot remove its build artifacts; keep them in tmp_path.
+    proc = subprocess.Popen([sys.executable, "-c", _INTERRUPTED_RUN, work_dir],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        deadline = time.monotonic() + 120
+        while not (os.path.isfile(records) and os.path.getsize(records) > 0):
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "no record within 120 s"
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    if sig == signal.SIGINT:
+        assert "tuning interrupted" in out and "kept in" in out and "KeyboardInterrupt" in out
+    db = schedules.open_database(schedules.database_dir(work_dir, llvm))
+    kept = len(db)
+    assert kept >= 1
+    # Resuming counts what was kept: with that budget there is nothing left to tune.
+    again = schedules.tune(mlp.mod, llvm, work_dir, kept, log=lambda line: None)
+    assert again.trials_before == kept and again.trials_run == 0
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc to compile CUDA with")
+def test_cuda_without_gpu_builds_candidates_and_times_none(tmp_path, mlp, capsys):
+    target = compiler.resolve_target("cuda")
+    work_dir = str(tmp_path / "db")
+    report = schedules.tune(mlp.mod, target, work_dir, 4, measure=False, trials_per_iter=2)
+    out = capsys.readouterr().out
+    assert "NO candidate was timed" in out
+    assert not report.timed and report.trials_run >= 4
+    assert sum(t.built for t in report.tasks) >= 1
+    assert all(t.best_s is None for t in report.tasks)
+    assert os.path.isfile(os.path.join(report.database, COST_MODEL_FILE))
+    # Untimed records are kept apart and never applied: the build falls back to dlight.
+    assert report.database.endswith(".untimed")
+    assert not os.path.exists(schedules.database_dir(work_dir, target))
+    scheduled = schedules.scheduled_module(mlp.mod, target, work_dir)
+    kernels = [f for f in scheduled.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert kernels and all(f.attrs.get("tirx.is_scheduled", False) for f in kernels)  # dlight
+    compiler.build(mlp, target, tune_db=work_dir)  # compiles through nvcc
+    again = schedules.tune(mlp.mod, target, work_dir, 4, measure=False, log=lambda line: None)
+    assert again.trials_run == 0
