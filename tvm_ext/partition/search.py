@@ -1,0 +1,292 @@
+"""The Tofu search: coarsen, then dynamic programming level by level of the device mesh (no IR).
+
+Formulation (costs in `model.py`): one variable per coarsened tensor group, its domain the
+schemes legal at the level(s) being decided; one factor per operator, its table the least over
+the operator's legal strategies of compute + kernel-internal allreduces + the conversions of all
+its edges. The sum of the factors is minimised exactly by variable elimination
+(`elimination.py`): Tofu's DP over BFS levels, with a better elimination order.
+
+* Coarsening (`tie_groups`): a parameter and its gradient share one layout (the optimizer update
+  stays local); a tensor feeding only an element-wise operator (same shape, every axis mapped to
+  itself) shares that operator's output layout. Repeated layers are not tied: they give equal
+  factor tables, which are computed once (`_factor` is memoised on the operator's signature).
+* Recursion for k devices (`search`): k is factored into a mesh of levels (k = 8 -> 2 x 2 x 2,
+  k = 6 -> 3 x 2, k = 5 -> 5), one p-way cut per level, outermost first (the slowest link when
+  the links differ). Each level is solved with the levels above fixed and those below assumed to
+  split everything evenly, as in Tofu's `cost(k) = onecut + 2 cost(k/2)`; then every level is
+  solved again with all the others fixed, under the exact costs, until nothing improves.
+* `solve(levels=all)` decides all levels jointly over tuple domains: the exact optimum of the
+  uncoarsened problem, affordable on small graphs only.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+
+from .elimination import minimize
+from .layout import REP
+from .model import MEMORY_TIE_BREAK, PartitionModel
+
+
+class State:
+    """A (partial) assignment: per tensor and per op, one choice per level (None: undecided)."""
+
+    def __init__(self, model: PartitionModel):
+        levels = model.levels
+        self.layout: list[list[int | None]] = [[None] * levels for _ in model.graph.tensors]
+        self.strategy: list[list[int | None]] = [[None] * levels for _ in model.graph.ops]
+        for t, free in enumerate(model.free):
+            if free:
+                self.layout[t] = [REP] * levels
+
+    def copy(self) -> State:
+        other = State.__new__(State)
+        other.layout = [list(x) for x in self.layout]
+        other.strategy = [list(x) for x in self.strategy]
+        return other
+
+
+def gradient_pairs(model: PartitionModel) -> list[tuple[int, int]]:
+    """(parameter, gradient) tensor pairs of a training step `main(...) -> (loss, grads...)`."""
+    g = model.graph
+    params = sorted((t for t in g.tensors if t.kind == "parameter"), key=lambda t: t.arg_index)
+    outs = g.outputs
+    if len(outs) != len(params) + 1 or g.tensors[outs[0]].shape != ():
+        return []
+    pairs = []
+    for p, o in zip(params, outs[1:], strict=True):
+        if g.tensors[o].shape != p.shape:
+            return []
+        pairs.append((p.id, o))
+    return pairs
+
+
+def tie_groups(model: PartitionModel, coarsen: bool = True) -> list[int]:
+    """The group of each tensor (the tensors of a group share one layout); -1 for constants."""
+    g = model.graph
+    parent = list(range(len(g.tensors)))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(a: int, b: int) -> None:
+        parent[find(b)] = find(a)
+
+    for p, grad in gradient_pairs(model):
+        union(p, grad)
+    if coarsen:
+        for op in g.ops:
+            pair = _elementwise_pair(model, op.id)
+            if pair is not None:
+                union(*pair)
+    return [-1 if model.free[t] else find(t) for t in range(len(g.tensors))]
+
+
+def _elementwise_pair(model: PartitionModel, op_id: int) -> tuple[int, int] | None:
+    """(input, output) of an element-wise operator whose input feeds nothing else."""
+    g, spec = model.graph, model.specs[op_id]
+    op = g.ops[op_id]
+    edges = [e for e in model.edges[op_id] if not e.output]
+    if len(edges) != 1 or len(op.outputs) != 1:
+        return None
+    x, y = g.tensors[edges[0].tensor], g.tensors[op.outputs[0]]
+    if x.shape != y.shape or x.is_output or len(x.consumers) != 1 or x.kind == "parameter":
+        return None
+    mapped = set()
+    for dim in spec.dims:
+        cut = dim.inputs[edges[0].position]
+        if (dim.valid and not dim.inner and not dim.global_index and cut is not None
+                and not cut.halo and dim.outputs == [cut.axis]):
+            mapped.add(cut.axis)
+    if mapped != {a for a, n in enumerate(x.shape) if n > 1}:
+        return None
+    return x.id, y.id
+
+
+class Searcher:
+    """Solves one or more mesh levels of a `State` by variable elimination."""
+
+    def __init__(self, model: PartitionModel, groups: Sequence[int],
+                 fixed: dict[int, Sequence[int]] | None = None, max_table: int = 1 << 22):
+        self.model = model
+        self.groups = list(groups)
+        self.members: dict[int, list[int]] = {}
+        for t, gid in enumerate(self.groups):
+            if gid >= 0:
+                self.members.setdefault(gid, []).append(t)
+        self.fixed = {}
+        for t, layout in (fixed or {}).items():
+            gid = self.groups[t]
+            if gid >= 0:
+                self.fixed[gid] = tuple(layout)
+        self.max_table = max_table
+        self._cache: dict = {}
+
+    # ---------------------------------------------------------------- domains
+    def domain(self, gid: int, levels: Sequence[int]) -> list[tuple[int, ...]]:
+        shape_schemes = self.model.tensor_schemes[gid]
+        per_level = []
+        for lvl in levels:
+            options = shape_schemes[lvl]
+            if gid in self.fixed:
+                options = [self.fixed[gid][lvl]]
+            per_level.append(options)
+        return list(itertools.product(*per_level))
+
+    def strategies(self, op_id: int, levels: Sequence[int], state: State) -> list[tuple]:
+        model = self.model
+        known = state.strategy[op_id]
+        out = []
+        for combo in itertools.product(*(model.op_dims[op_id][lvl] for lvl in levels)):
+            full = list(known)
+            for lvl, d in zip(levels, combo, strict=True):
+                full[lvl] = d
+            if model.contiguous_ok(op_id, full):
+                out.append(combo)
+        return out
+
+    # ---------------------------------------------------------------- one factor
+    def _factor(self, op_id: int, levels: Sequence[int], state: State, var_of: dict,
+                domains: dict):
+        """(scope, table, strategies, c, per-edge cost matrices) of one operator."""
+        model = self.model
+        op = model.graph.ops[op_id]
+        edges = model.edges[op_id]
+        scope = []
+        for e in edges:
+            v = var_of[self.groups[e.tensor]]
+            if v not in scope:
+                scope.append(v)
+        others = [m for m in range(model.levels) if m not in levels]
+        key = (model.problem.op_spec[op_id], op.kind, op.flops, op.bytes_moved,
+               tuple(levels), tuple(state.strategy[op_id][m] for m in others),
+               tuple((model.nbytes[e.tensor], model.graph.tensors[e.tensor].shape, e.output,
+                      e.position, scope.index(var_of[self.groups[e.tensor]]),
+                      tuple(state.layout[e.tensor][m] for m in others)) for e in edges),
+               tuple(tuple(domains[v]) for v in scope))
+        hit = self._cache.get(key)
+        if hit is not None:
+            return (scope, *hit)
+        strategies = self.strategies(op_id, levels, state)
+        n_s = len(strategies)
+        c = np.empty(n_s)
+        full_strategies = []
+        for i, s in enumerate(strategies):
+            full = list(state.strategy[op_id])
+            for lvl, d in zip(levels, s, strict=True):
+                full[lvl] = d
+            full_strategies.append(full)
+            c[i] = model.op_time(op_id, full)
+        mats = [np.zeros((n_s, len(domains[v]))) for v in scope]
+        for e in edges:
+            j = scope.index(var_of[self.groups[e.tensor]])
+            base = list(state.layout[e.tensor])
+            for x, value in enumerate(domains[scope[j]]):
+                layout = list(base)
+                for lvl, sch in zip(levels, value, strict=True):
+                    layout[lvl] = sch
+                col = mats[j][:, x]
+                for i, full in enumerate(full_strategies):
+                    col[i] += model.edge_time(e, op_id, layout, full)
+        total = c.reshape([n_s] + [1] * len(scope))
+        for j, m in enumerate(mats):
+            shape = [n_s] + [1] * len(scope)
+            shape[j + 1] = m.shape[1]
+            total = total + m.reshape(shape)
+        table = total.min(axis=0)
+        result = (table, strategies, c, mats)
+        self._cache[key] = result
+        return (scope, *result)
+
+    # ---------------------------------------------------------------- solve
+    def solve(self, state: State, levels: Sequence[int]) -> State:
+        """Decide `levels` for every tensor and op, the other levels as `state` has them."""
+        model = self.model
+        levels = list(levels)
+        gids = sorted(self.members)
+        var_of = {gid: i for i, gid in enumerate(gids)}
+        domains = {var_of[gid]: self.domain(gid, levels) for gid in gids}
+        factors = []
+        op_factors = []
+        for op in model.graph.ops:
+            scope, table, strategies, c, mats = self._factor(op.id, levels, state, var_of,
+                                                             domains)
+            op_factors.append((scope, strategies, c, mats))
+            if scope:
+                factors.append((scope, table))
+        for gid in gids:  # memory tie-break
+            v = var_of[gid]
+            cost = np.zeros(len(domains[v]))
+            for x, value in enumerate(domains[v]):
+                for t in self.members[gid]:
+                    layout = list(state.layout[t])
+                    for lvl, sch in zip(levels, value, strict=True):
+                        layout[lvl] = sch
+                    cost[x] += MEMORY_TIE_BREAK * model.stored_bytes(t, layout)
+            factors.append(([v], cost))
+        sizes = [len(domains[var_of[gid]]) for gid in gids]
+        values, _ = minimize(sizes, factors, self.max_table)
+        new = state.copy()
+        for gid in gids:
+            value = domains[var_of[gid]][values[var_of[gid]]]
+            for t in self.members[gid]:
+                for lvl, sch in zip(levels, value, strict=True):
+                    new.layout[t][lvl] = sch
+        for op, (scope, strategies, c, mats) in zip(model.graph.ops, op_factors, strict=True):
+            total = c.copy()
+            for j, v in enumerate(scope):
+                total += mats[j][:, values[v]]
+            best = strategies[int(np.argmin(total))]
+            for lvl, d in zip(levels, best, strict=True):
+                new.strategy[op.id][lvl] = d
+        return new
+
+
+def total_time(model: PartitionModel, state: State) -> float:
+    """The predicted iteration time of a complete assignment (with the memory tie-break)."""
+    total = 0.0
+    for op in model.graph.ops:
+        strategy = state.strategy[op.id]
+        total += model.op_time(op.id, strategy)
+        for e in model.edges[op.id]:
+            total += model.edge_time(e, op.id, state.layout[e.tensor], strategy)
+    for t in range(len(model.graph.tensors)):
+        if not model.free[t]:
+            total += MEMORY_TIE_BREAK * model.stored_bytes(t, state.layout[t])
+    return total
+
+
+def search(model: PartitionModel, groups: Sequence[int] | None = None,
+           fixed: dict[int, Sequence[int]] | None = None, refine_rounds: int = 3) -> State:
+    """Top-down, level by level, then refinement of each level under the exact costs."""
+    groups = tie_groups(model) if groups is None else groups
+    searcher = Searcher(model, groups, fixed)
+    state = State(model)
+    for level in range(model.levels):
+        state = searcher.solve(state, [level])
+    if model.levels > 1:
+        best = total_time(model, state)
+        for _ in range(refine_rounds):
+            before = best
+            for level in range(model.levels):
+                candidate = searcher.solve(state, [level])
+                value = total_time(model, candidate)
+                if value < best - 1e-15:
+                    state, best = candidate, value
+            if best >= before - 1e-15:
+                break
+    return state
+
+
+def solve_exact(model: PartitionModel, max_table: int = 1 << 22,
+                fixed: dict[int, Sequence[int]] | None = None) -> State:
+    """The optimum over all levels jointly, without coarsening (raises `TableTooLarge` when the
+    problem is too big for it)."""
+    searcher = Searcher(model, tie_groups(model, coarsen=False), fixed, max_table)
+    return searcher.solve(State(model), list(range(model.levels)))
