@@ -20,31 +20,10 @@ from .model import PartitionModel
 from .search import gradient_pairs
 
 
-def batch_axes(model: PartitionModel) -> dict[int, int]:
-    """Tensor -> its batch axis, propagated from the model inputs' axis 0."""
-    g = model.graph
-    axes: dict[int, int] = {t.id: 0 for t in g.tensors
-                            if t.kind == "input" and len(t.shape) > 0}
-    for op in g.ops:
-        spec = model.specs[op.id]
-        for dim in spec.dims:
-            if not dim.valid:
-                continue
-            carried = any(cut is not None and axes.get(t) == cut.axis
-                          for t, cut in zip(op.inputs, dim.inputs, strict=True))
-            if not carried:
-                continue
-            for t, out in zip(op.outputs, dim.outputs, strict=True):
-                if isinstance(out, int) and t not in axes:
-                    axes[t] = out
-            break
-    return axes
-
-
 def data_parallel_layouts(model: PartitionModel) -> dict[int, list[int]] | None:
     """Fixed layouts of data parallelism, or None if the batch does not split k ways."""
     g = model.graph
-    axes = batch_axes(model)
+    axes = model.batch_axes
     k = model.prefix[-1]
     fixed = {}
     for t in g.tensors:

@@ -25,8 +25,12 @@ produced scheme (`PARTIAL` after a reduction split) into the stored one. Per lev
 Conversions of one edge run level by level in three phases (shrinking: slices and
 reduce-scatters; size-preserving: all-to-alls, allreduces, halos; growing: allgathers), deepest
 level first within a phase, so each works on the smallest data: at level l the group holds
-`nbytes / prod(p_m for other levels m whose current scheme is a cut)`. A level not decided yet
-(`None`, during the top-down search) counts as cut, the assumption of Tofu's recursion.
+`nbytes / prod(p_m for other levels m whose current scheme is a cut)`. Allreduces at several
+levels are one hierarchical allreduce (reduce-scatter inward, allreduce, allgather outward): the
+step at level l works on the data divided by the deeper allreduced levels, and counts both its
+reduce-scatter and its allgather, so the total equals a flat ring allreduce over all of them.
+A level not decided yet (`None`, during the top-down search) counts as cut, the assumption of
+Tofu's recursion.
 """
 
 from __future__ import annotations
@@ -133,6 +137,10 @@ def edge_steps(
                 continue
             if kinds[m] is None:
                 now = src[m] if src[m] is not None else targets[m]
+            elif kind == "allreduce" and kinds[m] == "allreduce":
+                # A hierarchical allreduce: reduce-scatter the deeper levels first, allreduce
+                # the piece, allgather back (the mirrored allgather is counted here too).
+                now = 0 if m > lvl else PARTIAL
             else:
                 done = _PHASE[kinds[m]] < phase or (_PHASE[kinds[m]] == phase and m > lvl)
                 now = targets[m] if done else src[m]

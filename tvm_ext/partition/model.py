@@ -1,19 +1,25 @@
-"""The cost model the search minimises and a plan reports (no IR).
+"""The objective the search minimises and a plan reports (no IR).
 
-For an assignment of a layout (one scheme per mesh level, see `layout.py`) to every tensor and
-a strategy (one op dim per level, or REP) to every operator, the predicted iteration time is
+Choices: a layout per tensor (one scheme per mesh level, see `layout.py`) and a strategy per
+operator (the op dim it splits at each level, or REP). The objective is Tofu's: the time the
+communication takes,
 
-    sum over ops of compute(op)                        roofline, work divided by the levels
-                                                       whose strategy splits it
-  + sum over ops of inner allreduces                   (kernel-internal reductions of a split)
-  + sum over input edges of conversions                stored layout -> required by strategy
-  + sum over output edges of conversions               produced by strategy -> stored layout
+    sum over input edges of conversions            stored layout -> required by the strategy
+  + sum over output edges of conversions           produced by the strategy -> stored layout
+  + sum over ops of kernel-internal allreduces     (a split reduction whose result is reused)
 
-with collectives priced by `tvm_ext.cost.collectives` on each level's link: their bytes over
-the link bandwidth, plus the link latency per message round when `latency=True` (by default
-latency is reported, not optimised: a runtime buckets small collectives). A level given as
-None is undecided (the top-down search): it counts as splitting everything (Tofu's even-split
-assumption) and contributes no collective. Constants can be sliced for free on any device.
+each collective priced by `tvm_ext.cost.collectives` on its level's link: its bytes over the
+link bandwidth, plus the link latency per message round when `latency=True` (by default the
+latency is reported, not optimised: a runtime buckets small collectives, as DDP does).
+
+Partition-n-reduce (Tofu): an operator on the data path (one whose tensors carry the batch,
+followed from the inputs' axis 0) must be split at every level where one of its dims can be, so
+that its work and its outputs' memory fall with k; operators off the data path (a weight's
+transpose, a gradient's) may run replicated, as in data parallelism. Ties go to the choice
+storing fewer bytes per device, then to the one computing less per device (roofline time, also
+reported as the plan's compute time). A level given as None is undecided (the top-down
+search): it counts as splitting everything (Tofu's even-split assumption) and contributes no
+collective. Constants can be sliced for free on any device.
 """
 
 from __future__ import annotations
@@ -39,8 +45,10 @@ def logical_bytes(tensor) -> int:
     return int(np.prod(tensor.shape, dtype=np.int64)) * itemsize
 
 
-# Ties between plans of equal time go to the one storing fewer bytes per device.
-MEMORY_TIE_BREAK = 1e-16  # seconds per byte
+# Ties between plans of equal communication go to the one storing fewer bytes per device, then
+# to the one computing less per device. Both weights are far below a byte on any link.
+MEMORY_TIE_BREAK = 1e-16  # seconds per byte stored
+COMPUTE_TIE_BREAK = 1e-9  # per second of compute
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +99,9 @@ class PartitionModel:
                         for op in g.ops]
         self.tensor_schemes = [[self._legal_schemes(t.shape, lvl) for lvl in range(self.levels)]
                                for t in g.tensors]
+        self.batch_axes = batch_axes(problem, self.specs)
+        self.data_path = [any(t in self.batch_axes for t in (*op.inputs, *op.outputs))
+                          for op in g.ops]
         self._edge_cache: dict = {}
 
     # ---------------------------------------------------------------- legal choices
@@ -195,7 +206,10 @@ class PartitionModel:
             for inner in dims[d].inner:
                 group = float(inner.nbytes)
                 for m, dm in enumerate(strategy):
-                    if m != lvl and (dm is None or (dm >= 0 and dm in inner.dims)):
+                    cut = dm is None or (dm >= 0 and dm in inner.dims)
+                    # The same reduction split deeper too: one hierarchical allreduce.
+                    deeper = m > lvl and dm is not None and dm >= 0 and inner in dims[dm].inner
+                    if m != lvl and (cut or deeper):
                         group /= self.mesh[m]
                 p = self.mesh[lvl]
                 sent = collective_bytes("allreduce", p, group)
@@ -205,9 +219,10 @@ class PartitionModel:
                                   rounds * self.links[lvl].latency))
         return steps
 
-    def op_time(self, op_id: int, strategy: Sequence[int | None]) -> float:
-        """Compute plus kernel-internal collectives of one op under a strategy."""
-        return self.compute_time(op_id, strategy) + sum(
+    def op_cost(self, op_id: int, strategy: Sequence[int | None]) -> float:
+        """An op's own part of the objective: its kernel-internal collectives (and the compute
+        tie-break)."""
+        return COMPUTE_TIE_BREAK * self.compute_time(op_id, strategy) + sum(
             self.step_cost(s) for s in self.inner_steps(op_id, strategy))
 
     def stored_bytes(self, tensor: int, layout: Sequence[int | None]) -> float:
@@ -220,3 +235,20 @@ class PartitionModel:
             if s is None or s >= 0:
                 size /= p
         return size
+
+
+def batch_axes(problem: PartitionProblem, specs: Sequence[KernelSpec]) -> dict[int, int]:
+    """Tensor -> its batch axis, followed from the model inputs' axis 0 through each op's dims:
+    an op dim that cuts an input along its batch axis cuts the outputs along theirs."""
+    g = problem.graph
+    axes: dict[int, int] = {t.id: 0 for t in g.tensors if t.kind == "input" and t.shape}
+    for op in g.ops:
+        for dim in specs[op.id].dims:
+            if not dim.valid or not any(cut is not None and axes.get(t) == cut.axis
+                                        for t, cut in zip(op.inputs, dim.inputs, strict=True)):
+                continue
+            for t, out in zip(op.outputs, dim.outputs, strict=True):
+                if isinstance(out, int) and t not in axes:
+                    axes[t] = out
+            break
+    return axes

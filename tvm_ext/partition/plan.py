@@ -16,8 +16,8 @@ What a lowering pass needs, per mesh level (level 1 = outermost; index conventio
 
 Totals: bytes each device sends per iteration, communication / compute / iteration time,
 per-device peak memory (stored pieces plus the transient converted copies, over the graph's
-order), and the bound it is measured against: every tensor at its stored per-device size (1/k
-of it unless the plan replicates it) without the transients.
+order) and the replicated part of it (bytes beyond 1/k of each live tensor: replicated tensors,
+gathered copies), so that peak <= single-device peak / k + replicated.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class PartitionPlan:
     latency_time: float  # link latency of every message round, unbucketed
     compute_time: float
     peak_bytes_per_device: int
-    memory_bound: int
+    replicated_at_peak: int  # bytes held beyond 1/k of each tensor at that peak
     single_device_peak: int
     collectives: dict[str, dict]
     unsupported: list[list[str]]
@@ -76,9 +76,15 @@ class PartitionPlan:
         return self.bytes_per_device * self.num_devices
 
     @property
+    def memory_bound(self) -> float:
+        """1/k of the single-device peak plus what the plan replicates at its peak."""
+        return self.single_device_peak / self.num_devices + self.replicated_at_peak
+
+    @property
     def memory_ratio(self) -> float:
-        """Peak per device over its bound (1/k of each tensor, or all of a replicated one)."""
-        return self.peak_bytes_per_device / max(self.memory_bound, 1)
+        """Peak per device over `memory_bound` (at most 1: the peak is 1/k of the live tensors
+        at that step, which the single-device peak bounds, plus the replicated bytes)."""
+        return self.peak_bytes_per_device / max(self.memory_bound, 1.0)
 
     def tensor_layouts(self) -> dict[str, list[int]]:
         return {t["name"]: t["layout"] for t in self.tensors}
@@ -100,6 +106,7 @@ class PartitionPlan:
             "iteration_time_s": self.iteration_time,
             "peak_bytes_per_device": self.peak_bytes_per_device,
             "single_device_peak": self.single_device_peak,
+            "replicated_at_peak": self.replicated_at_peak,
             "memory_bound": self.memory_bound,
             "memory_ratio": self.memory_ratio,
             "collectives": self.collectives,
@@ -184,7 +191,8 @@ def build_plan(model: PartitionModel, state: State, strategy: str,
                                                                          inner)],
             "compute_time": op_compute, "global_index": global_index,
         })
-    peak, bound = _memory(model, state, transient)
+    peak, replicated = _memory(model, state, transient)
+    single = int(g.peak_memory())
     collectives = {kind: {"count": counts[kind], "bytes_per_device": sent[kind]}
                    for kind in sorted(counts)}
     return PartitionPlan(
@@ -192,8 +200,8 @@ def build_plan(model: PartitionModel, state: State, strategy: str,
         hardware=model.hardware.name, strategy=strategy, tensors=tensors, ops=ops,
         bytes_per_device=float(sum(sent.values())), comm_time=comm, latency_time=latency,
         compute_time=compute,
-        peak_bytes_per_device=peak, memory_bound=bound,
-        single_device_peak=int(g.peak_memory()),
+        peak_bytes_per_device=peak, replicated_at_peak=replicated,
+        single_device_peak=single,
         collectives=collectives,
         unsupported=[list(x) for x in model.problem.unsupported()],
         search_seconds=search_seconds,
@@ -217,24 +225,29 @@ def _local_bytes(model: PartitionModel, tensor: int, schemes) -> float:
 
 
 def _memory(model: PartitionModel, state: State, transient: np.ndarray) -> tuple[int, int]:
-    """Per-device peak (stored pieces + transient copies) and the bound without transients."""
+    """Per-device peak (stored pieces + transient converted copies, over the graph's order) and
+    the replicated bytes at that peak: what devices hold beyond 1/k of each live tensor."""
     g = model.graph
-    split_ops = [int(np.prod([p for p, d in zip(model.mesh, state.strategy[op.id],
-                                                strict=True) if d >= 0])) for op in g.ops]
-    tensors = []
+    if not g.ops:
+        return 0, 0
+    k = int(np.prod(model.mesh))
+    split_ops = [int(np.prod([p for p, d in zip(model.mesh, state.strategy[op.id], strict=True)
+                              if d >= 0])) for op in g.ops]
+    local, excess = [], []
     for t in g.tensors:
         if t.kind == "workspace":
             size = t.nbytes // split_ops[t.producer]
         else:
             size = int(model.stored_bytes(t.id, state.layout[t.id]))
-        tensors.append(dataclasses.replace(t, nbytes=size))
-    local = DataflowGraph(g.ops, tensors, g.outputs, g.function, g.num_input)
-    if not g.ops:
-        return 0, 0
-    timeline = local.memory_timeline().astype(np.float64)
-    order = local.order
-    with_transient = timeline + transient[np.asarray(order)]
-    return int(with_transient.max()), int(timeline.max())
+        local.append(dataclasses.replace(t, nbytes=size))
+        excess.append(dataclasses.replace(t, nbytes=max(0, size - t.nbytes // k)))
+    order = np.asarray(g.order)
+    per_device = DataflowGraph(g.ops, local, g.outputs, g.function, g.num_input) \
+        .memory_timeline().astype(np.float64) + transient[order]
+    replicated = DataflowGraph(g.ops, excess, g.outputs, g.function, g.num_input) \
+        .memory_timeline().astype(np.float64) + transient[order]
+    step = int(np.argmax(per_device))
+    return int(per_device[step]), int(replicated[step])
 
 
 def layout_name(scheme: int) -> str:

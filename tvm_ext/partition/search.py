@@ -1,9 +1,9 @@
 """The Tofu search: coarsen, then dynamic programming level by level of the device mesh (no IR).
 
-Formulation (costs in `model.py`): one variable per coarsened tensor group, its domain the
+Formulation (objective in `model.py`): one variable per coarsened tensor group, its domain the
 schemes legal at the level(s) being decided; one factor per operator, its table the least over
-the operator's legal strategies of compute + kernel-internal allreduces + the conversions of all
-its edges. The sum of the factors is minimised exactly by variable elimination
+the operator's legal strategies of its kernel-internal allreduces + the conversions of all its
+edges (+ tie-breaks). The sum of the factors is minimised exactly by variable elimination
 (`elimination.py`): Tofu's DP over BFS levels, with a better elimination order.
 
 * Coarsening (`tie_groups`): a parameter and its gradient share one layout (the optimizer update
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .elimination import minimize
+from .elimination import TableTooLarge, minimize
 from .layout import REP
 from .model import MEMORY_TIE_BREAK, PartitionModel
 
@@ -140,15 +140,22 @@ class Searcher:
         return list(itertools.product(*per_level))
 
     def strategies(self, op_id: int, levels: Sequence[int], state: State) -> list[tuple]:
+        """Legal strategy tuples for `levels`; an op on the data path splits wherever it can."""
         model = self.model
         known = state.strategy[op_id]
-        out = []
-        for combo in itertools.product(*(model.op_dims[op_id][lvl] for lvl in levels)):
-            full = list(known)
-            for lvl, d in zip(levels, combo, strict=True):
-                full[lvl] = d
-            if model.contiguous_ok(op_id, full):
-                out.append(combo)
+        options = [model.op_dims[op_id][lvl] for lvl in levels]
+        for must_split in (model.data_path[op_id], False):
+            out = []
+            per_level = [[d for d in dims if d != REP] or dims if must_split else dims
+                         for dims in options]
+            for combo in itertools.product(*per_level):
+                full = list(known)
+                for lvl, d in zip(levels, combo, strict=True):
+                    full[lvl] = d
+                if model.contiguous_ok(op_id, full):
+                    out.append(combo)
+            if out:
+                return out
         return out
 
     # ---------------------------------------------------------------- one factor
@@ -175,6 +182,10 @@ class Searcher:
             return (scope, *hit)
         strategies = self.strategies(op_id, levels, state)
         n_s = len(strategies)
+        size = n_s * int(np.prod([len(domains[v]) for v in scope]))
+        if size > self.max_table:
+            raise TableTooLarge(f"op {op.name} needs a table of {size} entries (limit "
+                                f"{self.max_table})")
         c = np.empty(n_s)
         full_strategies = []
         for i, s in enumerate(strategies):
@@ -182,7 +193,7 @@ class Searcher:
             for lvl, d in zip(levels, s, strict=True):
                 full[lvl] = d
             full_strategies.append(full)
-            c[i] = model.op_time(op_id, full)
+            c[i] = model.op_cost(op_id, full)
         mats = [np.zeros((n_s, len(domains[v]))) for v in scope]
         for e in edges:
             j = scope.index(var_of[self.groups[e.tensor]])
@@ -248,12 +259,12 @@ class Searcher:
         return new
 
 
-def total_time(model: PartitionModel, state: State) -> float:
-    """The predicted iteration time of a complete assignment (with the memory tie-break)."""
+def objective(model: PartitionModel, state: State) -> float:
+    """The objective of a complete assignment (communication time and the tie-breaks)."""
     total = 0.0
     for op in model.graph.ops:
         strategy = state.strategy[op.id]
-        total += model.op_time(op.id, strategy)
+        total += model.op_cost(op.id, strategy)
         for e in model.edges[op.id]:
             total += model.edge_time(e, op.id, state.layout[e.tensor], strategy)
     for t in range(len(model.graph.tensors)):
@@ -271,12 +282,12 @@ def search(model: PartitionModel, groups: Sequence[int] | None = None,
     for level in range(model.levels):
         state = searcher.solve(state, [level])
     if model.levels > 1:
-        best = total_time(model, state)
+        best = objective(model, state)
         for _ in range(refine_rounds):
             before = best
             for level in range(model.levels):
                 candidate = searcher.solve(state, [level])
-                value = total_time(model, candidate)
+                value = objective(model, candidate)
                 if value < best - 1e-15:
                     state, best = candidate, value
             if best >= before - 1e-15:
@@ -284,9 +295,26 @@ def search(model: PartitionModel, groups: Sequence[int] | None = None,
     return state
 
 
-def solve_exact(model: PartitionModel, max_table: int = 1 << 22,
+def exact_work(model: PartitionModel) -> int:
+    """Edge evaluations the joint solve would need (strategies x layouts, summed over edges)."""
+    levels = range(model.levels)
+    work = 0
+    for op in model.graph.ops:
+        n_s = int(np.prod([len(model.op_dims[op.id][lvl]) for lvl in levels]))
+        for e in model.edges[op.id]:
+            work += n_s * int(np.prod([len(model.tensor_schemes[e.tensor][lvl])
+                                       for lvl in levels]))
+    return work
+
+
+def solve_exact(model: PartitionModel, max_table: int = 1 << 22, max_work: int = 20_000_000,
                 fixed: dict[int, Sequence[int]] | None = None) -> State:
-    """The optimum over all levels jointly, without coarsening (raises `TableTooLarge` when the
-    problem is too big for it)."""
+    """The optimum over all levels jointly, without coarsening. Raises `TableTooLarge` when
+    the problem is too big for it (more than `max_work` edge evaluations, or an elimination
+    table above `max_table` entries)."""
+    work = exact_work(model)
+    if work > max_work:
+        raise TableTooLarge(f"the joint problem needs {work} edge evaluations (limit "
+                            f"{max_work})")
     searcher = Searcher(model, tie_groups(model, coarsen=False), fixed, max_table)
     return searcher.solve(State(model), list(range(model.levels)))
