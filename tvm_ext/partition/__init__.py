@@ -118,15 +118,15 @@ def plan_partition(
     model = make_model(problem, num_devices, link, hardware, topology)
     start = time.perf_counter()
     if strategy == "tofu":
-        state = search(model, tie_groups(model, coarsen))
+        state = search(model, coarsen=coarsen)
     elif strategy == "exact":
         state = solve_exact(model)
     elif strategy == "data_parallel":
         fixed = data_parallel_layouts(model)
         if fixed is None:
             raise NotApplicable(f"data parallelism needs the batch to divide by {num_devices}")
-        state = Searcher(model, tie_groups(model, coarsen=False), fixed).solve(
-            State(model), list(range(model.levels)))
+        state = Searcher(model, tie_groups(model), fixed).solve(State(model),
+                                                                 list(range(model.levels)))
     else:
-        state = search(model, tie_groups(model, coarsen), fixed=megatron_layouts(model))
+        state = search(model, fixed=megatron_layouts(model), coarsen=coarsen)
     return build_plan(model, state, strategy, time.perf_counter() - start)

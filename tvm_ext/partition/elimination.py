@@ -26,6 +26,7 @@ def minimize(
     domains: Sequence[int],
     factors: Sequence[tuple[Sequence[int], np.ndarray]],
     max_table: int = 1 << 24,
+    first: Sequence[int] = (),
 ) -> tuple[list[int], float]:
     """An assignment minimising the sum of the factors, and its value.
 
@@ -34,6 +35,8 @@ def minimize(
         factors: (scope, table) pairs; `table.shape == [domains[v] for v in scope]`, no variable
             twice in a scope.
         max_table: the largest intermediate table allowed (entries).
+        first: variables to eliminate before the others, in this order (a coarsening: the
+            factors around them merge into one); skipped when that would exceed `max_table`.
     """
     n = len(domains)
     tables: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
@@ -69,21 +72,27 @@ def minimize(
             size *= domains[u]
         return size
 
-    heap = [(weight(v), v) for v in range(n)]
-    heapq.heapify(heap)
     eliminated = np.zeros(n, dtype=bool)
     record: list[tuple[int, tuple[int, ...], np.ndarray | int]] = []
-    while heap:
-        w, v = heapq.heappop(heap)
-        if eliminated[v]:
-            continue
-        current = weight(v)
-        if current != w:
-            heapq.heappush(heap, (current, v))
-            continue
-        if current > max_table:
-            raise TableTooLarge(f"eliminating variable {v} needs a table of {current} entries "
-                                f"(limit {max_table})")
+    forced = [int(v) for v in first]
+    heap = [(weight(v), v) for v in range(n)]
+    heapq.heapify(heap)
+    while heap or forced:
+        if forced:
+            v = forced.pop(0)
+            if eliminated[v] or weight(v) > max_table:
+                continue
+        else:
+            w, v = heapq.heappop(heap)
+            if eliminated[v]:
+                continue
+            current = weight(v)
+            if current != w:
+                heapq.heappush(heap, (current, v))
+                continue
+            if current > max_table:
+                raise TableTooLarge(f"eliminating variable {v} needs a table of {current} "
+                                    f"entries (limit {max_table})")
         eliminated[v] = True
         fids = list(of_var[v])
         scope = sorted({u for f in fids for u in tables[f][0]} - {v})

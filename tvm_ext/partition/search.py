@@ -6,15 +6,19 @@ the operator's legal strategies of its kernel-internal allreduces + the conversi
 edges (+ tie-breaks). The sum of the factors is minimised exactly by variable elimination
 (`elimination.py`): Tofu's DP over BFS levels, with a better elimination order.
 
-* Coarsening (`tie_groups`): a parameter and its gradient share one layout (the optimizer update
-  stays local); a tensor feeding only an element-wise operator (same shape, every axis mapped to
-  itself) shares that operator's output layout. Repeated layers are not tied: they give equal
-  factor tables, which are computed once (`_factor` is memoised on the operator's signature).
+* Coarsening: a parameter and its gradient share one layout (`tie_groups`: the optimizer update
+  stays local); an element-wise chain becomes one operator (`chain_tensors`: the tensor between
+  an op and its only, element-wise consumer is eliminated first, which merges their factors).
+  Repeated layers give equal factor tables, computed once (`_factor` is memoised on the
+  operator's signature and context). Neither restricts the optimum: tying an activation to its
+  gradient, or the layers to one choice, would (partition-n-reduce makes a replicated tensor
+  between two split ops cost an extra allgather), and elimination does not need it.
 * Recursion for k devices (`search`): k is factored into a mesh of levels (k = 8 -> 2 x 2 x 2,
   k = 6 -> 3 x 2, k = 5 -> 5), one p-way cut per level, outermost first (the slowest link when
   the links differ). Each level is solved with the levels above fixed and those below assumed to
-  split everything evenly, as in Tofu's `cost(k) = onecut + 2 cost(k/2)`; then every level is
-  solved again with all the others fixed, under the exact costs, until nothing improves.
+  split everything evenly, as in Tofu's `cost(k) = onecut + 2 cost(k/2)`; then every level, and
+  every pair of adjacent levels whose joint tables are small, is solved again with all the
+  others fixed, under the exact costs, until nothing improves.
 * `solve(levels=all)` decides all levels jointly over tuple domains: the exact optimum of the
   uncoarsened problem, affordable on small graphs only.
 """
@@ -64,58 +68,50 @@ def gradient_pairs(model: PartitionModel) -> list[tuple[int, int]]:
     return pairs
 
 
-def tie_groups(model: PartitionModel, coarsen: bool = True) -> list[int]:
-    """The group of each tensor (the tensors of a group share one layout); -1 for constants."""
+def tie_groups(model: PartitionModel) -> list[int]:
+    """The group of each tensor (the tensors of a group share one layout): a parameter and its
+    gradient; -1 for constants."""
     g = model.graph
-    parent = list(range(len(g.tensors)))
-
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    def union(a: int, b: int) -> None:
-        parent[find(b)] = find(a)
-
+    group = list(range(len(g.tensors)))
     for p, grad in gradient_pairs(model):
-        union(p, grad)
-    if coarsen:
-        for op in g.ops:
-            pair = _elementwise_pair(model, op.id)
-            if pair is not None:
-                union(*pair)
-    return [-1 if model.free[t] else find(t) for t in range(len(g.tensors))]
+        group[grad] = p
+    return [-1 if model.free[t] else group[t] for t in range(len(g.tensors))]
 
 
-def _elementwise_pair(model: PartitionModel, op_id: int) -> tuple[int, int] | None:
-    """(input, output) of an element-wise operator whose input feeds nothing else."""
-    g, spec = model.graph, model.specs[op_id]
-    op = g.ops[op_id]
-    edges = [e for e in model.edges[op_id] if not e.output]
-    if len(edges) != 1 or len(op.outputs) != 1:
-        return None
-    x, y = g.tensors[edges[0].tensor], g.tensors[op.outputs[0]]
-    if x.shape != y.shape or x.is_output or len(x.consumers) != 1 or x.kind == "parameter":
-        return None
-    mapped = set()
-    for dim in spec.dims:
-        cut = dim.inputs[edges[0].position]
-        if (dim.valid and not dim.inner and not dim.global_index and cut is not None
-                and not cut.halo and dim.outputs == [cut.axis]):
-            mapped.add(cut.axis)
-    if mapped != {a for a, n in enumerate(x.shape) if n > 1}:
-        return None
-    return x.id, y.id
+def chain_tensors(model: PartitionModel) -> list[int]:
+    """Tensors inside element-wise chains: made by one op and read only by an element-wise op
+    (same shape, every axis mapped to itself). Coarsening merges the two ops by eliminating the
+    tensor between them first."""
+    g = model.graph
+    out = []
+    for op in g.ops:
+        edges = [e for e in model.edges[op.id] if not e.output]
+        if len(edges) != 1 or len(op.outputs) != 1:
+            continue
+        x = g.tensors[edges[0].tensor]
+        if (x.shape != g.tensors[op.outputs[0]].shape or x.is_output or len(x.consumers) != 1
+                or x.producer is None):
+            continue
+        mapped = set()
+        for dim in model.specs[op.id].dims:
+            cut = dim.inputs[edges[0].position]
+            if (dim.valid and not dim.inner and not dim.global_index and cut is not None
+                    and not cut.halo and dim.outputs == [cut.axis]):
+                mapped.add(cut.axis)
+        if mapped == {a for a, n in enumerate(x.shape) if n > 1}:
+            out.append(x.id)
+    return out
 
 
 class Searcher:
     """Solves one or more mesh levels of a `State` by variable elimination."""
 
     def __init__(self, model: PartitionModel, groups: Sequence[int],
-                 fixed: dict[int, Sequence[int]] | None = None, max_table: int = 1 << 22):
+                 fixed: dict[int, Sequence[int]] | None = None, max_table: int = 1 << 22,
+                 coarsen: bool = True):
         self.model = model
         self.groups = list(groups)
+        self.chains = chain_tensors(model) if coarsen else []
         self.members: dict[int, list[int]] = {}
         for t, gid in enumerate(self.groups):
             if gid >= 0:
@@ -242,7 +238,8 @@ class Searcher:
                     cost[x] += MEMORY_TIE_BREAK * model.stored_bytes(t, layout)
             factors.append(([v], cost))
         sizes = [len(domains[var_of[gid]]) for gid in gids]
-        values, _ = minimize(sizes, factors, self.max_table)
+        first = [var_of[self.groups[t]] for t in self.chains if self.groups[t] >= 0]
+        values, _ = minimize(sizes, factors, self.max_table, first)
         new = state.copy()
         for gid in gids:
             value = domains[var_of[gid]][values[var_of[gid]]]
@@ -273,38 +270,45 @@ def objective(model: PartitionModel, state: State) -> float:
     return total
 
 
-def search(model: PartitionModel, groups: Sequence[int] | None = None,
-           fixed: dict[int, Sequence[int]] | None = None, refine_rounds: int = 3) -> State:
-    """Top-down, level by level, then refinement of each level under the exact costs."""
-    groups = tie_groups(model) if groups is None else groups
-    searcher = Searcher(model, groups, fixed)
+def search(model: PartitionModel, fixed: dict[int, Sequence[int]] | None = None,
+           coarsen: bool = True, refine_rounds: int = 4, joint_budget: int = 300_000) -> State:
+    """Top-down, level by level; then refinement under the exact costs: each level, and each
+    pair of adjacent levels jointly when that costs at most `joint_budget` edge evaluations,
+    re-solved with the others fixed, until nothing improves."""
+    searcher = Searcher(model, tie_groups(model), fixed, coarsen=coarsen)
     state = State(model)
     for level in range(model.levels):
         state = searcher.solve(state, [level])
-    if model.levels > 1:
-        best = objective(model, state)
-        for _ in range(refine_rounds):
-            before = best
-            for level in range(model.levels):
-                candidate = searcher.solve(state, [level])
-                value = objective(model, candidate)
-                if value < best - 1e-15:
-                    state, best = candidate, value
-            if best >= before - 1e-15:
-                break
+    if model.levels == 1:
+        return state
+    windows = [[lvl] for lvl in range(model.levels)]
+    windows += [[lvl, lvl + 1] for lvl in range(model.levels - 1)
+                if work(model, [lvl, lvl + 1]) <= joint_budget]
+    best = objective(model, state)
+    for _ in range(refine_rounds):
+        before = best
+        for levels in windows:
+            try:
+                candidate = searcher.solve(state, levels)
+            except TableTooLarge:
+                continue
+            value = objective(model, candidate)
+            if value < best - 1e-15 * max(1.0, abs(best)):
+                state, best = candidate, value
+        if best >= before - 1e-15 * max(1.0, abs(before)):
+            break
     return state
 
 
-def exact_work(model: PartitionModel) -> int:
-    """Edge evaluations the joint solve would need (strategies x layouts, summed over edges)."""
-    levels = range(model.levels)
-    work = 0
+def work(model: PartitionModel, levels: Sequence[int]) -> int:
+    """Edge evaluations a solve of `levels` needs (strategies x layouts, summed over edges)."""
+    total = 0
     for op in model.graph.ops:
         n_s = int(np.prod([len(model.op_dims[op.id][lvl]) for lvl in levels]))
         for e in model.edges[op.id]:
-            work += n_s * int(np.prod([len(model.tensor_schemes[e.tensor][lvl])
-                                       for lvl in levels]))
-    return work
+            total += n_s * int(np.prod([len(model.tensor_schemes[e.tensor][lvl])
+                                        for lvl in levels]))
+    return total
 
 
 def solve_exact(model: PartitionModel, max_table: int = 1 << 22, max_work: int = 20_000_000,
@@ -312,9 +316,9 @@ def solve_exact(model: PartitionModel, max_table: int = 1 << 22, max_work: int =
     """The optimum over all levels jointly, without coarsening. Raises `TableTooLarge` when
     the problem is too big for it (more than `max_work` edge evaluations, or an elimination
     table above `max_table` entries)."""
-    work = exact_work(model)
-    if work > max_work:
-        raise TableTooLarge(f"the joint problem needs {work} edge evaluations (limit "
+    needed = work(model, range(model.levels))
+    if needed > max_work:
+        raise TableTooLarge(f"the joint problem needs {needed} edge evaluations (limit "
                             f"{max_work})")
-    searcher = Searcher(model, tie_groups(model, coarsen=False), fixed, max_table)
+    searcher = Searcher(model, tie_groups(model), fixed, max_table, coarsen=False)
     return searcher.solve(State(model), list(range(model.levels)))
