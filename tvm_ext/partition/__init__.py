@@ -125,8 +125,8 @@ def plan_partition(
         fixed = data_parallel_layouts(model)
         if fixed is None:
             raise NotApplicable(f"data parallelism needs the batch to divide by {num_devices}")
-        state = Searcher(model, tie_groups(model), fixed).solve(State(model),
-                                                                 list(range(model.levels)))
+        searcher = Searcher(model, tie_groups(model), fixed[0], fixed_ops=fixed[1])
+        state = searcher.solve(State(model), list(range(model.levels)))
     else:
         state = search(model, fixed=megatron_layouts(model), coarsen=coarsen)
     return build_plan(model, state, strategy, time.perf_counter() - start)

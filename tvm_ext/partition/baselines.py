@@ -20,8 +20,9 @@ from .model import PartitionModel
 from .search import gradient_pairs
 
 
-def data_parallel_layouts(model: PartitionModel) -> dict[int, list[int]] | None:
-    """Fixed layouts of data parallelism, or None if the batch does not split k ways."""
+def data_parallel_layouts(model: PartitionModel):
+    """Fixed (tensor layouts, op strategies) of data parallelism, or None if the batch does
+    not split k ways: every op on the data path splits its batch dim, the others replicate."""
     g = model.graph
     axes = model.batch_axes
     k = model.prefix[-1]
@@ -37,7 +38,31 @@ def data_parallel_layouts(model: PartitionModel) -> dict[int, list[int]] | None:
     inputs = [t for t in g.tensors if t.kind == "input" and t.shape]
     if not inputs or any(fixed[t.id][0] == REP for t in inputs):
         return None
-    return fixed
+    ops = {}
+    for op in g.ops:
+        dim = _batch_dim(model, op.id)
+        legal = dim is not None and all(dim in model.op_dims[op.id][lvl]
+                                        for lvl in range(model.levels))
+        ops[op.id] = [dim if legal else REP] * model.levels
+    return fixed, ops
+
+
+def _batch_dim(model: PartitionModel, op_id: int) -> int | None:
+    """The dim of an op that cuts its tensors along their batch axes."""
+    op = model.graph.ops[op_id]
+    axes = model.batch_axes
+    spec = model.specs[op_id]
+    for d, dim in enumerate(spec.dims):
+        if not dim.valid:
+            continue
+        ins = [cut is not None and axes.get(t) == cut.axis
+               for i, (t, cut) in enumerate(zip(op.inputs, dim.inputs, strict=True))
+               if t in axes and i not in spec.unused_inputs]
+        outs = [isinstance(o, int) and axes.get(t) == o
+                for t, o in zip(op.outputs, dim.outputs, strict=True) if t in axes]
+        if (ins or outs) and all(ins) and all(outs):
+            return d
+    return None
 
 
 def _linear_uses(model: PartitionModel) -> dict[int, tuple[int, int, int]]:

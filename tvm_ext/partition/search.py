@@ -108,8 +108,9 @@ class Searcher:
 
     def __init__(self, model: PartitionModel, groups: Sequence[int],
                  fixed: dict[int, Sequence[int]] | None = None, max_table: int = 1 << 22,
-                 coarsen: bool = True):
+                 coarsen: bool = True, fixed_ops: dict[int, Sequence[int]] | None = None):
         self.model = model
+        self.fixed_ops = {o: tuple(s) for o, s in (fixed_ops or {}).items()}
         self.groups = list(groups)
         self.chains = chain_tensors(model) if coarsen else []
         self.members: dict[int, list[int]] = {}
@@ -139,6 +140,8 @@ class Searcher:
         """Legal strategy tuples for `levels`; an op on the data path splits wherever it can."""
         model = self.model
         known = state.strategy[op_id]
+        if op_id in self.fixed_ops:
+            return [tuple(self.fixed_ops[op_id][lvl] for lvl in levels)]
         options = [model.op_dims[op_id][lvl] for lvl in levels]
         for must_split in (model.data_path[op_id], False):
             out = []

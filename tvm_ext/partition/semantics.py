@@ -524,6 +524,9 @@ def _mod_divisor(form: _Form, reader: _KernelReader) -> int:
 
 def kernel_spec(func: tirx.PrimFunc, num_outputs: int, kernel: str = "kernel") -> KernelSpec:
     """The `KernelSpec` of one PrimFunc whose last `num_outputs` buffers are its outputs."""
+    if not isinstance(func, tirx.PrimFunc):
+        raise TypeError(f"kernel_spec reads a PrimFunc (a call_tir callee), got "
+                        f"{type(func).__name__}")
     num_inputs = sum(getattr(p, "shape", None) is not None for p in func.params) - num_outputs
     try:
         reader = _KernelReader(func, num_outputs)
