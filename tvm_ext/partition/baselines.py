@@ -6,11 +6,12 @@
   each operator's dims. None when the batch does not divide by the device count.
 * `megatron_layouts`: in each MLP and attention block, the first linear layers' weights are
   split by output features (column parallel, with their biases) and the next ones' by input
-  features (row parallel, bias replicated); linear layers not in such a pair, embeddings and
-  norms stay replicated. The weights are found from the graph: a forward operator with a
-  reduction dim over a parameter (or its transpose) is a linear layer; a linear whose input
-  derives from a column-parallel output is row parallel. The other tensors are left to the
-  search.
+  features (row parallel, bias replicated). The weights are found from the graph: a forward
+  operator with a reduction dim over a rank-2 parameter (or its transpose) is a linear layer;
+  one whose input derives from a column-parallel output is row parallel; a column layer with no
+  row layer after it is no block. Everything else (activations, embeddings, norms, an LM head)
+  is left to the search under the same rules (data-path operators split), so the baseline is
+  Megatron's weight layout with the best activation layouts for it.
 """
 
 from __future__ import annotations
@@ -126,11 +127,6 @@ def megatron_layouts(model: PartitionModel) -> dict[int, list[int]]:
             continue
         if any(t in derived for t in op.inputs):
             derived.update(op.outputs)
-    # A column layer with no row layer after it is not a block: keep it replicated.
-    consumers_row = set()
-    for op_id, r in role.items():
-        if r == "row":
-            consumers_row.add(op_id)
     fixed: dict[int, list[int]] = {}
     k = model.prefix[-1]
     bias_of = _biases(model, uses)
