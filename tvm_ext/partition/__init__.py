@@ -118,7 +118,12 @@ def plan_partition(
     model = make_model(problem, num_devices, link, hardware, topology)
     start = time.perf_counter()
     if strategy == "tofu":
-        state = search(model, coarsen=coarsen)
+        seeds = []
+        fixed = data_parallel_layouts(model)
+        if fixed is not None:  # refine the textbook plan too (it can win on mixed links)
+            seeds.append(Searcher(model, tie_groups(model), fixed[0], fixed_ops=fixed[1])
+                         .solve(State(model), list(range(model.levels))))
+        state = search(model, coarsen=coarsen, seeds=seeds)
     elif strategy == "exact":
         state = solve_exact(model)
     elif strategy == "data_parallel":

@@ -64,8 +64,11 @@ def minimize(
     next_id = len(tables)
 
     def weight(v: int) -> int:
+        fids = of_var[v]
+        if len(fids) == 1:
+            return tables[next(iter(fids))][1].size
         neighbours = set()
-        for f in of_var[v]:
+        for f in fids:
             neighbours.update(tables[f][0])
         size = 1
         for u in neighbours:
@@ -112,7 +115,7 @@ def minimize(
                     of_var[u].discard(f)
         of_var[v].clear()
         best = total.argmin(axis=-1)
-        reduced = np.take_along_axis(total, best[..., None], axis=-1)[..., 0]
+        reduced = total.min(axis=-1)
         record.append((v, tuple(scope), best))
         if scope:
             tables[next_id] = (tuple(scope), reduced)

@@ -31,7 +31,7 @@ import numpy as np
 from ..graph import DataflowGraph
 from .layout import PARTIAL, REP, Step, local_shape
 from .model import PartitionModel
-from .search import State
+from .search import State, objective
 
 _PHASE = {"slice": 0, "reduce_scatter": 0, "all_to_all": 1, "allreduce": 1, "halo": 1,
           "allgather": 2}
@@ -62,6 +62,7 @@ class PartitionPlan:
     single_device_peak: int
     collectives: dict[str, dict]
     unsupported: list[list[str]]
+    objective: float = 0.0  # what the search minimised (see model.py)
     search_seconds: float = 0.0
 
     @property
@@ -104,6 +105,7 @@ class PartitionPlan:
             "latency_time_s": self.latency_time,
             "compute_time_s": self.compute_time,
             "iteration_time_s": self.iteration_time,
+            "objective": self.objective,
             "peak_bytes_per_device": self.peak_bytes_per_device,
             "single_device_peak": self.single_device_peak,
             "replicated_at_peak": self.replicated_at_peak,
@@ -204,7 +206,7 @@ def build_plan(model: PartitionModel, state: State, strategy: str,
         single_device_peak=single,
         collectives=collectives,
         unsupported=[list(x) for x in model.problem.unsupported()],
-        search_seconds=search_seconds,
+        objective=objective(model, state), search_seconds=search_seconds,
     )
 
 

@@ -3,8 +3,10 @@
 Formulation (objective in `model.py`): one variable per coarsened tensor group, its domain the
 schemes legal at the level(s) being decided; one factor per operator, its table the least over
 the operator's legal strategies of its kernel-internal allreduces + the conversions of all its
-edges (+ tie-breaks). The sum of the factors is minimised exactly by variable elimination
-(`elimination.py`): Tofu's DP over BFS levels, with a better elimination order.
+edges (+ tie-breaks), or, for an operator with many tensors, a variable for its strategy tied
+to each tensor by a pairwise factor (`DENSE_TABLE`). The sum of the factors is minimised
+exactly by variable elimination (`elimination.py`): Tofu's DP over BFS levels, with a better
+elimination order.
 
 * Coarsening: a parameter and its gradient share one layout (`tie_groups`: the optimizer update
   stays local); an element-wise chain becomes one operator (`chain_tensors`: the tensor between
@@ -18,7 +20,9 @@ edges (+ tie-breaks). The sum of the factors is minimised exactly by variable el
   the links differ). Each level is solved with the levels above fixed and those below assumed to
   split everything evenly, as in Tofu's `cost(k) = onecut + 2 cost(k/2)`; then every level, and
   every pair of adjacent levels whose joint tables are small, is solved again with all the
-  others fixed, under the exact costs, until nothing improves.
+  others fixed, under the exact costs, until nothing improves. `plan_partition` also refines
+  the data-parallel plan this way and keeps the better result: with links of different speeds
+  the level-by-level descent can stop in a worse local optimum.
 * `solve(levels=all)` decides all levels jointly over tuple domains: the exact optimum of the
   uncoarsened problem, affordable on small graphs only.
 """
@@ -33,6 +37,11 @@ import numpy as np
 from .elimination import TableTooLarge, minimize
 from .layout import REP
 from .model import MEMORY_TIE_BREAK, PartitionModel
+
+# An operator's factor is one dense table over its tensors when that table is at most this big;
+# otherwise its strategy becomes a variable with one pairwise factor per tensor (a star), so
+# that a fused kernel with many tensors never needs the product of all their domains.
+DENSE_TABLE = 65536
 
 
 class State:
@@ -181,10 +190,6 @@ class Searcher:
             return (scope, *hit)
         strategies = self.strategies(op_id, levels, state)
         n_s = len(strategies)
-        size = n_s * int(np.prod([len(domains[v]) for v in scope]))
-        if size > self.max_table:
-            raise TableTooLarge(f"op {op.name} needs a table of {size} entries (limit "
-                                f"{self.max_table})")
         c = np.empty(n_s)
         full_strategies = []
         for i, s in enumerate(strategies):
@@ -204,12 +209,14 @@ class Searcher:
                 col = mats[j][:, x]
                 for i, full in enumerate(full_strategies):
                     col[i] += model.edge_time(e, op_id, layout, full)
-        total = c.reshape([n_s] + [1] * len(scope))
-        for j, m in enumerate(mats):
-            shape = [n_s] + [1] * len(scope)
-            shape[j + 1] = m.shape[1]
-            total = total + m.reshape(shape)
-        table = total.min(axis=0)
+        table = None
+        if n_s * int(np.prod([len(domains[v]) for v in scope])) <= DENSE_TABLE:
+            total = c.reshape([n_s] + [1] * len(scope))
+            for j, m in enumerate(mats):
+                shape = [n_s] + [1] * len(scope)
+                shape[j + 1] = m.shape[1]
+                total = total + m.reshape(shape)
+            table = total.min(axis=0)
         result = (table, strategies, c, mats)
         self._cache[key] = result
         return (scope, *result)
@@ -224,12 +231,20 @@ class Searcher:
         domains = {var_of[gid]: self.domain(gid, levels) for gid in gids}
         factors = []
         op_factors = []
+        sizes = [len(domains[var_of[gid]]) for gid in gids]
+        op_var: dict[int, int] = {}
         for op in model.graph.ops:
             scope, table, strategies, c, mats = self._factor(op.id, levels, state, var_of,
                                                              domains)
             op_factors.append((scope, strategies, c, mats))
-            if scope:
-                factors.append((scope, table))
+            if table is not None:
+                if scope:
+                    factors.append((scope, table))
+            else:  # a star: the op's strategy is a variable, each edge a pairwise factor
+                op_var[op.id] = len(sizes)
+                sizes.append(len(strategies))
+                factors.append(([op_var[op.id]], c))
+                factors += [([op_var[op.id], v], m) for v, m in zip(scope, mats, strict=True)]
         for gid in gids:  # memory tie-break
             v = var_of[gid]
             cost = np.zeros(len(domains[v]))
@@ -240,9 +255,8 @@ class Searcher:
                         layout[lvl] = sch
                     cost[x] += MEMORY_TIE_BREAK * model.stored_bytes(t, layout)
             factors.append(([v], cost))
-        sizes = [len(domains[var_of[gid]]) for gid in gids]
         first = [var_of[self.groups[t]] for t in self.chains if self.groups[t] >= 0]
-        values, _ = minimize(sizes, factors, self.max_table, first)
+        values, self.value = minimize(sizes, factors, self.max_table, first)
         new = state.copy()
         for gid in gids:
             value = domains[var_of[gid]][values[var_of[gid]]]
@@ -250,10 +264,13 @@ class Searcher:
                 for lvl, sch in zip(levels, value, strict=True):
                     new.layout[t][lvl] = sch
         for op, (scope, strategies, c, mats) in zip(model.graph.ops, op_factors, strict=True):
-            total = c.copy()
-            for j, v in enumerate(scope):
-                total += mats[j][:, values[v]]
-            best = strategies[int(np.argmin(total))]
+            if op.id in op_var:
+                best = strategies[values[op_var[op.id]]]
+            else:
+                total = c.copy()
+                for j, v in enumerate(scope):
+                    total += mats[j][:, values[v]]
+                best = strategies[int(np.argmin(total))]
             for lvl, d in zip(levels, best, strict=True):
                 new.strategy[op.id][lvl] = d
         return new
@@ -274,10 +291,12 @@ def objective(model: PartitionModel, state: State) -> float:
 
 
 def search(model: PartitionModel, fixed: dict[int, Sequence[int]] | None = None,
-           coarsen: bool = True, refine_rounds: int = 4, joint_budget: int = 300_000) -> State:
+           coarsen: bool = True, seeds: Sequence[State] = (), refine_rounds: int = 4,
+           joint_budget: int = 300_000) -> State:
     """Top-down, level by level; then refinement under the exact costs: each level, and each
     pair of adjacent levels jointly when that costs at most `joint_budget` edge evaluations,
-    re-solved with the others fixed, until nothing improves."""
+    re-solved with the others fixed, until nothing improves. Complete `seeds` (a textbook plan)
+    that start below the result are refined the same way; the best result wins."""
     searcher = Searcher(model, tie_groups(model), fixed, coarsen=coarsen)
     state = State(model)
     for level in range(model.levels):
@@ -287,20 +306,38 @@ def search(model: PartitionModel, fixed: dict[int, Sequence[int]] | None = None,
     windows = [[lvl] for lvl in range(model.levels)]
     windows += [[lvl, lvl + 1] for lvl in range(model.levels - 1)
                 if work(model, [lvl, lvl + 1]) <= joint_budget]
-    best = objective(model, state)
-    for _ in range(refine_rounds):
-        before = best
-        for levels in windows:
+    # The deepest level was solved last with every other level known: nothing to redo there
+    # until another level changes.
+    fresh = [w != [model.levels - 1] for w in windows]
+    best, value = _refine(searcher, state, searcher.value, windows, refine_rounds, fresh)
+    for seed in seeds:  # worth refining only if it starts below what we have
+        start = objective(model, seed)
+        if start < value:
+            candidate, cost = _refine(searcher, seed, start, windows, refine_rounds,
+                                      [True] * len(windows))
+            if cost < value:
+                best, value = candidate, cost
+    return best
+
+
+def _refine(searcher, state, value, windows, rounds, todo):
+    """Re-solve the windows of levels whose context changed since they were last solved."""
+    for _ in range(rounds):
+        improved = False
+        for i, levels in enumerate(windows):
+            if not todo[i]:
+                continue
             try:
                 candidate = searcher.solve(state, levels)
             except TableTooLarge:
                 continue
-            value = objective(model, candidate)
-            if value < best - 1e-15 * max(1.0, abs(best)):
-                state, best = candidate, value
-        if best >= before - 1e-15 * max(1.0, abs(before)):
+            todo[i] = False
+            if searcher.value < value - 1e-12 * abs(value):
+                state, value, improved = candidate, searcher.value, True
+                todo = [j != i for j in range(len(windows))]
+        if not improved:
             break
-    return state
+    return state, value
 
 
 def work(model: PartitionModel, levels: Sequence[int]) -> int:
