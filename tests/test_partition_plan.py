@@ -92,3 +92,6 @@ def test_entry_point_errors(mlp):
     gpt = analyze(get_model("gpt", "tiny", training=True))
     with pytest.raises(TableTooLarge):
         plan_partition(gpt, 8, strategy="exact")
+    resnet = analyze(get_model("resnet", "tiny", training=True))
+    with pytest.raises(NotApplicable, match="block"):
+        plan_partition(resnet, 2, strategy="megatron")

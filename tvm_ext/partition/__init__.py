@@ -104,7 +104,8 @@ def plan_partition(
     """Partition `problem` over `num_devices` devices with one of `STRATEGIES`.
 
     Raises `NotApplicable` when a baseline does not fit (the batch does not divide by k for
-    data parallelism) and `TableTooLarge` when "exact" is out of reach.
+    data parallelism; no block whose weights split k ways for Megatron) and `TableTooLarge`
+    when "exact" is out of reach.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
@@ -133,5 +134,9 @@ def plan_partition(
         searcher = Searcher(model, tie_groups(model), fixed[0], fixed_ops=fixed[1])
         state = searcher.solve(State(model), list(range(model.levels)))
     else:
-        state = search(model, fixed=megatron_layouts(model), coarsen=coarsen)
+        fixed = megatron_layouts(model)
+        if not fixed:
+            raise NotApplicable(f"no MLP or attention block whose weights split {num_devices} "
+                                f"ways")
+        state = search(model, fixed=fixed, coarsen=coarsen)
     return build_plan(model, state, strategy, time.perf_counter() - start)

@@ -12,9 +12,10 @@ elimination order.
   stays local); an element-wise chain becomes one operator (`chain_tensors`: the tensor between
   an op and its only, element-wise consumer is eliminated first, which merges their factors).
   Repeated layers give equal factor tables, computed once (`_factor` is memoised on the
-  operator's signature and context). Neither restricts the optimum: tying an activation to its
-  gradient, or the layers to one choice, would (partition-n-reduce makes a replicated tensor
-  between two split ops cost an extra allgather), and elimination does not need it.
+  operator's signature and context). These keep the optimum. Tying each activation to its
+  gradient, or all layers to one choice (Tofu's other coarsenings), would not (under
+  partition-n-reduce a tensor tied to a replicated one pays an extra allgather), and
+  elimination does not need them to stay fast.
 * Recursion for k devices (`search`): k is factored into a mesh of levels (k = 8 -> 2 x 2 x 2,
   k = 6 -> 3 x 2, k = 5 -> 5), one p-way cut per level, outermost first (the slowest link when
   the links differ). Each level is solved with the levels above fixed and those below assumed to
