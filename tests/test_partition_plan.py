@@ -95,3 +95,14 @@ def test_entry_point_errors(mlp):
     resnet = analyze(get_model("resnet", "tiny", training=True))
     with pytest.raises(NotApplicable, match="block"):
         plan_partition(resnet, 2, strategy="megatron")
+
+
+def test_memory_weight_trades_traffic_for_memory():
+    # Inference with replicated weights sends nothing; pricing stored bytes like sent ones
+    # splits the weights (Megatron-like) at the cost of some traffic.
+    problem = analyze(get_model("mlp", "tiny", batch=8, features=512, hidden=512, classes=512))
+    free = plan_partition(problem, 2)
+    assert free.bytes_per_device == 0
+    dear = plan_partition(problem, 2, memory_weight=1 / 25e9)
+    assert dear.peak_bytes_per_device < free.peak_bytes_per_device
+    assert dear.bytes_per_device > 0

@@ -15,7 +15,6 @@ from partition_graphs import GraphMaker, elementwise_spec, matmul_spec, random_p
 
 from tvm_ext.models import get_model
 from tvm_ext.partition import REP, analyze, make_model, plan_partition
-from tvm_ext.partition.model import MEMORY_TIE_BREAK
 from tvm_ext.partition.search import objective, search, solve_exact
 
 
@@ -41,7 +40,7 @@ def brute_force(model) -> float:
                 *(model.tensor_schemes[t.id][lvl] for lvl in levels))))
     best = float("inf")
     for layouts in itertools.product(*tensor_options):
-        total = sum(MEMORY_TIE_BREAK * model.stored_bytes(t, layouts[t])
+        total = sum(model.memory_weight * model.stored_bytes(t, layouts[t])
                     for t in range(len(g.tensors)) if not model.free[t])
         for op in g.ops:  # each op takes its cheapest legal strategy
             must = model.data_path[op.id]

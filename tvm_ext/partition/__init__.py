@@ -23,7 +23,7 @@ from ..cost.hardware import Hardware, Link
 from .baselines import data_parallel_layouts, megatron_layouts
 from .elimination import TableTooLarge
 from .layout import REP, factorize
-from .model import PartitionModel
+from .model import MEMORY_TIE_BREAK, PartitionModel
 from .plan import PartitionPlan, build_plan
 from .problem import PartitionProblem
 from .search import Searcher, State, search, solve_exact, tie_groups
@@ -66,6 +66,7 @@ def make_model(
     link: str | Link = "nvlink",
     hardware: str | Hardware = "h100",
     topology: Sequence[tuple[int, str | Link]] | None = None,
+    memory_weight: float = MEMORY_TIE_BREAK,
 ) -> PartitionModel:
     """The cost model of a problem on `num_devices` devices.
 
@@ -73,6 +74,8 @@ def make_model(
         topology: levels `(devices, link)` outermost first, e.g. `[(2, "pcie"), (4, "nvlink")]`
             for two nodes of four GPUs; each level is factored further into primes. Default:
             every level on `link`.
+        memory_weight: seconds the objective charges per byte a device stores (default: a
+            tie-break only; about 1 / link bandwidth makes memory as dear as traffic).
     """
     if num_devices < 1:
         raise ValueError(f"num_devices must be at least 1, got {num_devices}")
@@ -88,7 +91,7 @@ def make_model(
         total *= p
     if total != num_devices:
         raise ValueError(f"the topology {topology} has {total} devices, not {num_devices}")
-    return PartitionModel(problem, mesh, links, hardware)
+    return PartitionModel(problem, mesh, links, hardware, memory_weight=memory_weight)
 
 
 def plan_partition(
@@ -100,6 +103,7 @@ def plan_partition(
     hardware: str | Hardware = "h100",
     topology: Sequence[tuple[int, str | Link]] | None = None,
     coarsen: bool = True,
+    memory_weight: float = MEMORY_TIE_BREAK,
 ) -> PartitionPlan:
     """Partition `problem` over `num_devices` devices with one of `STRATEGIES`.
 
@@ -116,7 +120,7 @@ def plan_partition(
         model = PartitionModel(problem, [], [], hardware)
         state = State(model)
         return build_plan(model, state, strategy)
-    model = make_model(problem, num_devices, link, hardware, topology)
+    model = make_model(problem, num_devices, link, hardware, topology, memory_weight)
     start = time.perf_counter()
     if strategy == "tofu":
         seeds = []

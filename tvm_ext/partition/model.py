@@ -16,8 +16,9 @@ Partition-n-reduce (Tofu): an operator on the data path (one whose tensors carry
 followed from the inputs' axis 0) must be split at every level where one of its dims can be, so
 that its work and its outputs' memory fall with k; operators off the data path (a weight's
 transpose, a gradient's) may run replicated, as in data parallelism. Ties go to the choice
-storing fewer bytes per device, then to the one computing less per device (roofline time, also
-reported as the plan's compute time). A level given as None is undecided (the top-down
+storing fewer bytes per device (`memory_weight` per byte; raise it to trade communication for
+memory), then to the one computing less per device (roofline time, also reported as the plan's
+compute time). A level given as None is undecided (the top-down
 search): it counts as splitting everything (Tofu's even-split assumption) and contributes no
 collective. Constants can be sliced for free on any device.
 """
@@ -68,9 +69,13 @@ class PartitionModel:
         links: Sequence[str | Link],
         hardware: str | Hardware = "h100",
         latency: bool = False,
+        memory_weight: float = MEMORY_TIE_BREAK,
     ):
         self.problem = problem
         self.latency = latency
+        # Seconds charged per byte a device stores: a tie-break by default; larger values trade
+        # communication for memory (1 / link bandwidth prices a stored byte like a sent one).
+        self.memory_weight = float(memory_weight)
         self.graph = g = problem.graph
         self.mesh = [int(p) for p in mesh]
         if any(p < 2 for p in self.mesh):

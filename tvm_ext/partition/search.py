@@ -37,7 +37,7 @@ import numpy as np
 
 from .elimination import TableTooLarge, minimize
 from .layout import REP
-from .model import MEMORY_TIE_BREAK, PartitionModel
+from .model import PartitionModel
 
 # An operator's factor is one dense table over its tensors when that table is at most this big;
 # otherwise its strategy becomes a variable with one pairwise factor per tensor (a star), so
@@ -246,7 +246,7 @@ class Searcher:
                 sizes.append(len(strategies))
                 factors.append(([op_var[op.id]], c))
                 factors += [([op_var[op.id], v], m) for v, m in zip(scope, mats, strict=True)]
-        for gid in gids:  # memory tie-break
+        for gid in gids:  # bytes stored (a tie-break unless memory_weight is raised)
             v = var_of[gid]
             cost = np.zeros(len(domains[v]))
             for x, value in enumerate(domains[v]):
@@ -254,7 +254,7 @@ class Searcher:
                     layout = list(state.layout[t])
                     for lvl, sch in zip(levels, value, strict=True):
                         layout[lvl] = sch
-                    cost[x] += MEMORY_TIE_BREAK * model.stored_bytes(t, layout)
+                    cost[x] += model.memory_weight * model.stored_bytes(t, layout)
             factors.append(([v], cost))
         first = [var_of[self.groups[t]] for t in self.chains if self.groups[t] >= 0]
         values, self.value = minimize(sizes, factors, self.max_table, first)
@@ -287,7 +287,7 @@ def objective(model: PartitionModel, state: State) -> float:
             total += model.edge_time(e, op.id, state.layout[e.tensor], strategy)
     for t in range(len(model.graph.tensors)):
         if not model.free[t]:
-            total += MEMORY_TIE_BREAK * model.stored_bytes(t, state.layout[t])
+            total += model.memory_weight * model.stored_bytes(t, state.layout[t])
     return total
 
 
