@@ -1,7 +1,9 @@
 """Cost models: hardware presets, roofline op durations, link transfer times."""
 
+from .collectives import COLLECTIVES, collective_bytes, collective_steps, collective_time
 from .hardware import HARDWARE, LINKS, Hardware, Link, get_hardware, get_link
 from .roofline import op_time, op_times
 
-__all__ = ["HARDWARE", "LINKS", "Hardware", "Link", "get_hardware", "get_link", "op_time",
+__all__ = ["COLLECTIVES", "HARDWARE", "LINKS", "Hardware", "Link", "collective_bytes",
+           "collective_steps", "collective_time", "get_hardware", "get_link", "op_time",
            "op_times"]

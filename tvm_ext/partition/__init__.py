@@ -1,0 +1,146 @@
+"""Tofu-style operator partitioning over k devices.
+
+`analyze(model)` (reads IR: `semantics.py`) gives a `PartitionProblem`; `plan_partition(problem,
+num_devices, link=..., strategy=...)` (no IR) gives a `PartitionPlan`:
+
+    from tvm_ext.models import get_model
+    from tvm_ext.partition import analyze, plan_partition
+
+    problem = analyze(get_model("gpt", "small", training=True))
+    plan = plan_partition(problem, 4, link="nvlink")
+    print(plan.summary())
+
+Strategies: "tofu" (coarsening + dynamic programming per mesh level, the default),
+"data_parallel", "megatron", "exact" (joint optimum, small graphs only).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from ..cost.hardware import Hardware, Link
+from .baselines import data_parallel_layouts, megatron_layouts
+from .elimination import TableTooLarge
+from .layout import REP, factorize
+from .model import MEMORY_TIE_BREAK, PartitionModel
+from .plan import PartitionPlan, build_plan
+from .problem import PartitionProblem
+from .search import Searcher, State, search, solve_exact, tie_groups
+from .spec import AxisCut, DimSpec, InnerReduce, KernelSpec
+
+STRATEGIES = ("tofu", "data_parallel", "megatron", "exact")
+
+__all__ = [
+    "REP",
+    "STRATEGIES",
+    "AxisCut",
+    "DimSpec",
+    "InnerReduce",
+    "KernelSpec",
+    "NotApplicable",
+    "PartitionModel",
+    "PartitionPlan",
+    "PartitionProblem",
+    "TableTooLarge",
+    "analyze",
+    "make_model",
+    "plan_partition",
+]
+
+
+class NotApplicable(ValueError):
+    """The strategy cannot partition this graph over this many devices."""
+
+
+def analyze(model, target: str = "llvm") -> PartitionProblem:
+    """The `PartitionProblem` of a model (reads IR; see `semantics.analyze`)."""
+    from .semantics import analyze as _analyze
+
+    return _analyze(model, target)
+
+
+def make_model(
+    problem: PartitionProblem,
+    num_devices: int,
+    link: str | Link = "nvlink",
+    hardware: str | Hardware = "h100",
+    topology: Sequence[tuple[int, str | Link]] | None = None,
+    memory_weight: float = MEMORY_TIE_BREAK,
+) -> PartitionModel:
+    """The cost model of a problem on `num_devices` devices.
+
+    Args:
+        topology: levels `(devices, link)` outermost first, e.g. `[(2, "pcie"), (4, "nvlink")]`
+            for two nodes of four GPUs; each level is factored further into primes. Default:
+            every level on `link`.
+        memory_weight: seconds the objective charges per byte a device stores (default: a
+            tie-break only; about 1 / link bandwidth makes memory as dear as traffic).
+    """
+    if num_devices < 1:
+        raise ValueError(f"num_devices must be at least 1, got {num_devices}")
+    if topology is None:
+        topology = [(num_devices, link)]
+    mesh, links = [], []
+    for parts, level_link in topology:
+        for p in factorize(int(parts)):
+            mesh.append(p)
+            links.append(level_link)
+    total = 1
+    for p in mesh:
+        total *= p
+    if total != num_devices:
+        raise ValueError(f"the topology {topology} has {total} devices, not {num_devices}")
+    return PartitionModel(problem, mesh, links, hardware, memory_weight=memory_weight)
+
+
+def plan_partition(
+    problem: PartitionProblem,
+    num_devices: int,
+    *,
+    link: str | Link = "nvlink",
+    strategy: str = "tofu",
+    hardware: str | Hardware = "h100",
+    topology: Sequence[tuple[int, str | Link]] | None = None,
+    coarsen: bool = True,
+    memory_weight: float = MEMORY_TIE_BREAK,
+) -> PartitionPlan:
+    """Partition `problem` over `num_devices` devices with one of `STRATEGIES`.
+
+    Raises `NotApplicable` when a baseline does not fit (the batch does not divide by k for
+    data parallelism; no block whose weights split k ways for Megatron) and `TableTooLarge`
+    when "exact" is out of reach.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
+    if not isinstance(problem, PartitionProblem):
+        raise TypeError("plan_partition takes a PartitionProblem: build one with "
+                        "tvm_ext.partition.analyze(model)")
+    if num_devices == 1:
+        model = PartitionModel(problem, [], [], hardware)
+        state = State(model)
+        return build_plan(model, state, strategy)
+    model = make_model(problem, num_devices, link, hardware, topology, memory_weight)
+    start = time.perf_counter()
+    if strategy == "tofu":
+        seeds = []
+        fixed = data_parallel_layouts(model)
+        if fixed is not None:  # refine the textbook plan too (it can win on mixed links)
+            seeds.append(Searcher(model, tie_groups(model), fixed[0], fixed_ops=fixed[1])
+                         .solve(State(model), list(range(model.levels))))
+        state = search(model, coarsen=coarsen, seeds=seeds)
+    elif strategy == "exact":
+        state = solve_exact(model)
+    elif strategy == "data_parallel":
+        fixed = data_parallel_layouts(model)
+        if fixed is None:
+            raise NotApplicable(f"data parallelism needs the batch to divide by {num_devices}")
+        searcher = Searcher(model, tie_groups(model), fixed[0], fixed_ops=fixed[1])
+        state = searcher.solve(State(model), list(range(model.levels)))
+    else:
+        fixed = megatron_layouts(model)
+        if not fixed:
+            raise NotApplicable(f"no MLP or attention block whose weights split {num_devices} "
+                                f"ways")
+        state = search(model, fixed=fixed, coarsen=coarsen)
+    return build_plan(model, state, strategy, time.perf_counter() - start)
