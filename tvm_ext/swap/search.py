@@ -31,7 +31,7 @@ from .derive import Evaluator, Knobs
 from .plan import SwapPlan
 from .problem import SwapProblem
 
-_KEEP_CHOICES = (0.0, 0.005, 0.02, 0.05, 0.1)
+_KEEP_CHOICES = (0.0, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 _KNOB_RANGE = {"beta": (0.0, 3.0), "gamma": (0.0, 5.0), "delta": (0.0, 3.0)}
 
 
@@ -191,7 +191,8 @@ class GeneticSearch:
         ir = np.asarray(self.problem.order, dtype=np.int64)
         mem = np.asarray(memory_aware_order(self.problem), dtype=np.int64)
         grid = [Knobs(), Knobs(0.1, 1.0, 0.01, 0.05), Knobs(0.5, 2.0, 0.1, 0.02),
-                Knobs(0.0, 3.0, 1.0, 0.02), Knobs(0.2, 1.0, 0.0, 0.0), Knobs(1.0, 0.5, 0.5, 0.1)]
+                Knobs(0.0, 3.0, 1.0, 0.02), Knobs(0.2, 1.0, 0.0, 0.0), Knobs(1.0, 0.5, 0.5, 0.1),
+                Knobs(0.2, 1.0, 0.01, 0.5), Knobs(0.2, 1.0, 0.01, 1.0)]
         pop = [Individual(ir, k) for k in grid]
         pop += [Individual(mem, k) for k in grid[:2]]
         while len(pop) < self.config.population:
