@@ -187,7 +187,6 @@ def derive(order, need_ptr, need_idx, producer_op, sizes, host_start, fixed, is_
     fallbacks = 0
     step_res = np.empty(cap, np.int64)
     needs = np.empty(cap, np.int64)
-    inf = np.int64(1) << 62
 
     for i in range(n):
         op = order[i]

@@ -8,7 +8,8 @@
 * `vdnn` (Rhu et al., MICRO 2016): forward activations that the backward pass reads are
   offloaded right after their last forward use and prefetched one op ahead of their use in
   the backward pass; everything else is swapped on demand as in `lru`.
-All run the IR's schedule with the same arena and stream model as SwapAdvisor, and the best\nof a few initial-residency choices (`KEEP_CHOICES`).
+All run the IR's schedule with the same arena and stream model as SwapAdvisor, and the best
+of a few initial-residency choices (`KEEP_CHOICES`).
 """
 
 from __future__ import annotations

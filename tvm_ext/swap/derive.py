@@ -116,8 +116,8 @@ class Evaluator:
                            p.h2d_bandwidth, p.h2d_latency, p.d2h_bandwidth, p.d2h_latency,
                            self.mode, knobs.beta, knobs.gamma, knobs.delta,
                            self.offload_after(order))
-        (r_t, r_off, r_begin, r_end, r_h2d, r_wait, r_valid, h_t, h_q, h_r, h_dep, h_valid,
-         d_t, d_p, op_wait, end_dev, fallbacks, big) = raw
+        h_t, h_q, h_r, h_dep, h_valid, d_t, d_p, op_wait = raw[7:15]
+        big = raw[17]
         d_order, h_order, q_final = _core.fifo_orders(h_q, h_r, h_valid, d_p, big)
         sim = _core.simulate(p.durations[order], d_p, p.sizes[d_t].astype(np.float64), d_order,
                              q_final, h_r, h_dep, p.sizes[h_t].astype(np.float64), h_order,
@@ -141,8 +141,8 @@ class Evaluator:
         p = self.problem
         order = np.asarray(order, dtype=np.int64)
         makespan, (raw, d_order, h_order, q_final, fixed, arena) = self.run(order, knobs)
-        (r_t, r_off, r_begin, r_end, r_h2d, r_wait, r_valid, h_t, h_q, h_r, h_dep, h_valid,
-         d_t, d_p, op_wait, end_dev, fallbacks, big) = raw
+        (r_t, r_off, r_begin, r_end, r_h2d, r_wait, r_valid, h_t, h_q, h_r, h_dep, _,
+         d_t, d_p, _, end_dev, fallbacks, big) = raw
         d_index = np.empty(len(d_order), dtype=np.int64)
         d_index[d_order] = np.arange(len(d_order))
         h_index = np.full(len(h_q), -1, dtype=np.int64)

@@ -28,6 +28,7 @@ A view takes no bytes: the pass re-derives it from its base's current residency 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 
 import numpy as np
@@ -198,7 +199,7 @@ class SwapPlan:
                     raise PlanError(f"op {problem.op_names[op]} at position {i} needs tensor "
                                     f"{problem.tensor_names[t]}, which is not resident")
         for stream in (self.swap_ins, self.swap_outs):
-            if any(a.after > b.after for a, b in zip(stream, stream[1:])):
+            if any(a.after > b.after for a, b in itertools.pairwise(stream)):
                 raise PlanError("a copy stream is not in issue order")
         ends = {(r.tensor, r.end) for r in self.residencies}
         for k, s in enumerate(self.swap_outs):
