@@ -36,7 +36,7 @@ def _xfer(nbytes, bw, lat):
 
 
 @nb.njit(cache=True)
-def _seg_remove(seg_off, seg_size, seg_t, seg_fp, seg_dk, ns, k0, k1):
+def _seg_remove(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, ns, k0, k1):
     """Delete segments k0..k1 (inclusive); return the new count."""
     cnt = k1 - k0 + 1
     for k in range(k1 + 1, ns):
@@ -45,42 +45,49 @@ def _seg_remove(seg_off, seg_size, seg_t, seg_fp, seg_dk, ns, k0, k1):
         seg_t[k - cnt] = seg_t[k]
         seg_fp[k - cnt] = seg_fp[k]
         seg_dk[k - cnt] = seg_dk[k]
+        seg_rt[k - cnt] = seg_rt[k]
     return ns - cnt
 
 
 @nb.njit(cache=True)
-def _seg_insert(seg_off, seg_size, seg_t, seg_fp, seg_dk, ns, k, off, size, t, fp, dk):
+def _seg_insert(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, ns, k, off, size, t, fp,
+                dk, rt):
     for j in range(ns, k, -1):
         seg_off[j] = seg_off[j - 1]
         seg_size[j] = seg_size[j - 1]
         seg_t[j] = seg_t[j - 1]
         seg_fp[j] = seg_fp[j - 1]
         seg_dk[j] = seg_dk[j - 1]
+        seg_rt[j] = seg_rt[j - 1]
     seg_off[k] = off
     seg_size[k] = size
     seg_t[k] = t
     seg_fp[k] = fp
     seg_dk[k] = dk
+    seg_rt[k] = rt
     return ns + 1
 
 
 @nb.njit(cache=True)
-def _seg_free(seg_off, seg_size, seg_t, seg_fp, seg_dk, ns, k, fp, dk):
-    """Mark segment k free (ready after position fp and d2h key dk) and merge free
+def _seg_free(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, ns, k, fp, dk, rt):
+    """Mark segment k free (after position fp, d2h key dk, estimated time rt) and merge free
     neighbours; return the new count."""
     seg_t[k] = _NONE
     seg_fp[k] = fp
     seg_dk[k] = dk
+    seg_rt[k] = rt
     if k + 1 < ns and seg_t[k + 1] == _NONE:
         seg_size[k] += seg_size[k + 1]
         seg_fp[k] = max(seg_fp[k], seg_fp[k + 1])
         seg_dk[k] = max(seg_dk[k], seg_dk[k + 1])
-        ns = _seg_remove(seg_off, seg_size, seg_t, seg_fp, seg_dk, ns, k + 1, k + 1)
+        seg_rt[k] = max(seg_rt[k], seg_rt[k + 1])
+        ns = _seg_remove(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, ns, k + 1, k + 1)
     if k > 0 and seg_t[k - 1] == _NONE:
         seg_size[k - 1] += seg_size[k]
         seg_fp[k - 1] = max(seg_fp[k - 1], seg_fp[k])
         seg_dk[k - 1] = max(seg_dk[k - 1], seg_dk[k])
-        ns = _seg_remove(seg_off, seg_size, seg_t, seg_fp, seg_dk, ns, k, k)
+        seg_rt[k - 1] = max(seg_rt[k - 1], seg_rt[k])
+        ns = _seg_remove(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, ns, k, k)
     return ns
 
 
@@ -147,14 +154,17 @@ def derive(order, need_ptr, need_idx, producer_op, sizes, host_start, fixed, is_
         xout[t] = _xfer(sizes[t], d2h_bw, d2h_lat)
 
     cap = 3 * total + n_t + 4  # fallbacks and vDNN prefetches add residencies
-    # Arena segments, sorted by offset, covering [0, arena).
-    seg_off = np.zeros(2 * cap + 4, np.int64)
-    seg_size = np.zeros(2 * cap + 4, np.int64)
-    seg_t = np.full(2 * cap + 4, _NONE, np.int64)
-    seg_fp = np.full(2 * cap + 4, -1, np.int64)
-    seg_dk = np.full(2 * cap + 4, -1, np.int64)
+    # Arena segments, sorted by offset, covering [0, arena): occupant (or _NONE), and for a
+    # free segment the position after which it is free, the swap-out to wait for (key) and
+    # the estimated time it is free.
+    nseg = 2 * cap + 4
+    seg_off = np.zeros(nseg, np.int64)
+    seg_size = np.zeros(nseg, np.int64)
+    seg_t = np.full(nseg, _NONE, np.int64)
+    seg_fp = np.full(nseg, -1, np.int64)
+    seg_dk = np.full(nseg, -1, np.int64)
+    seg_rt = np.zeros(nseg)
     seg_size[0] = arena
-    ns = 1
     # Tensor state.
     resident = np.zeros(n_t, np.bool_)
     offset = np.zeros(n_t, np.int64)
@@ -162,6 +172,7 @@ def derive(order, need_ptr, need_idx, producer_op, sizes, host_start, fixed, is_
     last_use = np.full(n_t, -1, np.int64)
     release = np.full(n_t, -1, np.int64)  # position after which its last residency ended
     own_d2h = np.full(n_t, -1, np.int64)  # key of the tensor's swap-out
+    own_rt = np.zeros(n_t)  # estimated end of the tensor's swap-out
     cur_res = np.full(n_t, -1, np.int64)
     locked = np.full(n_t, -1, np.int64)
     # Output tables.
@@ -172,24 +183,34 @@ def derive(order, need_ptr, need_idx, producer_op, sizes, host_start, fixed, is_
     r_h2d = np.empty(cap, np.int64)
     r_wait = np.empty(cap, np.int64)  # d2h key to finish before the window is written
     r_avail = np.empty(cap, np.int64)
+    r_rt = np.empty(cap)
     r_valid = np.zeros(cap, np.bool_)
-    nr = 0
     h_t = np.empty(cap, np.int64)
     h_q = np.empty(cap, np.int64)
     h_r = np.empty(cap, np.int64)
     h_dep = np.empty(cap, np.int64)
     h_valid = np.zeros(cap, np.bool_)
-    nh = 0
     d_t = np.empty(n_t + 1, np.int64)
     d_p = np.empty(n_t + 1, np.int64)
-    nd = 0
     op_wait = np.full(n, -1, np.int64)
-    fallbacks = 0
+    # Estimated end time of each position's op, and when each copy stream frees up: the
+    # derivation runs a running simulation so that its choices see stalls and link load.
+    est = np.zeros(n)
+    clock = np.zeros(2)  # [d2h stream free, h2d stream free]
+    # segments, residencies, swap-ins, swap-outs, fallbacks, most segments, placements
+    cnt = np.zeros(7, np.int64)
+    cnt[0] = 1
     step_res = np.empty(cap, np.int64)
     needs = np.empty(cap, np.int64)
+    state = (seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, resident, offset, host_copy,
+             last_use, release, own_d2h, own_rt, cur_res, locked, cursor, use_ptr, use_pos,
+             is_output, r_t, r_off, r_begin, r_end, r_h2d, r_wait, r_avail, r_rt, r_valid,
+             h_t, h_q, h_r, h_dep, h_valid, d_t, d_p, op_wait, est, clock, cnt, xin, xout)
+    on_demand = mode != SWAPADVISOR
 
     for i in range(n):
         op = order[i]
+        now = est[i - 1] if i > 0 else 0.0
         m = 0
         for k in range(need_ptr[op], need_ptr[op + 1]):
             t = need_idx[k]
@@ -199,11 +220,13 @@ def derive(order, need_ptr, need_idx, producer_op, sizes, host_start, fixed, is_
                 locked[t] = i
         # Largest first: fewer fragmentation failures.
         srt = np.argsort(-sizes[needs[:m]], kind="mergesort")
-        on_demand = mode != SWAPADVISOR
+        start = now
         attempt = 0
         while True:
             n_step = 0
             failed = False
+            start = now
+            packed = 0
             for jj in range(m):
                 t = needs[srt[jj]]
                 if resident[t]:
@@ -212,189 +235,37 @@ def derive(order, need_ptr, need_idx, producer_op, sizes, host_start, fixed, is_
                 produced = prod_pos[t] == i
                 if not produced and not host_copy[t]:
                     raise ValueError("a tensor is needed before it was produced")
-                best_cost = np.inf
-                best_o = -1
                 if attempt == 0:
-                    for s in range(ns):
-                        for variant in range(2):
-                            if variant == 0:
-                                o = seg_off[s]
-                            else:
-                                o = seg_off[s] + seg_size[s] - size
-                                if o == seg_off[s] or o < 0:
-                                    continue
-                            if o + size > arena:
-                                continue
-                            k = s if variant == 0 else _seg_find(seg_off, ns, o)
-                            cost = 0.0
-                            avail = release[t] if not produced else -1
-                            wait_key = own_d2h[t] if not produced else -1
-                            maxlu = -2
-                            victims_bytes = 0
-                            ok = True
-                            while k < ns and seg_off[k] < o + size:
-                                v = seg_t[k]
-                                if v == _NONE:
-                                    avail = max(avail, seg_fp[k])
-                                    wait_key = max(wait_key, seg_dk[k])
-                                else:
-                                    if locked[v] == i:
-                                        ok = False
-                                        break
-                                    lu = last_use[v]
-                                    maxlu = max(maxlu, lu)
-                                    victims_bytes += sizes[v]
-                                    if mode == SWAPADVISOR:
-                                        avail = max(avail, lu)
-                                        c = cursor[v]
-                                        while c < use_ptr[v + 1] and use_pos[c] < i:
-                                            c += 1
-                                        nu = use_pos[c] if c < use_ptr[v + 1] else n
-                                        out_v = 0.0 if host_copy[v] else xout[v]
-                                        in_v = xin[v] if nu < n else 0.0
-                                        stall_v = 0.0
-                                        if nu < n:
-                                            stall_v = max(0.0, T[i] + out_v + in_v - T[nu])
-                                        cost += (beta * (in_v + out_v) + stall_v
-                                                 + delta * in_v * n / (nu - i + 1.0))
-                                    else:
-                                        avail = max(avail, i - 1)
-                                if mode == SWAPADVISOR and cost >= best_cost:
-                                    ok = False
-                                    break
-                                k += 1
-                            if not ok:
-                                continue
-                            if mode == SWAPADVISOR:
-                                ready = T[avail + 1]
-                                need_in = 0.0 if produced else xin[t]
-                                cost += gamma * max(0.0, ready + need_in - T[i])
-                                # Tie-break: keep free space in large pieces.
-                                cost += 1e-15 * victims_bytes
-                            else:
-                                cost = (maxlu + 2) * 1e12 + victims_bytes / (arena + 1.0)
-                            if cost < best_cost:
-                                best_cost = cost
-                                best_o = o
+                    o = _best_window(state, t, i, n, size, produced, arena, mode, beta, gamma,
+                                     delta, T, now, i)
                 else:
-                    # Fallback: pack the op's needs from offset 0 in size order.
-                    best_o = 0
-                    for j2 in range(jj):
-                        best_o += sizes[needs[srt[j2]]]
-                if best_o < 0:
+                    o = packed  # fallback: pack the op's needs from offset 0
+                packed += size
+                if o < 0:
                     failed = True
                     break
-                # Evict the window's occupants and carve it out.
-                o = best_o
-                k0 = _seg_find(seg_off, ns, o)
-                avail = release[t] if not produced else -1
-                wait_key = own_d2h[t] if not produced else -1
-                k = k0
-                while k < ns and seg_off[k] < o + size:
-                    v = seg_t[k]
-                    if v != _NONE:
-                        # Evict v.
-                        p = i - 1 if on_demand else last_use[v]
-                        c = cursor[v]
-                        while c < use_ptr[v + 1] and use_pos[c] < i:
-                            c += 1
-                        cursor[v] = c
-                        future = c < use_ptr[v + 1] or is_output[v]
-                        dk = -1
-                        if future and not host_copy[v]:
-                            d_t[nd] = v
-                            d_p[nd] = p
-                            dk = p * big + nd
-                            own_d2h[v] = dk
-                            nd += 1
-                            host_copy[v] = True
-                        resident[v] = False
-                        release[v] = p
-                        r_end[cur_res[v]] = p
-                        seg_t[k] = _NONE
-                        seg_fp[k] = p
-                        seg_dk[k] = dk
-                    avail = max(avail, seg_fp[k])
-                    wait_key = max(wait_key, seg_dk[k])
-                    k += 1
-                k1 = k - 1
-                left_end = seg_off[k1] + seg_size[k1]
-                lfp, ldk = seg_fp[k0], seg_dk[k0]
-                rfp, rdk = seg_fp[k1], seg_dk[k1]
-                left_off = seg_off[k0]
-                ns = _seg_remove(seg_off, seg_size, seg_t, seg_fp, seg_dk, ns, k0, k1)
-                kk = k0
-                if left_off < o:
-                    ns = _seg_insert(seg_off, seg_size, seg_t, seg_fp, seg_dk, ns, kk,
-                                     left_off, o - left_off, _NONE, lfp, ldk)
-                    kk += 1
-                ns = _seg_insert(seg_off, seg_size, seg_t, seg_fp, seg_dk, ns, kk, o, size, t,
-                                 -1, -1)
-                kk += 1
-                if left_end > o + size:
-                    ns = _seg_insert(seg_off, seg_size, seg_t, seg_fp, seg_dk, ns, kk, o + size,
-                                     left_end - o - size, _NONE, rfp, rdk)
-                resident[t] = True
-                offset[t] = o
-                r_t[nr] = t
-                r_off[nr] = o
-                r_end[nr] = i
-                r_wait[nr] = wait_key
-                r_avail[nr] = avail
-                r_valid[nr] = True
-                if produced:
-                    r_begin[nr] = i
-                    r_h2d[nr] = -1
-                    op_wait[i] = max(op_wait[i], wait_key)
-                else:
-                    q = i - 1 if on_demand else avail
-                    h_t[nh] = t
-                    h_q[nh] = q
-                    h_r[nh] = i
-                    h_dep[nh] = wait_key
-                    h_valid[nh] = True
-                    r_begin[nr] = q + 1
-                    r_h2d[nr] = nh
-                    nh += 1
-                cur_res[t] = nr
-                step_res[n_step] = nr
+                q = i - 1 if on_demand else -2
+                ready = _place(state, t, i, o, size, produced, q, on_demand, now)
+                cnt[5] = max(cnt[5], cnt[0])
+                cnt[6] += 1
+                start = max(start, ready)
+                step_res[n_step] = cnt[1] - 1
                 n_step += 1
-                nr += 1
             if not failed:
                 break
             # Undo this step's placements, evict every need of the op, and pack them.
-            fallbacks += 1
+            cnt[4] += 1
             for j2 in range(n_step):
-                rr = step_res[j2]
-                t = r_t[rr]
-                r_valid[rr] = False
-                if r_h2d[rr] >= 0:
-                    h_valid[r_h2d[rr]] = False
-                s = _seg_find(seg_off, ns, r_off[rr])
-                resident[t] = False
-                ns = _seg_free(seg_off, seg_size, seg_t, seg_fp, seg_dk, ns, s, r_avail[rr],
-                               r_wait[rr])
+                _cancel(state, step_res[j2])
             for jj in range(m):
                 t = needs[jj]
-                if resident[t]:
-                    p = last_use[t]
-                    if not host_copy[t]:
-                        d_t[nd] = t
-                        d_p[nd] = p
-                        own_d2h[t] = p * big + nd
-                        nd += 1
-                        host_copy[t] = True
-                    resident[t] = False
-                    release[t] = p
-                    r_end[cur_res[t]] = p
-                    s = _seg_find(seg_off, ns, offset[t])
-                    ns = _seg_free(seg_off, seg_size, seg_t, seg_fp, seg_dk, ns, s, p,
-                                   own_d2h[t] if seg_dk[s] < 0 else max(seg_dk[s], own_d2h[t]))
+                if resident[t] and last_use[t] < r_begin[cur_res[t]]:
+                    _cancel(state, cur_res[t])  # prefetched (vDNN), unused: cancel the fetch
+                elif resident[t]:
+                    _evict(state, t, _seg_find(seg_off, cnt[0], offset[t]), last_use[t])
             op_wait[i] = -1
             attempt = 1
-            for jj in range(m):
-                # The packed windows may overlap other tensors: the main loop evicts them.
-                locked[needs[jj]] = i
+        est[i] = start + durations[op]
         # vDNN: prefetch the next op's offloaded inputs one op ahead.
         if mode == VDNN and i + 1 < n:
             nxt = order[i + 1]
@@ -402,89 +273,11 @@ def derive(order, need_ptr, need_idx, producer_op, sizes, host_start, fixed, is_
                 t = need_idx[k2]
                 if fixed[t] or resident[t] or prod_pos[t] == i + 1 or offload_after[t] < 0:
                     continue
-                size = sizes[t]
-                best_cost = np.inf
-                best_o = -1
-                for s in range(ns):
-                    o = seg_off[s]
-                    if o + size > arena:
-                        continue
-                    k = s
-                    maxlu = -2
-                    ok = True
-                    while k < ns and seg_off[k] < o + size:
-                        v = seg_t[k]
-                        if v != _NONE:
-                            if locked[v] >= i:
-                                ok = False
-                                break
-                            maxlu = max(maxlu, last_use[v])
-                        k += 1
-                    if ok and (maxlu + 2) < best_cost:
-                        best_cost = maxlu + 2
-                        best_o = o
-                if best_o < 0:
-                    continue
-                o = best_o
-                k0 = _seg_find(seg_off, ns, o)
-                avail = release[t]
-                wait_key = own_d2h[t]
-                k = k0
-                while k < ns and seg_off[k] < o + size:
-                    v = seg_t[k]
-                    if v != _NONE:
-                        p = i - 1
-                        c = cursor[v]
-                        while c < use_ptr[v + 1] and use_pos[c] < i:
-                            c += 1
-                        cursor[v] = c
-                        future = c < use_ptr[v + 1] or is_output[v]
-                        dk = -1
-                        if future and not host_copy[v]:
-                            d_t[nd] = v
-                            d_p[nd] = p
-                            dk = p * big + nd
-                            own_d2h[v] = dk
-                            nd += 1
-                            host_copy[v] = True
-                        resident[v] = False
-                        release[v] = p
-                        r_end[cur_res[v]] = p
-                        seg_t[k] = _NONE
-                        seg_fp[k] = p
-                        seg_dk[k] = dk
-                    avail = max(avail, seg_fp[k])
-                    wait_key = max(wait_key, seg_dk[k])
-                    k += 1
-                k1 = k - 1
-                left_end = seg_off[k1] + seg_size[k1]
-                rfp, rdk = seg_fp[k1], seg_dk[k1]
-                ns = _seg_remove(seg_off, seg_size, seg_t, seg_fp, seg_dk, ns, k0, k1)
-                ns = _seg_insert(seg_off, seg_size, seg_t, seg_fp, seg_dk, ns, k0, o, size, t,
-                                 -1, -1)
-                if left_end > o + size:
-                    ns = _seg_insert(seg_off, seg_size, seg_t, seg_fp, seg_dk, ns, k0 + 1,
-                                     o + size, left_end - o - size, _NONE, rfp, rdk)
-                q = max(i - 1, avail)
-                resident[t] = True
-                offset[t] = o
-                locked[t] = i + 1
-                r_t[nr] = t
-                r_off[nr] = o
-                r_end[nr] = i + 1
-                r_wait[nr] = wait_key
-                r_avail[nr] = avail
-                r_valid[nr] = True
-                h_t[nh] = t
-                h_q[nh] = q
-                h_r[nh] = i + 1
-                h_dep[nh] = wait_key
-                h_valid[nh] = True
-                r_begin[nr] = q + 1
-                r_h2d[nr] = nh
-                nh += 1
-                cur_res[t] = nr
-                nr += 1
+                o = _best_window(state, t, i, n, sizes[t], False, arena, LRU, 0.0, 0.0, 0.0, T,
+                                 now, i + 1)
+                if o >= 0:
+                    _place(state, t, i + 1, o, sizes[t], False, i - 1, True, now)
+                    locked[t] = i + 1
         # After the op: release what is dead, extend what lives on.
         for jj in range(m):
             t = needs[jj]
@@ -497,33 +290,297 @@ def derive(order, need_ptr, need_idx, producer_op, sizes, host_start, fixed, is_
             if c == use_ptr[t + 1] and not is_output[t]:
                 resident[t] = False
                 release[t] = i
-                s = _seg_find(seg_off, ns, offset[t])
-                ns = _seg_free(seg_off, seg_size, seg_t, seg_fp, seg_dk, ns, s, i, -1)
+                s = _seg_find(seg_off, cnt[0], offset[t])
+                cnt[0] = _seg_free(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, cnt[0], s,
+                                   i, -1, est[i])
         # vDNN: offload forward activations after their last forward use.
         if mode == VDNN:
             for jj in range(m):
                 t = needs[jj]
                 if offload_after[t] == i and resident[t] and cursor[t] < use_ptr[t + 1]:
-                    dk = -1
-                    if not host_copy[t]:
-                        d_t[nd] = t
-                        d_p[nd] = i
-                        dk = i * big + nd
-                        own_d2h[t] = dk
-                        nd += 1
-                        host_copy[t] = True
-                    resident[t] = False
-                    release[t] = i
-                    s = _seg_find(seg_off, ns, offset[t])
-                    ns = _seg_free(seg_off, seg_size, seg_t, seg_fp, seg_dk, ns, s, i, dk)
+                    _evict(state, t, _seg_find(seg_off, cnt[0], offset[t]), i)
     end_on_device = np.zeros(n_t, np.bool_)
     for t in range(n_t):
         if resident[t]:
             end_on_device[t] = True
             r_end[cur_res[t]] = n - 1
+    nr, nh, nd = cnt[1], cnt[2], cnt[3]
     return (r_t[:nr], r_off[:nr], r_begin[:nr], r_end[:nr], r_h2d[:nr], r_wait[:nr],
             r_valid[:nr], h_t[:nh], h_q[:nh], h_r[:nh], h_dep[:nh], h_valid[:nh], d_t[:nd],
-            d_p[:nd], op_wait, end_on_device, fallbacks, big)
+            d_p[:nd], op_wait, end_on_device, cnt[4], big, cnt[5], cnt[6])
+
+
+@nb.njit(cache=True)
+def _next_use(state, v, i, n):
+    cursor, use_ptr, use_pos, is_output = state[15], state[16], state[17], state[18]
+    c = cursor[v]
+    while c < use_ptr[v + 1] and use_pos[c] < i:
+        c += 1
+    cursor[v] = c
+    if c < use_ptr[v + 1]:
+        return use_pos[c]
+    return n if is_output[v] else -1
+
+
+@nb.njit(cache=True)
+def _evict(state, v, k, p):
+    """Evict resident tensor v (segment k) whose residency ends after position p: swap it out
+    after p if it has no host copy and is needed again (or returned)."""
+    (seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, resident, offset, host_copy,
+     last_use, release, own_d2h, own_rt, cur_res, locked, cursor, use_ptr, use_pos,
+     is_output, r_t, r_off, r_begin, r_end, r_h2d, r_wait, r_avail, r_rt, r_valid,
+     h_t, h_q, h_r, h_dep, h_valid, d_t, d_p, op_wait, est, clock, cnt, xin, xout) = state
+    big = host_copy.shape[0] + 1
+    c = cursor[v]
+    future = c < use_ptr[v + 1] or is_output[v]
+    dk = -1
+    rt = est[p] if p >= 0 else 0.0
+    if future and not host_copy[v]:
+        nd = cnt[3]
+        d_t[nd] = v
+        d_p[nd] = p
+        dk = p * big + nd
+        own_d2h[v] = dk
+        s = max(clock[0], rt)
+        clock[0] = s + xout[v]
+        rt = clock[0]
+        own_rt[v] = rt
+        cnt[3] = nd + 1
+        host_copy[v] = True
+    resident[v] = False
+    release[v] = p
+    r_end[cur_res[v]] = p
+    cnt[0] = _seg_free(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, cnt[0], k, p, dk, rt)
+
+
+@nb.njit(cache=True)
+def _best_window(state, t, i, n, size, produced, arena, mode, beta, gamma, delta, T, now,
+                 need):
+    """The offset of the cheapest window for t (see the module docstring), -1 if every
+    window holds a tensor the op needs. Candidate windows start where a segment starts or
+    end where one ends; a two-pointer sweep scores them all in time linear in the segments."""
+    (seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, resident, offset, host_copy,
+     last_use, release, own_d2h, own_rt, cur_res, locked, cursor, use_ptr, use_pos,
+     is_output, r_t, r_off, r_begin, r_end, r_h2d, r_wait, r_avail, r_rt, r_valid,
+     h_t, h_q, h_r, h_dep, h_valid, d_t, d_p, op_wait, est, clock, cnt, xin, xout) = state
+    ns = cnt[0]
+    # Per segment: eviction cost, ready time (clean / dirty), swap-out time, lock, last use.
+    vc = np.zeros(ns)
+    rt_plain = np.full(ns, -np.inf)
+    rt_dirty = np.full(ns, -np.inf)
+    out = np.zeros(ns)
+    lk = np.zeros(ns, np.int64)
+    lu = np.full(ns, -2.0)
+    vb = np.zeros(ns)
+    for k in range(ns):
+        v = seg_t[k]
+        if v == _NONE:
+            rt_plain[k] = seg_rt[k]
+            continue
+        if locked[v] >= i:
+            lk[k] = 1
+            continue
+        luv = last_use[v]
+        lu[k] = luv
+        vb[k] = seg_size[k]
+        rt = est[luv] if luv >= 0 else 0.0
+        if mode != SWAPADVISOR:
+            rt_plain[k] = max(rt, now)
+            continue
+        nu = _next_use(state, v, i, n)
+        out_v = 0.0
+        if not host_copy[v] and nu >= 0:
+            out_v = xout[v]
+            rt_dirty[k] = rt
+            out[k] = out_v
+        else:
+            rt_plain[k] = rt
+        if 0 <= nu < n:
+            in_v = xin[v]
+            vc[k] = (beta * (in_v + out_v) + max(0.0, out_v + in_v - (T[nu] - T[i]))
+                     + delta * in_v * n / (nu - i + 1.0))
+        else:
+            vc[k] = beta * out_v
+    base_ready = 0.0 if produced else own_rt[t]
+    best_cost = np.inf
+    best_o = -1
+    dq_p = np.empty(ns, np.int64)  # sliding-window maxima (indices, values decreasing)
+    dq_d = np.empty(ns, np.int64)
+    dq_l = np.empty(ns, np.int64)
+    for variant in range(2):
+        hp = tp = hd = td = hl = tl = 0
+        b = 0
+        e = -1  # window covers segments b..e
+        s_vc = 0.0
+        s_out = 0.0
+        s_lk = 0
+        s_vb = 0.0
+        for s in range(ns):
+            if variant == 0:
+                o = seg_off[s]
+            else:
+                o = seg_off[s] + seg_size[s] - size
+                if o == seg_off[s]:
+                    continue
+            if o < 0 or o + size > arena:
+                continue
+            # Advance the end pointer over segments starting before o + size.
+            while e + 1 < ns and seg_off[e + 1] < o + size:
+                e += 1
+                s_vc += vc[e]
+                s_out += out[e]
+                s_lk += lk[e]
+                s_vb += vb[e]
+                while tp > hp and rt_plain[dq_p[tp - 1]] <= rt_plain[e]:
+                    tp -= 1
+                dq_p[tp] = e
+                tp += 1
+                while td > hd and rt_dirty[dq_d[td - 1]] <= rt_dirty[e]:
+                    td -= 1
+                dq_d[td] = e
+                td += 1
+                while tl > hl and lu[dq_l[tl - 1]] <= lu[e]:
+                    tl -= 1
+                dq_l[tl] = e
+                tl += 1
+            # Advance the start pointer past segments ending at or before o.
+            while b <= e and seg_off[b] + seg_size[b] <= o:
+                s_vc -= vc[b]
+                s_out -= out[b]
+                s_lk -= lk[b]
+                s_vb -= vb[b]
+                if hp < tp and dq_p[hp] == b:
+                    hp += 1
+                if hd < td and dq_d[hd] == b:
+                    hd += 1
+                if hl < tl and dq_l[hl] == b:
+                    hl += 1
+                b += 1
+            if s_lk > 0:
+                continue
+            if mode == SWAPADVISOR:
+                ready = base_ready
+                if hp < tp:
+                    ready = max(ready, rt_plain[dq_p[hp]])
+                if s_out > 0.0:
+                    ready = max(ready, max(clock[0], rt_dirty[dq_d[hd]]) + s_out)
+                if produced:
+                    late = ready - now
+                else:
+                    late = max(ready, clock[1]) + xin[t] - now
+                # Tie-break: evict fewer bytes.
+                cost = s_vc + gamma * max(0.0, late) + 1e-15 * s_vb
+            else:
+                maxlu = lu[dq_l[hl]] if hl < tl else -2.0
+                cost = (maxlu + 2.0) * 1e12 + s_vb / (arena + 1.0)
+            if cost < best_cost:
+                best_cost = cost
+                best_o = o
+                if cost <= 0.0:
+                    return best_o  # a free window, ready in time: nothing can beat it
+    return best_o
+
+
+@nb.njit(cache=True)
+def _place(state, t, i, o, size, produced, q, on_demand, now):
+    """Evict the occupants of [o, o + size), put t there for position i (produced by the op
+    there, or swapped in after position q; q = -2: as early as the window allows). Returns
+    the estimated time the op at i can use it."""
+    (seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, resident, offset, host_copy,
+     last_use, release, own_d2h, own_rt, cur_res, locked, cursor, use_ptr, use_pos,
+     is_output, r_t, r_off, r_begin, r_end, r_h2d, r_wait, r_avail, r_rt, r_valid,
+     h_t, h_q, h_r, h_dep, h_valid, d_t, d_p, op_wait, est, clock, cnt, xin, xout) = state
+    k0 = _seg_find(seg_off, cnt[0], o)
+    k = k0
+    # Evict the occupants (each becomes a free segment in place).
+    while k < cnt[0] and seg_off[k] < o + size:
+        v = seg_t[k]
+        if v != _NONE:
+            _next_use(state, v, i, host_copy.shape[0] + 10**9)
+            _evict(state, v, k, i - 1 if on_demand else last_use[v])
+            k = _seg_find(seg_off, cnt[0], o)  # merging may have shifted segments
+            continue
+        k += 1
+    k0 = _seg_find(seg_off, cnt[0], o)
+    avail = release[t] if not produced else -1
+    wait_key = own_d2h[t] if not produced else -1
+    ready = 0.0 if produced else own_rt[t]
+    k = k0
+    while k < cnt[0] and seg_off[k] < o + size:
+        avail = max(avail, seg_fp[k])
+        wait_key = max(wait_key, seg_dk[k])
+        ready = max(ready, seg_rt[k])
+        k += 1
+    k1 = k - 1
+    seg_end = seg_off[k1] + seg_size[k1]
+    lfp, ldk, lrt = seg_fp[k0], seg_dk[k0], seg_rt[k0]
+    rfp, rdk, rrt = seg_fp[k1], seg_dk[k1], seg_rt[k1]
+    left_off = seg_off[k0]
+    ns = _seg_remove(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, cnt[0], k0, k1)
+    kk = k0
+    if left_off < o:
+        ns = _seg_insert(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, ns, kk, left_off,
+                         o - left_off, _NONE, lfp, ldk, lrt)
+        kk += 1
+    ns = _seg_insert(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, ns, kk, o, size, t, -1,
+                     -1, 0.0)
+    kk += 1
+    if seg_end > o + size:
+        ns = _seg_insert(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, ns, kk, o + size,
+                         seg_end - o - size, _NONE, rfp, rdk, rrt)
+    cnt[0] = ns
+    resident[t] = True
+    offset[t] = o
+    nr = cnt[1]
+    r_t[nr] = t
+    r_off[nr] = o
+    r_end[nr] = i
+    r_wait[nr] = wait_key
+    r_avail[nr] = avail
+    r_rt[nr] = ready
+    r_valid[nr] = True
+    if produced:
+        r_begin[nr] = i
+        r_h2d[nr] = -1
+        op_wait[i] = max(op_wait[i], wait_key)
+        usable = ready
+    else:
+        if q == -2:
+            q = avail
+        q = max(q, avail)
+        nh = cnt[2]
+        h_t[nh] = t
+        h_q[nh] = q
+        h_r[nh] = i
+        h_dep[nh] = wait_key
+        h_valid[nh] = True
+        r_begin[nr] = q + 1
+        r_h2d[nr] = nh
+        cnt[2] = nh + 1
+        issue = est[q] if q >= 0 else 0.0
+        s = max(clock[1], ready, issue)
+        clock[1] = s + xin[t]
+        usable = clock[1]
+    cur_res[t] = nr
+    cnt[1] = nr + 1
+    return usable
+
+
+@nb.njit(cache=True)
+def _cancel(state, rr):
+    """Undo residency rr (and its swap-in): its window is free again as it was before."""
+    (seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, resident, offset, host_copy,
+     last_use, release, own_d2h, own_rt, cur_res, locked, cursor, use_ptr, use_pos,
+     is_output, r_t, r_off, r_begin, r_end, r_h2d, r_wait, r_avail, r_rt, r_valid,
+     h_t, h_q, h_r, h_dep, h_valid, d_t, d_p, op_wait, est, clock, cnt, xin, xout) = state
+    t = r_t[rr]
+    r_valid[rr] = False
+    if r_h2d[rr] >= 0:
+        h_valid[r_h2d[rr]] = False
+    resident[t] = False
+    s = _seg_find(seg_off, cnt[0], r_off[rr])
+    cnt[0] = _seg_free(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, cnt[0], s, r_avail[rr],
+                       r_wait[rr], r_rt[rr])
 
 
 @nb.njit(cache=True)

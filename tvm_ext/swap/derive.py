@@ -111,10 +111,12 @@ class Evaluator:
         p = self.problem
         order = np.asarray(order, dtype=np.int64)
         fixed, arena = self.fixed(knobs.keep)
+        # Plain floats and ints only: another argument type would compile another version.
         raw = _core.derive(order, self.need_ptr, self.need_idx, self.producer, p.sizes,
-                           p.host_start, fixed, self.is_output, p.durations, arena,
-                           p.h2d_bandwidth, p.h2d_latency, p.d2h_bandwidth, p.d2h_latency,
-                           self.mode, knobs.beta, knobs.gamma, knobs.delta,
+                           p.host_start, fixed, self.is_output, p.durations, int(arena),
+                           float(p.h2d_bandwidth), float(p.h2d_latency),
+                           float(p.d2h_bandwidth), float(p.d2h_latency),
+                           self.mode, float(knobs.beta), float(knobs.gamma), float(knobs.delta),
                            self.offload_after(order))
         h_t, h_q, h_r, h_dep, h_valid, d_t, d_p, op_wait = raw[7:15]
         big = raw[17]
@@ -142,7 +144,7 @@ class Evaluator:
         order = np.asarray(order, dtype=np.int64)
         makespan, (raw, d_order, h_order, q_final, fixed, arena) = self.run(order, knobs)
         (r_t, r_off, r_begin, r_end, r_h2d, r_wait, r_valid, h_t, h_q, h_r, h_dep, _,
-         d_t, d_p, _, end_dev, fallbacks, big) = raw
+         d_t, d_p, _, end_dev, fallbacks, big, max_segments, placements) = raw
         d_index = np.empty(len(d_order), dtype=np.int64)
         d_index[d_order] = np.arange(len(d_order))
         h_index = np.full(len(h_q), -1, dtype=np.int64)
@@ -177,6 +179,7 @@ class Evaluator:
             swap_ins=swap_ins, predicted_time=makespan,
             predicted_peak=int(pool) + int(p.sizes[fixed].sum()), planning_time=planning_time,
             info={"arena": int(arena), "fallbacks": int(fallbacks),
+                  "max_segments": int(max_segments), "placements": int(placements),
                   "beta": knobs.beta, "gamma": knobs.gamma, "delta": knobs.delta,
                   "keep": knobs.keep, **(info or {})})
         sim = simulate(p, plan)
