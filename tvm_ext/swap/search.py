@@ -32,7 +32,7 @@ from .plan import SwapPlan
 from .problem import SwapProblem
 
 _KEEP_CHOICES = (0.0, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
-_KNOB_RANGE = {"beta": (0.0, 3.0), "gamma": (0.0, 5.0), "delta": (0.0, 3.0)}
+_KNOB_RANGE = {"beta": (0.0, 3.0), "gamma": (0.0, 10.0), "delta": (0.0, 3.0)}
 
 
 @dataclasses.dataclass
