@@ -134,3 +134,27 @@ def test_json_round_trips():
     assert back == plan
     back.validate(again)
     assert simulate(again, back).makespan == pytest.approx(plan.predicted_time)
+
+
+def test_size_class_layout_plans_hold():
+    """SwapAdvisor's layout: one pool per size class, each tensor in one object of its
+    class, object counts in proportion to demand."""
+    from tvm_ext.swap.derive import Evaluator, Knobs
+
+    checked = 0
+    for seed in range(12):
+        problem = random_problem(seed, num_ops=16, budget_frac=0.6)
+        evaluator = Evaluator(problem)
+        counts = evaluator.initial_counts(0.0)
+        if counts is None:
+            continue
+        assert np.all(counts >= evaluator.min_counts(0.0))
+        plan = evaluator.plan(np.asarray(problem.order), Knobs(keep=0.0), "swapadvisor",
+                              counts=counts)
+        plan.validate(problem)
+        assert plan.size_classes and len(plan.pools) == len(plan.size_classes)
+        for r in plan.residencies:
+            size, count = plan.size_classes[r.pool]
+            assert r.offset % size == 0 and r.offset // size < count and r.nbytes <= size
+        checked += 1
+    assert checked >= 6

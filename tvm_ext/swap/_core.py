@@ -107,8 +107,11 @@ def _seg_find(seg_off, ns, off):
 @nb.njit(cache=True)
 def derive(order, need_ptr, need_idx, producer_op, sizes, host_start, fixed, is_output,
            durations, arena, h2d_bw, h2d_lat, d2h_bw, d2h_lat, mode, beta, gamma, delta,
-           offload_after):
+           offload_after, obj_class, cls_base, cls_size, cls_count):
     """Swap derivation for one schedule; see the module docstring.
+
+    Size-class layout: if obj_class[t] >= 0, t may only occupy one of the cls_count[c]
+    objects of cls_size[c] bytes laid out from offset cls_base[c] (c = obj_class[t]).
 
     Returns the residency, swap-in (h2d) and swap-out (d2h) tables, per-position d2h waits,
     which tensors end on the device, and the number of fragmentation fallbacks.
@@ -206,6 +209,7 @@ def derive(order, need_ptr, need_idx, producer_op, sizes, host_start, fixed, is_
              last_use, release, own_d2h, own_rt, cur_res, locked, cursor, use_ptr, use_pos,
              is_output, r_t, r_off, r_begin, r_end, r_h2d, r_wait, r_avail, r_rt, r_valid,
              h_t, h_q, h_r, h_dep, h_valid, d_t, d_p, op_wait, est, clock, cnt, xin, xout)
+    layout = (obj_class, cls_base, cls_size, cls_count)
     on_demand = mode != SWAPADVISOR
 
     for i in range(n):
@@ -231,13 +235,15 @@ def derive(order, need_ptr, need_idx, producer_op, sizes, host_start, fixed, is_
                 t = needs[srt[jj]]
                 if resident[t]:
                     continue
-                size = sizes[t]
+                size = sizes[t] if obj_class[t] < 0 else cls_size[obj_class[t]]
                 produced = prod_pos[t] == i
                 if not produced and not host_copy[t]:
                     raise ValueError("a tensor is needed before it was produced")
                 if attempt == 0:
-                    o = _best_window(state, t, i, n, size, produced, arena, mode, beta, gamma,
-                                     delta, T, now, i)
+                    o = _best_window(state, layout, t, i, n, size, produced, arena, mode, beta,
+                                     gamma, delta, T, now)
+                elif obj_class[t] >= 0:
+                    raise ValueError("a size class has fewer objects than an op needs")
                 else:
                     o = packed  # fallback: pack the op's needs from offset 0
                 packed += size
@@ -273,10 +279,11 @@ def derive(order, need_ptr, need_idx, producer_op, sizes, host_start, fixed, is_
                 t = need_idx[k2]
                 if fixed[t] or resident[t] or prod_pos[t] == i + 1 or offload_after[t] < 0:
                     continue
-                o = _best_window(state, t, i, n, sizes[t], False, arena, LRU, 0.0, 0.0, 0.0, T,
-                                 now, i + 1)
+                size = sizes[t] if obj_class[t] < 0 else cls_size[obj_class[t]]
+                o = _best_window(state, layout, t, i, n, size, False, arena, LRU, 0.0, 0.0, 0.0,
+                                 T, now)
                 if o >= 0:
-                    _place(state, t, i + 1, o, sizes[t], False, i - 1, True, now)
+                    _place(state, t, i + 1, o, size, False, i - 1, True, now)
                     locked[t] = i + 1
         # After the op: release what is dead, extend what lives on.
         for jj in range(m):
@@ -326,10 +333,28 @@ def _next_use(state, v, i, n):
 def _evict(state, v, k, p):
     """Evict resident tensor v (segment k) whose residency ends after position p: swap it out
     after p if it has no host copy and is needed again (or returned)."""
-    (seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, resident, offset, host_copy,
-     last_use, release, own_d2h, own_rt, cur_res, locked, cursor, use_ptr, use_pos,
-     is_output, r_t, r_off, r_begin, r_end, r_h2d, r_wait, r_avail, r_rt, r_valid,
-     h_t, h_q, h_r, h_dep, h_valid, d_t, d_p, op_wait, est, clock, cnt, xin, xout) = state
+    seg_off = state[0]
+    seg_size = state[1]
+    seg_t = state[2]
+    seg_fp = state[3]
+    seg_dk = state[4]
+    seg_rt = state[5]
+    resident = state[6]
+    host_copy = state[8]
+    release = state[10]
+    own_d2h = state[11]
+    own_rt = state[12]
+    cur_res = state[13]
+    cursor = state[15]
+    use_ptr = state[16]
+    is_output = state[18]
+    r_end = state[22]
+    d_t = state[33]
+    d_p = state[34]
+    est = state[36]
+    clock = state[37]
+    cnt = state[38]
+    xout = state[40]
     big = host_copy.shape[0] + 1
     c = cursor[v]
     future = c < use_ptr[v + 1] or is_output[v]
@@ -354,15 +379,26 @@ def _evict(state, v, k, p):
 
 
 @nb.njit(cache=True)
-def _best_window(state, t, i, n, size, produced, arena, mode, beta, gamma, delta, T, now,
-                 need):
+def _best_window(state, layout, t, i, n, size, produced, arena, mode, beta, gamma, delta, T,
+                 now):
     """The offset of the cheapest window for t (see the module docstring), -1 if every
     window holds a tensor the op needs. Candidate windows start where a segment starts or
-    end where one ends; a two-pointer sweep scores them all in time linear in the segments."""
-    (seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, resident, offset, host_copy,
-     last_use, release, own_d2h, own_rt, cur_res, locked, cursor, use_ptr, use_pos,
-     is_output, r_t, r_off, r_begin, r_end, r_h2d, r_wait, r_avail, r_rt, r_valid,
-     h_t, h_q, h_r, h_dep, h_valid, d_t, d_p, op_wait, est, clock, cnt, xin, xout) = state
+    end where one ends (arena), or are the objects of t's size class; a two-pointer sweep
+    scores them all in time linear in the segments."""
+    obj_class, cls_base, cls_size, cls_count = layout
+    seg_off = state[0]
+    seg_size = state[1]
+    seg_t = state[2]
+    seg_rt = state[5]
+    host_copy = state[8]
+    last_use = state[9]
+    own_rt = state[12]
+    locked = state[14]
+    est = state[36]
+    clock = state[37]
+    cnt = state[38]
+    xin = state[39]
+    xout = state[40]
     ns = cnt[0]
     # Per segment: eviction cost, ready time (clean / dirty), swap-out time, lock, last use.
     vc = np.zeros(ns)
@@ -407,7 +443,22 @@ def _best_window(state, t, i, n, size, produced, arena, mode, beta, gamma, delta
     dq_p = np.empty(ns, np.int64)  # sliding-window maxima (indices, values decreasing)
     dq_d = np.empty(ns, np.int64)
     dq_l = np.empty(ns, np.int64)
-    for variant in range(2):
+    c = obj_class[t]
+    passes = 2 if c < 0 else 1
+    cand = np.empty(max(ns, cls_count[c] if c >= 0 else 0), np.int64)
+    for variant in range(passes):
+        nc = 0
+        if c >= 0:
+            for j in range(cls_count[c]):
+                cand[nc] = cls_base[c] + j * cls_size[c]
+                nc += 1
+        else:
+            for k in range(ns):
+                o = seg_off[k] if variant == 0 else seg_off[k] + seg_size[k] - size
+                if variant == 1 and o == seg_off[k]:
+                    continue
+                cand[nc] = o
+                nc += 1
         hp = tp = hd = td = hl = tl = 0
         b = 0
         e = -1  # window covers segments b..e
@@ -415,13 +466,8 @@ def _best_window(state, t, i, n, size, produced, arena, mode, beta, gamma, delta
         s_out = 0.0
         s_lk = 0
         s_vb = 0.0
-        for s in range(ns):
-            if variant == 0:
-                o = seg_off[s]
-            else:
-                o = seg_off[s] + seg_size[s] - size
-                if o == seg_off[s]:
-                    continue
+        for ci in range(nc):
+            o = cand[ci]
             if o < 0 or o + size > arena:
                 continue
             # Advance the end pointer over segments starting before o + size.
@@ -486,10 +532,39 @@ def _place(state, t, i, o, size, produced, q, on_demand, now):
     """Evict the occupants of [o, o + size), put t there for position i (produced by the op
     there, or swapped in after position q; q = -2: as early as the window allows). Returns
     the estimated time the op at i can use it."""
-    (seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, resident, offset, host_copy,
-     last_use, release, own_d2h, own_rt, cur_res, locked, cursor, use_ptr, use_pos,
-     is_output, r_t, r_off, r_begin, r_end, r_h2d, r_wait, r_avail, r_rt, r_valid,
-     h_t, h_q, h_r, h_dep, h_valid, d_t, d_p, op_wait, est, clock, cnt, xin, xout) = state
+    seg_off = state[0]
+    seg_size = state[1]
+    seg_t = state[2]
+    seg_fp = state[3]
+    seg_dk = state[4]
+    seg_rt = state[5]
+    resident = state[6]
+    offset = state[7]
+    host_copy = state[8]
+    last_use = state[9]
+    release = state[10]
+    own_d2h = state[11]
+    own_rt = state[12]
+    cur_res = state[13]
+    r_t = state[19]
+    r_off = state[20]
+    r_begin = state[21]
+    r_end = state[22]
+    r_h2d = state[23]
+    r_wait = state[24]
+    r_avail = state[25]
+    r_rt = state[26]
+    r_valid = state[27]
+    h_t = state[28]
+    h_q = state[29]
+    h_r = state[30]
+    h_dep = state[31]
+    h_valid = state[32]
+    op_wait = state[35]
+    est = state[36]
+    clock = state[37]
+    cnt = state[38]
+    xin = state[39]
     k0 = _seg_find(seg_off, cnt[0], o)
     k = k0
     # Evict the occupants (each becomes a free segment in place).
@@ -569,10 +644,22 @@ def _place(state, t, i, o, size, produced, q, on_demand, now):
 @nb.njit(cache=True)
 def _cancel(state, rr):
     """Undo residency rr (and its swap-in): its window is free again as it was before."""
-    (seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, resident, offset, host_copy,
-     last_use, release, own_d2h, own_rt, cur_res, locked, cursor, use_ptr, use_pos,
-     is_output, r_t, r_off, r_begin, r_end, r_h2d, r_wait, r_avail, r_rt, r_valid,
-     h_t, h_q, h_r, h_dep, h_valid, d_t, d_p, op_wait, est, clock, cnt, xin, xout) = state
+    seg_off = state[0]
+    seg_size = state[1]
+    seg_t = state[2]
+    seg_fp = state[3]
+    seg_dk = state[4]
+    seg_rt = state[5]
+    resident = state[6]
+    r_t = state[19]
+    r_off = state[20]
+    r_h2d = state[23]
+    r_wait = state[24]
+    r_avail = state[25]
+    r_rt = state[26]
+    r_valid = state[27]
+    h_valid = state[32]
+    cnt = state[38]
     t = r_t[rr]
     r_valid[rr] = False
     if r_h2d[rr] >= 0:

@@ -31,7 +31,8 @@ def ideal(problem: SwapProblem) -> SwapPlan:
     return SwapPlan(
         planner="ideal", budget=problem.budget, schedule=order, pools=[], pinned=on_device,
         host_start=[], outputs_on_host=[], residencies=[], swap_outs=[], swap_ins=[],
-        predicted_time=float(problem.durations.sum()), predicted_peak=problem.no_swap_peak(),
+        size_classes=[], predicted_time=float(problem.durations.sum()),
+        predicted_peak=problem.no_swap_peak(),
         planning_time=time.perf_counter() - start)
 
 

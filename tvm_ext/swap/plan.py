@@ -78,6 +78,7 @@ class SwapPlan:
     budget: int
     schedule: list[int]
     pools: list[int]
+    size_classes: list[list[int]]  # [object bytes, object count] per pool; [] for an arena
     pinned: list[int]
     host_start: list[int]
     outputs_on_host: list[int]
@@ -120,6 +121,7 @@ class SwapPlan:
             "predicted_peak": self.predicted_peak,
             "predicted_time": self.predicted_time,
             "pools": list(self.pools),
+            "size_classes": [list(c) for c in self.size_classes],
             "pinned_tensors": len(self.pinned),
             "host_start": len(self.host_start),
             "outputs_on_host": len(self.outputs_on_host),
@@ -159,6 +161,13 @@ class SwapPlan:
         host_ok = set(np.nonzero(problem.host_start)[0].tolist())
         if not set(self.host_start) <= host_ok:
             raise PlanError("a tensor that has no host copy is said to start on the host")
+        if self.size_classes:
+            if [size * count for size, count in self.size_classes] != list(self.pools):
+                raise PlanError("pools are not object size x object count of their classes")
+            for r in self.residencies:
+                size = self.size_classes[r.pool][0]
+                if r.offset % size or r.nbytes > size:
+                    raise PlanError(f"tensor {r.tensor} is not in one object of its class")
         for r in self.residencies:
             if r.offset % ALIGNMENT or r.offset < 0 or r.offset + r.nbytes > self.pools[r.pool]:
                 raise PlanError(f"residency of tensor {r.tensor} at {r.offset} is outside "

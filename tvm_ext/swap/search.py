@@ -52,6 +52,7 @@ class SearchConfig:
 class Individual:
     order: np.ndarray
     knobs: Knobs
+    counts: np.ndarray | None = None  # objects per size class; None: one arena
     fitness: float = math.inf
 
 
@@ -113,8 +114,25 @@ class GeneticSearch:
 
     # ---------------------------------------------------------------- operators
     def _evaluate(self, ind: Individual) -> Individual:
-        ind.fitness = self.evaluator.score(ind.order, ind.knobs)
+        if ind.counts is not None:
+            ind.counts = self.evaluator.repair(ind.counts, ind.knobs.keep)
+            if ind.counts is None:  # this keep leaves too little room for size classes
+                ind.fitness = math.inf
+                return ind
+        ind.fitness = self.evaluator.score(ind.order, ind.knobs, ind.counts)
         return ind
+
+    def _mutate_counts(self, counts: np.ndarray) -> np.ndarray:
+        """Move memory between size classes: drop objects of one class, add objects of
+        another with the bytes freed (`repair` restores the minimum and the budget)."""
+        counts = counts.copy()
+        sizes = self.evaluator.class_sizes
+        a, b = self.rng.choice(len(counts), size=2, replace=len(counts) < 2)
+        drop = int(self.rng.integers(1, max(int(counts[a]) // 4, 1) + 1))
+        drop = min(drop, int(counts[a]))
+        counts[a] -= drop
+        counts[b] += drop * int(sizes[a]) // int(sizes[b])
+        return counts
 
     def _random_knobs(self) -> Knobs:
         r = self.rng
@@ -167,7 +185,11 @@ class GeneticSearch:
         order = np.concatenate([a.order[:cut], b.order[~taken[b.order]]]).astype(np.int64)
         ka, kb = dataclasses.asdict(a.knobs), dataclasses.asdict(b.knobs)
         knobs = Knobs(**{f: (ka[f] if self.rng.random() < 0.5 else kb[f]) for f in ka})
-        return Individual(order, knobs)
+        counts = a.counts
+        if a.counts is not None and b.counts is not None:
+            pick = self.rng.random(len(a.counts)) < 0.5
+            counts = np.where(pick, a.counts, b.counts)
+        return Individual(order, knobs, counts)
 
     def _tournament(self, pop: list[Individual]) -> Individual:
         picks = self.rng.choice(len(pop), size=min(3, len(pop)), replace=False)
@@ -179,11 +201,13 @@ class GeneticSearch:
         if self.rng.random() < c.crossover_rate:
             child = self._crossover(a, self._tournament(pop))
         else:
-            child = Individual(a.order, a.knobs)
+            child = Individual(a.order, a.knobs, a.counts)
         if self.rng.random() < c.order_mutation_rate:
             child.order = self._mutate_order(child.order)
         if self.rng.random() < c.knob_mutation_rate:
             child.knobs = self._mutate_knobs(child.knobs)
+        if child.counts is not None and self.rng.random() < c.knob_mutation_rate:
+            child.counts = self._mutate_counts(child.counts)
         return child
 
     # ---------------------------------------------------------------- the loop
@@ -195,6 +219,11 @@ class GeneticSearch:
                 Knobs(0.2, 1.0, 0.01, 0.5), Knobs(0.2, 1.0, 0.01, 1.0)]
         pop = [Individual(ir, k) for k in grid]
         pop += [Individual(mem, k) for k in grid[:2]]
+        # SwapAdvisor's own layout: objects per size class, in proportion to demand.
+        for k, spread in ((grid[1], 1.0), (grid[2], 0.5), (grid[0], 1.0)):
+            counts = self.evaluator.initial_counts(k.keep, spread)
+            if counts is not None:
+                pop.append(Individual(ir, k, counts))
         while len(pop) < self.config.population:
             pop.append(Individual(ir if len(pop) % 2 else mem, self._random_knobs()))
         return pop[: max(self.config.population, 2)]
@@ -216,15 +245,18 @@ class GeneticSearch:
         for _gen in range(c.generations):
             if time.perf_counter() > deadline:
                 break
-            children = [Individual(ind.order, ind.knobs, ind.fitness) for ind in pop[: c.elite]]
+            children = [dataclasses.replace(ind) for ind in pop[: c.elite]]
             while len(children) < len(pop):
                 children.append(self._evaluate(self._child(pop)))
             # Local search on the best: keep a mutation of it when it is better.
             children.sort(key=lambda ind: ind.fitness)
             for _ in range(c.local_steps):
                 lead = children[0]
-                trial = Individual(lead.order, lead.knobs)
-                if self.rng.random() < 0.5:
+                trial = Individual(lead.order, lead.knobs, lead.counts)
+                roll = self.rng.random()
+                if trial.counts is not None and roll < 0.3:
+                    trial.counts = self._mutate_counts(trial.counts)
+                elif roll < 0.65:
                     trial.knobs = self._mutate_knobs(trial.knobs)
                 else:
                     trial.order = self._mutate_order(trial.order)
@@ -255,7 +287,8 @@ def swapadvisor(problem: SwapProblem, time_budget_s: float = 30.0, seed: int = 0
     return search.evaluator.plan(
         best.order, best.knobs, "swapadvisor", planning_time=search.elapsed,
         info={"generations": search.generations,
-              "evaluations": search.evaluator.evaluations, "seed": seed})
+              "evaluations": search.evaluator.evaluations, "seed": seed},
+        counts=best.counts)
 
 
 __all__ = ["GeneticSearch", "Individual", "SearchConfig", "memory_aware_order", "swapadvisor"]
