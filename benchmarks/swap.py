@@ -3,8 +3,10 @@
 Cases: training steps of gpt (xl: hidden 4096, 24 layers), a wide resnet (WRN-74-10) and a
 deep mlp, plus gpt-xl inference (weights above the budget from 2x on); budgets of the no-swap
 peak divided by 1, 2, 4, 8, 12; the gtx1080ti (PCIe 3) and h100 (PCIe 5) presets with roofline
-op times. For each case: simulated iteration time of each planner and its % of ideal, bytes
-swapped, planning time, and the transfer bound: the bytes above the budget at the no-swap peak
+op times. For each case: simulated iteration time of each planner and its % of ideal (`cls %`:
+the best plan the search found with SwapAdvisor's size-class layout, 0 when that layout cannot
+fit the budget; the plan returned is the best of both layouts), bytes swapped, planning time,
+and the transfer bound: the bytes above the budget at the no-swap peak
 must leave the device and come back, so time >= excess / link bandwidth; `limit` is
 max(ideal, transfer bound) and `of_limit` how close SwapAdvisor comes to it.
 
@@ -67,7 +69,8 @@ def run_case(base, ratio: float, time_budget: float, seed: int) -> tuple[dict, d
             "time_s": plan.predicted_time, "bytes_swapped": plan.bytes_swapped,
             "bytes_in": plan.bytes_swapped_in, "bytes_out": plan.bytes_swapped_out,
             "planning_s": elapsed, "predicted_peak": plan.predicted_peak,
-            **({k: plan.info[k] for k in ("generations", "evaluations")}
+            **({k: plan.info[k] for k in ("generations", "evaluations", "layout",
+                                          "best_by_layout")}
                if name == "swapadvisor" else {})}
     ideal = row["planners"]["ideal"]["time_s"]
     for r in row["planners"].values():
@@ -79,6 +82,9 @@ def run_case(base, ratio: float, time_budget: float, seed: int) -> tuple[dict, d
     row["limit_s"] = max(ideal, row["transfer_bound_s"])
     sa = row["planners"]["swapadvisor"]["time_s"]
     row["of_limit_pct"] = 100.0 * row["limit_s"] / sa
+    classes = row["planners"]["swapadvisor"]["best_by_layout"].get("size_classes")
+    # 0: the size-class layout cannot fit the budget.
+    row["size_classes_pct_ideal"] = 100.0 * ideal / classes if classes else 0.0
     best_baseline = min(row["planners"][p]["time_s"] for p in ("lru", "vdnn"))
     row["speedup_vs_best_baseline"] = best_baseline / sa
     timelines = {name: simulate(problem, plan) for name, plan in plans.items()}
@@ -123,7 +129,7 @@ def main(argv=None) -> int:
     ratios = [float(r) for r in args.ratios.split(",")]
     results = []
     header = (f"{'model':10} {'hw':9} {'ratio':>5} {'ops':>5} {'ideal s':>8} {'lru %':>6} "
-              f"{'vdnn %':>6} {'SA %':>6} {'SA/best':>7} {'SA GB':>7} {'plan s':>6} "
+              f"{'vdnn %':>6} {'SA %':>6} {'cls %':>6} {'SA/best':>7} {'SA GB':>7} {'plan s':>6} "
               f"{'bound s':>7} {'of lim %':>8}")
     lines = [header, "-" * len(header)]
     print(header, flush=True)
@@ -145,6 +151,7 @@ def main(argv=None) -> int:
                 line = (f"{model:10} {preset:9} {ratio:5g} {row['ops']:5d} "
                         f"{p['ideal']['time_s']:8.3f} {p['lru']['pct_ideal']:6.1f} "
                         f"{p['vdnn']['pct_ideal']:6.1f} {p['swapadvisor']['pct_ideal']:6.1f} "
+                        f"{row['size_classes_pct_ideal']:6.1f} "
                         f"{row['speedup_vs_best_baseline']:7.2f} "
                         f"{p['swapadvisor']['bytes_swapped'] / 1e9:7.1f} "
                         f"{p['swapadvisor']['planning_s']:6.1f} "

@@ -1,17 +1,22 @@
 """The SwapAdvisor search: a genetic algorithm over (schedule, memory-policy knobs).
 
-An individual is a topological op order plus the knobs of the swap derivation (`Knobs`: how
-evictions weigh link time, stalls and next-use distance, and how much of the budget small
-arguments may hold on the device). Its fitness is the simulated iteration time of the plan the
-derivation gives it (`derive.Evaluator`). SwapAdvisor's GA searched the schedule and the
-object count of each size class; here memory is one arena carved per tensor, so the second
-half of the chromosome is how the arena is shared instead (see `_core`).
+An individual is a topological op order, a memory layout and the knobs of the swap
+derivation (`Knobs`: how evictions weigh link time, stalls and next-use distance, and how much
+of the budget small arguments may hold on the device). Its fitness is the simulated iteration
+time of the plan the derivation gives it (`derive.Evaluator`). The layout is either
+SwapAdvisor's, the object count of each size class (`counts`; a tensor occupies one object of
+its class), or one arena carved per tensor at any aligned offset (`counts` None). Size classes
+cannot reach budgets near the smallest feasible one (an op's tensors of one class need that
+many objects at once, whatever the other classes hold), and the arena wins on every benchmark
+case; both are searched and the faster plan is returned.
 
-* Seeds: the IR's order and a memory-aware greedy order, each with a spread of knobs.
+* Seeds: the IR's order and a memory-aware greedy order, each with a spread of knobs, and
+  size-class counts in proportion to each class's peak demand.
 * Crossover: order-preserving on the schedule (a prefix of parent A, then the remaining ops in
   parent B's order: the child stays topological), uniform on the knobs.
 * Mutation: move an op to a random legal slot (after its last producer, before its first
-  consumer); perturb a knob multiplicatively, or redraw it.
+  consumer); perturb a knob multiplicatively, or redraw it; move objects from one size class
+  to another (repaired to each class's minimum and to the budget).
 * Elitism keeps the best individuals; every generation a few mutations of the best are tried
   and kept when better (local search).
 * Stops at the generation limit, the time budget, or after `patience` generations without a
@@ -111,6 +116,8 @@ class GeneticSearch:
                 succs[d].append(op)
         self.succs = [np.array(s, dtype=np.int64) for s in succs]
         self.history: list[float] = []
+        # Best time found with each memory layout (inf: the layout cannot fit the budget).
+        self.best_by_layout: dict[str, float] = {}
 
     # ---------------------------------------------------------------- operators
     def _evaluate(self, ind: Individual) -> Individual:
@@ -120,6 +127,9 @@ class GeneticSearch:
                 ind.fitness = math.inf
                 return ind
         ind.fitness = self.evaluator.score(ind.order, ind.knobs, ind.counts)
+        layout = "arena" if ind.counts is None else "size_classes"
+        self.best_by_layout[layout] = min(self.best_by_layout.get(layout, math.inf),
+                                          ind.fitness)
         return ind
 
     def _mutate_counts(self, counts: np.ndarray) -> np.ndarray:
@@ -287,7 +297,9 @@ def swapadvisor(problem: SwapProblem, time_budget_s: float = 30.0, seed: int = 0
     return search.evaluator.plan(
         best.order, best.knobs, "swapadvisor", planning_time=search.elapsed,
         info={"generations": search.generations,
-              "evaluations": search.evaluator.evaluations, "seed": seed},
+              "evaluations": search.evaluator.evaluations, "seed": seed,
+              "best_by_layout": {k: (v if math.isfinite(v) else None)
+                                 for k, v in search.best_by_layout.items()}},
         counts=best.counts)
 
 
