@@ -13,7 +13,7 @@ SIZES = {
     "tiny": dict(batch=4, features=16, hidden=32, layers=2, classes=8),
     "small": dict(batch=64, features=256, hidden=512, layers=4, classes=64),
     "medium": dict(batch=256, features=1024, hidden=4096, layers=8, classes=1000),
-    # ~4.3 GB of weights: planning only on this machine.
+    # ~3.9 GB of weights: planning only on this machine.
     "large": dict(batch=1024, features=4096, hidden=8192, layers=16, classes=1000),
     "xl": dict(batch=2048, features=8192, hidden=16384, layers=16, classes=1000),
     # 48 layers of 8192: ~12 GB of weights, ~340 fused ops in training: planning only.

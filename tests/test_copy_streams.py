@@ -1,0 +1,421 @@
+"""The swap runtime (src/copy_streams.cc, tvm_ext/swap_runtime.py): asynchronous copies on copy
+streams, waits, host buffers, failure reporting, and the calls a swap pass emits, run on the
+Relax VM. CPU stand-in: cpu:0 is the device, cpu:1 the host."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+from tvm.script import tirx as T
+
+from tvm_ext import cuda_support, pipeline, swap_runtime
+from tvm_ext.runtime import empty, memory_stats, to_device
+
+DEV = tvm.cpu(0)
+HOST = tvm.cpu(1)
+BIG = 8 << 20  # float32 elements: a 32 MiB copy takes milliseconds, long enough to observe
+
+
+@pytest.fixture(autouse=True)
+def _clean_streams():
+    swap_runtime.reset()
+    swap_runtime.set_tracing(True)
+    yield
+    swap_runtime.set_tracing(False)
+    swap_runtime.reset()
+
+
+def _random(shape, dtype: str, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if dtype == "bool":
+        return rng.random(shape) > 0.5
+    if dtype.startswith(("int", "uint")):
+        return rng.integers(-100 if dtype.startswith("int") else 0, 100, shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# Copies
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dtype", ["float32", "float16", "float64", "int8", "int64", "uint8", "bool"]
+)
+@pytest.mark.parametrize("shape", [(1,), (3, 5, 7), (257,), (0, 4)])
+def test_round_trip_is_exact(dtype, shape):
+    data = _random(shape, dtype)
+    x = to_device(data, DEV)
+    x_host = swap_runtime.host_empty(shape, dtype, HOST, DEV)
+    assert x_host.device == HOST
+    swap_runtime.copy_async(x, x_host, 0, "x")
+    back = empty(shape, dtype, DEV)
+    swap_runtime.copy_async(x_host, back, 0, "x")  # FIFO: runs after the swap-out
+    swap_runtime.wait(back, 0)
+    np.testing.assert_array_equal(back.numpy(), data)
+    swap_runtime.wait_all(0)  # the statistics are final once the stream is empty
+    assert swap_runtime.stats(0).copies == 2
+    assert swap_runtime.stats(0).bytes == 2 * data.nbytes
+
+
+def test_copy_runs_while_the_caller_computes():
+    """The copy's [start, end] (worker timestamps) intersects a compute step of the caller, and
+    the stats count the whole copy as overlapped: the caller never blocked."""
+    src = to_device(np.ones(BIG, "float32"), DEV)
+    dst = swap_runtime.host_empty((BIG,), "float32", HOST, DEV)
+    work = np.random.default_rng(0).standard_normal((64, 64))
+    attempts = 0
+    for _ in range(5):  # only a caller descheduled for the whole copy misses it
+        attempts += 1
+        swap_runtime.reset_stats()
+        swap_runtime.copy_async(src, dst, 0, "src")
+        steps = []
+        while not swap_runtime.is_idle(0):
+            t0 = swap_runtime.now_ns()
+            work = np.tanh(work @ work.T)  # compute while the copy runs
+            steps.append((t0, swap_runtime.now_ns()))
+        (copy,) = [r for r in swap_runtime.trace() if isinstance(r, swap_runtime.CopyRecord)]
+        if any(t0 < copy.end_ns and t1 > copy.start_ns for t0, t1 in steps):
+            break
+    else:
+        pytest.fail("the copy never ran while the caller computed in 5 attempts")
+    stats = swap_runtime.stats(0)
+    assert copy.enqueued_ns <= copy.start_ns < copy.end_ns
+    assert stats.busy_ns == copy.end_ns - copy.start_ns > 0
+    assert stats.overlap_ns == stats.busy_ns, "the caller never blocked, so all of it overlapped"
+    assert stats.wait_ns == 0
+    swap_runtime.wait(dst, 0)
+    assert dst.numpy()[-1] == 1.0
+    print(f"overlap observed at attempt {attempts}, copy {stats.busy_ns / 1e6:.1f} ms")
+
+
+def test_blocking_wait_is_not_counted_as_overlap():
+    src = to_device(np.ones(BIG, "float32"), DEV)
+    dst = swap_runtime.host_empty((BIG,), "float32", HOST, DEV)
+    swap_runtime.copy_async(src, dst, 0, "src")
+    swap_runtime.wait(src, 0)  # at once: the caller blocks for (most of) the copy
+    records = swap_runtime.trace()
+    (copy,) = [r for r in records if isinstance(r, swap_runtime.CopyRecord)]
+    waits = [r for r in records if isinstance(r, swap_runtime.WaitRecord)]
+    assert all(w.end_ns >= copy.end_ns for w in waits), "a wait returned before its copy ended"
+    blocked = sum(
+        max(0, min(copy.end_ns, w.end_ns) - max(copy.start_ns, w.start_ns)) for w in waits
+    )
+    stats = swap_runtime.stats(0)
+    assert stats.overlap_ns == (copy.end_ns - copy.start_ns) - blocked
+    assert stats.wait_ns == sum(w.end_ns - w.start_ns for w in waits)
+
+
+def test_one_stream_is_fifo():
+    """Later copies read what earlier ones wrote: a chain h0 -> h1 -> ... -> h5 enqueued without
+    waits ends with h0's data only if the stream runs them in order, one at a time."""
+    n = 1 << 18
+    data = _random((n,), "float32")
+    chain = [to_device(data, HOST)] + [
+        swap_runtime.host_empty((n,), "float32", HOST, DEV) for _ in range(5)
+    ]
+    for i in range(5):
+        swap_runtime.copy_async(chain[i], chain[i + 1], 3, f"h{i + 1}")
+    swap_runtime.wait_all(3)
+    np.testing.assert_array_equal(chain[-1].numpy(), data)
+    copies = [r for r in swap_runtime.trace() if isinstance(r, swap_runtime.CopyRecord)]
+    assert [c.name for c in copies] == [f"h{i + 1}" for i in range(5)]
+    for before, after in itertools.pairwise(copies):
+        assert before.end_ns <= after.start_ns
+
+
+def test_copies_on_different_streams_touching_the_same_memory_are_ordered():
+    """Swap-out on stream 0, swap-in of the same host buffer on stream 1: the swap-in waits."""
+    data = _random((BIG,), "float32")
+    x = to_device(data, DEV)
+    x_host = swap_runtime.host_empty((BIG,), "float32", HOST, DEV)
+    back = empty((BIG,), "float32", DEV)
+    swap_runtime.copy_async(x, x_host, 0, "x")
+    swap_runtime.copy_async(x_host, back, 1, "x")
+    swap_runtime.wait(back, 1)
+    np.testing.assert_array_equal(back.numpy(), data)
+    (out, into) = sorted(
+        (r for r in swap_runtime.trace() if isinstance(r, swap_runtime.CopyRecord)),
+        key=lambda r: r.stream,
+    )
+    assert out.end_ns <= into.start_ns
+
+
+def test_copy_keeps_its_tensors_alive():
+    data = _random((1 << 16,), "float32")
+    x_host = swap_runtime.host_empty(data.shape, "float32", HOST, DEV)
+    swap_runtime.copy_async(to_device(data, DEV), x_host, 0, "temp")  # source dropped at once
+    swap_runtime.wait(x_host, 0)
+    np.testing.assert_array_equal(x_host.numpy(), data)
+
+
+# ------------------------------------------------------------------------------------------------
+# Failures name the tensor and poison the stream
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dst_shape", "dst_dtype", "reason"),
+    [((4, 5), "float32", "shape mismatch"), ((4, 4), "float16", "dtype mismatch")],
+)
+def test_mismatch_is_refused_naming_the_tensor(dst_shape, dst_dtype, reason):
+    x = to_device(np.zeros((4, 4), "float32"), DEV)
+    with pytest.raises(ValueError, match=rf"'layer3.out'.*{reason}"):
+        swap_runtime.copy_async(x, empty(dst_shape, dst_dtype, HOST), 2, "layer3.out")
+
+
+def test_refused_copy_poisons_its_stream_until_reset():
+    x = to_device(np.zeros((4, 4), "float32"), DEV)
+    ok_host = swap_runtime.host_empty((4, 4), "float32", HOST, DEV)
+    swap_runtime.copy_async(x, ok_host, 2, "fine")
+    with pytest.raises(ValueError, match=r"'bad'"):
+        swap_runtime.copy_async(x, empty((3,), "float32", HOST), 2, "bad")
+    with pytest.raises(RuntimeError, match=r"'bad'.*poisoned"):
+        swap_runtime.wait(ok_host, 2)
+    with pytest.raises(RuntimeError, match=r"'bad'"):
+        swap_runtime.wait(x, 2)
+    with pytest.raises(RuntimeError, match=r"'bad'"):
+        swap_runtime.wait_all()
+    with pytest.raises(RuntimeError, match=r"'bad'"):
+        swap_runtime.copy_async(x, ok_host, 2, "later")
+    other_host = swap_runtime.host_empty((4, 4), "float32", HOST, DEV)
+    swap_runtime.copy_async(x, other_host, 5, "other stream")  # other streams are unaffected
+    swap_runtime.wait_all(5)
+    swap_runtime.reset()
+    swap_runtime.copy_async(x, ok_host, 2, "after reset")
+    swap_runtime.wait_all()
+
+
+def test_failure_while_running_is_reported_and_later_copies_do_not_run():
+    data = _random((64,), "float32")
+    x = to_device(data, DEV)
+    first, second = (swap_runtime.host_empty((64,), "float32", HOST, DEV) for _ in range(2))
+    second.copyfrom(np.zeros(64, "float32"))
+    swap_runtime.inject_failure(4)
+    swap_runtime.copy_async(x, first, 4, "block7.attn")  # accepted; fails in the worker
+    swap_runtime.copy_async(x, second, 4, "block8.mlp")
+    with pytest.raises(RuntimeError, match=r"'block7\.attn'.*injected failure"):
+        swap_runtime.wait(second, 4)
+    with pytest.raises(RuntimeError, match=r"'block7\.attn'"):
+        swap_runtime.wait_all(4)
+    np.testing.assert_array_equal(second.numpy(), 0)  # skipped: nothing computed after it
+    assert swap_runtime.stats(4).copies == 0
+
+
+def test_copy_that_depends_on_a_failed_copy_fails_too():
+    data = _random((64,), "float32")
+    x_host = swap_runtime.host_empty((64,), "float32", HOST, DEV)
+    back = empty((64,), "float32", DEV)
+    back.copyfrom(np.zeros(64, "float32"))
+    big = to_device(np.zeros(BIG, "float32"), DEV)
+    swap_runtime.copy_async(big, swap_runtime.host_empty((BIG,), "float32", HOST, DEV), 0, "big")
+    swap_runtime.inject_failure(0)
+    swap_runtime.copy_async(to_device(data, DEV), x_host, 0, "x")  # fails behind "big"
+    swap_runtime.copy_async(x_host, back, 1, "x_in")  # stream 1 reads what "x" should write
+    with pytest.raises(RuntimeError, match=r"'x_in'.*failed copy.*'x'"):
+        swap_runtime.wait(back, 1)
+    np.testing.assert_array_equal(back.numpy(), 0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Host memory
+# ------------------------------------------------------------------------------------------------
+
+
+def test_host_buffers_are_counted_on_the_host_device():
+    before = memory_stats(HOST).in_use
+    dev_before = memory_stats(DEV).in_use
+    buf = swap_runtime.host_empty((1000, 3), "float32", HOST, DEV)
+    assert buf.device == HOST
+    assert memory_stats(HOST).in_use - before == 12000
+    assert memory_stats(DEV).in_use == dev_before
+    del buf
+    assert memory_stats(HOST).in_use == before
+
+
+# ------------------------------------------------------------------------------------------------
+# From Relax: the calls a swap pass emits, run on the VM
+# ------------------------------------------------------------------------------------------------
+
+
+# A (64, 64) float32 tensor is 16384 bytes; `a` is swapped out so that `b` can reuse its place in
+# the 32 KiB device pool, and swapped back in (to offset 16384) for its last use.
+@I.ir_module
+class Swapped:
+    I.module_global_infos({"vdevice": [I.vdevice("llvm", 0), I.vdevice("llvm", 1)]})
+
+    @T.prim_func(private=True, s_tir=True)
+    def add_one(A: T.Buffer((64, 64), "float32"), B: T.Buffer((64, 64), "float32")):
+        for i, j in T.grid(64, 64):
+            with T.sblock("B"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                B[vi, vj] = A[vi, vj] + T.float32(1)
+
+    @T.prim_func(private=True, s_tir=True)
+    def square(A: T.Buffer((64, 64), "float32"), B: T.Buffer((64, 64), "float32")):
+        for i, j in T.grid(64, 64):
+            with T.sblock("B"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                B[vi, vj] = A[vi, vj] * A[vi, vj]
+
+    @T.prim_func(private=True, s_tir=True)
+    def mul_add(
+        A: T.Buffer((64, 64), "float32"),
+        B: T.Buffer((64, 64), "float32"),
+        C: T.Buffer((64, 64), "float32"),
+    ):
+        for i, j in T.grid(64, 64):
+            with T.sblock("C"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                C[vi, vj] = A[vi, vj] * B[vi, vj] + A[vi, vj]
+
+    @R.function
+    def main(x: R.Tensor((64, 64), "float32")) -> R.Tensor((64, 64), "float32"):
+        R.func_attr({"relax.force_pure": True})
+        cls = Swapped
+        pool = R.memory.alloc_storage(
+            R.shape([32768]), R.prim_value(0), R.str("global"), R.dtype("uint8")
+        )
+        a = R.memory.alloc_tensor(pool, R.prim_value(0), R.shape([64, 64]), R.dtype("float32"))
+        cls.add_one(x, a)
+        # swap-out of a into a host pool
+        hpool = R.call_builtin_with_ctx(
+            "tvm_ext.swap.host_storage",
+            (R.shape([16384]), R.prim_value(1), R.prim_value(0)),
+            ty_args=R.Object,
+        )
+        a_host = R.memory.alloc_tensor(
+            hpool, R.prim_value(0), R.shape([64, 64]), R.dtype("float32")
+        )
+        _1 = R.call_packed(
+            "tvm_ext.swap.copy_async", a, a_host, R.prim_value(0), R.str("a"), ty_args=R.Tuple([])
+        )
+        # b overwrites a's place: wait for the swap-out first (this also keeps a alive until here)
+        _2 = R.call_packed("tvm_ext.swap.wait", a, R.prim_value(0), ty_args=R.Tuple([]))
+        b = R.memory.alloc_tensor(pool, R.prim_value(0), R.shape([64, 64]), R.dtype("float32"))
+        cls.square(x, b)
+        # swap-in of a, right before its consumer
+        a2_at = R.memory.alloc_tensor(
+            pool, R.prim_value(16384), R.shape([64, 64]), R.dtype("float32")
+        )
+        a2 = R.memory.ensure_zero_offset(a2_at)
+        _3 = R.call_packed(
+            "tvm_ext.swap.copy_async", a_host, a2, R.prim_value(0), R.str("a"), ty_args=R.Tuple([])
+        )
+        _4 = R.call_packed("tvm_ext.swap.wait", a2, R.prim_value(0), ty_args=R.Tuple([]))
+        c = R.builtin.alloc_tensor(
+            R.shape([64, 64]), R.dtype("float32"), R.prim_value(0), R.str("global")
+        )
+        cls.mul_add(a2, b, c)
+        # b is also swapped out into a single host tensor on stream 1 (an output-free copy that
+        # the end-of-function wait must complete)
+        b_host = R.call_builtin_with_ctx(
+            "tvm_ext.swap.host_empty",
+            (R.shape([64, 64]), R.dtype("float32"), R.prim_value(1), R.prim_value(0)),
+            ty_args=R.Tensor((64, 64), "float32"),
+        )
+        _5 = R.call_packed(
+            "tvm_ext.swap.copy_async", b, b_host, R.prim_value(1), R.str("b"), ty_args=R.Tuple([])
+        )
+        _6 = R.call_packed("tvm_ext.swap.wait_all", R.prim_value(-1), ty_args=R.Tuple([]))
+        return c
+
+
+def _unswapped() -> tvm.IRModule:
+    """`Swapped` without the swaps: the same kernels, the default memory planning."""
+    kernels = {gv: f for gv, f in Swapped.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    gv = {g.name_hint: g for g in kernels}
+    ty = relax.TensorType((64, 64), "float32")
+    bb = relax.BlockBuilder(tvm.IRModule(kernels))
+    x = relax.Var("x", ty)
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.call_tir(gv["add_one"], (x,), ty))
+            b = bb.emit(relax.call_tir(gv["square"], (x,), ty))
+            c = bb.emit_output(relax.call_tir(gv["mul_add"], (a, b), ty))
+        bb.emit_func_output(c)
+    return bb.get()
+
+
+def _finalize_only(target: tvm.target.Target) -> tvm.transform.Pass:
+    return tvm.transform.Sequential(pipeline.finalize_passes(target))
+
+
+def test_swap_out_and_in_between_kernels_on_the_vm():
+    target = tvm.target.Target("llvm")
+    swapped = relax.VirtualMachine(
+        tvm.compile(Swapped, target, relax_pipeline=_finalize_only(target)), [DEV, HOST]
+    )
+    reference = relax.VirtualMachine(tvm.compile(_unswapped(), target), DEV)
+
+    data = _random((64, 64), "float32")
+    for _ in range(2):  # a second call reuses the streams
+        host_before = memory_stats(HOST).in_use
+        out = swapped["main"](to_device(data, DEV))
+        expected = reference["main"](to_device(data, DEV))
+        np.testing.assert_array_equal(out.numpy(), expected.numpy())
+        assert memory_stats(HOST).in_use == host_before, "host buffers are freed after the call"
+    a, b = swap_runtime.stats(0), swap_runtime.stats(1)
+    assert (a.copies, a.bytes) == (4, 4 * 16384)  # a out and in, twice
+    assert (b.copies, b.bytes) == (2, 2 * 16384)
+    assert swap_runtime.is_idle()
+
+
+def test_swap_out_failure_on_the_vm_names_the_tensor():
+    target = tvm.target.Target("llvm")
+    vm = relax.VirtualMachine(
+        tvm.compile(Swapped, target, relax_pipeline=_finalize_only(target)), [DEV, HOST]
+    )
+    swap_runtime.inject_failure(0)
+    with pytest.raises(RuntimeError, match=r"copy of tensor 'a'"):
+        vm["main"](to_device(_random((64, 64), "float32"), DEV))
+    with pytest.raises(RuntimeError, match=r"poisoned"):  # a second run gives no stale output
+        vm["main"](to_device(_random((64, 64), "float32"), DEV))
+
+
+def test_call_builders_match_the_calling_convention():
+    """swap_runtime's builders emit exactly the calls written by hand in `Swapped`."""
+    bindings = {bd.var.name: bd for bd in Swapped["main"].body.blocks[0].bindings}
+    var = {name: bd.var for name, bd in bindings.items()}
+    call = {name: bd.value for name, bd in bindings.items()}
+    built = {
+        "_1": swap_runtime.copy_async_call(var["a"], var["a_host"], 0, "a"),
+        "_2": swap_runtime.wait_call(var["a"], 0),
+        "_3": swap_runtime.copy_async_call(var["a_host"], var["a2"], 0, "a"),
+        "_4": swap_runtime.wait_call(var["a2"], 0),
+        "_5": swap_runtime.copy_async_call(var["b"], var["b_host"], 1, "b"),
+        "_6": swap_runtime.wait_all_call(),
+        "hpool": swap_runtime.host_storage_call(16384, 1, 0),
+        "b_host": swap_runtime.host_empty_call((64, 64), "float32", 1, 0),
+    }
+    for name, expr in built.items():
+        tvm.ir.assert_structural_equal(relax.BlockBuilder().normalize(expr), call[name])
+
+
+def test_cuda_module_with_swap_calls_builds_exports_and_loads(tmp_path):
+    """No GPU here: compile for CUDA, export, load back; running needs a GPU."""
+    try:
+        cuda_support.ensure_cuda_runtime()
+    except cuda_support.CudaUnavailableError as err:
+        pytest.skip(f"CUDA cannot be compiled here: {err}")
+    from tvm.s_tir import dlight as dl
+
+    target = cuda_support.cuda_target()
+    with target:
+        mod = dl.ApplyDefaultSchedule(dl.gpu.Fallback())(Swapped)
+        executable = tvm.compile(mod, target, relax_pipeline=_finalize_only(target))
+    path = os.path.join(tmp_path, "swapped_cuda.so")
+    executable.export_library(path)
+    loaded = tvm.runtime.load_module(path)
+    device_code = [m.kind for m in loaded.imports[0].imports]
+    assert device_code == ["cuda"], "the compiled CUDA device module must load back"
+    text = relax.VMExecutable(loaded).as_text()
+    for name in ("copy_async", "wait", "wait_all", "host_storage", "host_empty"):
+        assert f"call  tvm_ext.swap.{name} in:" in text

@@ -1,0 +1,130 @@
+"""DataflowGraph: structure, FLOPs and bytes from TIR, peaks by hand arithmetic and against the
+measured peak of real builds."""
+
+from __future__ import annotations
+
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import relax as R
+
+from tvm_ext import compiler, runtime
+from tvm_ext.graph import DataflowGraph, GraphBuildError, from_relax
+from tvm_ext.graph_builder import build_graph
+from tvm_ext.models import Model, TensorSpec
+
+
+@tvm.script.ir_module
+class TwoLayer:
+    @R.function
+    def main(
+        x: R.Tensor((4, 8), "float32"),
+        w1: R.Tensor((8, 16), "float32"),
+        w2: R.Tensor((16, 4), "float32"),
+    ):
+        R.func_attr({"num_input": 1})
+        with R.dataflow():
+            h = R.nn.relu(R.matmul(x, w1))
+            y = R.matmul(h, w2)
+            R.output(y)
+        return y
+
+
+def _two_layer_model() -> Model:
+    specs = [TensorSpec("x", (4, 8)), TensorSpec("w1", (8, 16)), TensorSpec("w2", (16, 4))]
+    return Model("two_layer", TwoLayer, specs[:1], specs[1:])
+
+
+def test_two_layer_graph_by_hand(llvm):
+    """FuseOps makes two kernels: fused matmul+relu (a (4,16) scratch for the matmul result
+    before relu) and matmul.
+
+    bytes: x 4*8*4 = 128, w1 8*16*4 = 512, w2 16*4*4 = 256 (arguments, 896 resident);
+           h 4*16*4 = 256, y 4*4*4 = 64, scratch 256.
+    flops: matmul 2*4*16*8 = 1024, relu 4*16 = 64 (the max in the fused kernel) -> 1088;
+           matmul 2*4*4*16 = 512.
+    peak:  step 0: 896 + h 256 + scratch 256 = 1408; step 1: 896 + h 256 + y 64 = 1216.
+    """
+    g = compiler.analyze(_two_layer_model(), llvm)
+    assert [op.kind for op in g.ops] == ["kernel", "kernel"]
+    assert [op.flops for op in g.ops] == [1088.0, 512.0]
+    assert g.ops[0].bytes_moved == 128 + 512 + 256
+    assert g.ops[1].bytes_moved == 256 + 256 + 64
+    kinds = {t.name: t.kind for t in g.tensors}
+    assert kinds["x"] == "input" and kinds["w1"] == "parameter" and kinds["w2"] == "parameter"
+    assert g.bytes_of_kind("input", "parameter") == 896
+    assert g.bytes_of_kind("workspace") == 256
+    assert g.memory_timeline().tolist() == [1408, 1216]
+    assert g.peak_memory() == 1408
+    assert g.peak_memory(kinds=("activation",)) == 256 + 64
+    assert g.op_working_set(0) == 128 + 512 + 256 + 256
+    h = g.ops[0].outputs[0]
+    assert g.tensors[h].consumers == [1] and g.tensors[h].producer == 0
+    assert g.outputs == g.ops[1].outputs and g.tensors[g.outputs[0]].is_output
+
+
+def test_order_must_be_topological(llvm):
+    g = compiler.analyze(_two_layer_model(), llvm)
+    assert g.is_topological([0, 1]) and not g.is_topological([1, 0])
+    with pytest.raises(ValueError, match="topological"):
+        g.peak_memory([1, 0])
+
+
+def test_json_round_trip(zoo_cache, llvm):
+    g = compiler.analyze(zoo_cache("gpt", training=True), llvm)
+    again = DataflowGraph.from_json(g.to_json())
+    assert again.to_dict() == g.to_dict()
+    assert again.peak_memory() == g.peak_memory()
+
+
+def test_training_graph_phases_and_kinds(zoo_cache, llvm):
+    g = compiler.analyze(zoo_cache("mlp", training=True), llvm)
+    phases = [op.phase for op in g.ops]
+    assert "forward" in phases and "backward" in phases
+    loss = g.tensors[g.outputs[0]]
+    assert loss.shape == () and g.ops[loss.producer].phase == "forward"
+    # every parameter gradient returned is made in the backward pass
+    for tid in g.outputs[1:]:
+        assert g.tensors[g.base(tid)].kind == "gradient"
+    assert g.tensors_of_kind("activation") and g.tensors_of_kind("gradient")
+
+
+def test_views_alias_their_base(zoo_cache, llvm):
+    g = compiler.analyze(zoo_cache("gpt"), llvm)
+    views = [t for t in g.tensors if t.alias_of is not None]
+    assert views, "gpt reshapes its token ids: a view"
+    for v in views:
+        assert v.nbytes == 0 and g.tensors[g.base(v.id)].alias_of is None
+
+
+def test_unlegalized_module_is_rejected():
+    with pytest.raises(GraphBuildError, match="LegalizeOps"):
+        build_graph(TwoLayer)
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt", "resnet"])
+@pytest.mark.parametrize("training", [False, True])
+def test_peak_equals_measured_unplanned_peak(name, training, zoo_cache, llvm):
+    """Without TVM's static memory planning every tensor is allocated before its kernel and
+    freed after its last use, which is exactly the graph's liveness model: the peak the VM
+    measures (arguments are not VM allocations, nor is kernel scratch on CPU) equals
+    peak_memory over activations and gradients, to the byte."""
+    model = zoo_cache(name, training)
+    g = compiler.analyze(model, llvm)
+    ex = compiler.build(model, llvm, memory_planning=False)
+    dev = tvm.cpu(0)
+    vm = relax.VirtualMachine(ex, dev, memory_cfg="naive")
+    args = [tvm.runtime.tensor(a, dev) for a in model.random_arguments(0)]
+    with runtime.measure_peak(dev) as m:
+        out = vm["main"](*args)
+    del out
+    assert m.peak_above_baseline == g.peak_memory(kinds=("activation", "gradient"))
+
+
+def test_from_relax_reads_a_fused_module(llvm):
+    """`from_relax` on a module fused by hand gives the graph `compiler.analyze` gives."""
+    fused = tvm.transform.Sequential(
+        [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+         relax.transform.FuseOps(), relax.transform.FuseTIR()])(TwoLayer)
+    g = from_relax(fused)
+    assert g.to_dict() == compiler.analyze(_two_layer_model(), llvm).to_dict()

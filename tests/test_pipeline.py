@@ -1,0 +1,41 @@
+"""The registered "tvm_ext" pipeline: phases, dumps, and equivalence to a plain TVM build."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import tvm
+from tvm import relax
+
+from tvm_ext import compiler, pipeline
+
+
+def test_registered_and_needs_a_target(zoo_cache):
+    p = relax.get_pipeline("tvm_ext")
+    with pytest.raises(Exception, match="needs a target"):
+        p(zoo_cache("mlp").mod)
+
+
+def test_phase_dumps(zoo_cache, llvm, tmp_path):
+    compiler.build(zoo_cache("mlp"), llvm, dump_dir=str(tmp_path))
+    names = sorted(os.listdir(tmp_path))
+    expected = ["00_input.py"] + [f"{i + 1:02d}_{name}.py"
+                                  for i, (name, _) in enumerate(pipeline.phases(llvm))]
+    assert names == sorted(expected)
+    assert "fused_" in (tmp_path / "02_legalize.py").read_text()
+
+
+def test_gpu_targets_get_default_schedules():
+    cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    assert pipeline.is_gpu(cuda) and pipeline.schedule_passes(cuda)
+    assert pipeline.schedule_passes(tvm.target.Target("llvm")) == []
+
+
+@pytest.mark.parametrize("name", ["gpt", "resnet"])
+def test_matches_plain_tvm_build(name, zoo_cache, llvm):
+    model = zoo_cache(name, training=True)
+    args = model.random_arguments(0)
+    ours = compiler.run(compiler.build(model, llvm), args, tvm.cpu(), repeat=0)
+    ref = compiler.run(compiler.build_reference(model, llvm), args, tvm.cpu(), repeat=0)
+    compiler.compare(ours.outputs, ref.outputs, rtol=1e-5, atol=1e-6)
