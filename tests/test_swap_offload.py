@@ -301,10 +301,14 @@ def _dag_model(ops) -> Model:
             values = [x]
             for kind, a, b in ops:
                 va, vb = values[a], values[b]
-                expr = {"add": lambda: relax.op.add(va, vb),
-                        "mul": lambda: relax.op.multiply(va, w),
-                        "matmul": lambda: relax.op.matmul(va, vb),
-                        "tanh": lambda: relax.op.tanh(va)}[kind]()
+                if kind == "add":
+                    expr = relax.op.add(va, vb)
+                elif kind == "mul":
+                    expr = relax.op.multiply(va, w)
+                elif kind == "matmul":
+                    expr = relax.op.matmul(va, vb)
+                else:
+                    expr = relax.op.tanh(va)
                 values.append(bb.emit(expr))
             out = bb.emit_output(relax.op.add(values[-1], values[len(values) // 2]))
         bb.emit_func_output(out)
@@ -336,7 +340,7 @@ def test_copy_failure_names_the_tensor():
     device, host = vm_devices(LLVM)
     swap_runtime.inject_failure(0)
     try:
-        with pytest.raises(Exception, match="'y'|\"y\"|tensor y|\\by\\b"):
+        with pytest.raises(Exception, match=r"\by\b"):
             compiler.run(ex, [np.zeros(64, "float32")], device, repeat=0, host=host,
                          arg_devices=[0])
     finally:
