@@ -1,3 +1,5 @@
 """tvm_ext.passes: Relax passes, one per file, each consuming a plan made by a planner."""
 
-__all__: list[str] = []
+from .swap_offload import SwapOffload, SwapOffloadError
+
+__all__ = ["SwapOffload", "SwapOffloadError"]

@@ -57,6 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-db", metavar="DIR",
                    help="tuning work dir to build with (and tune into with --tune-trials; "
                         "default there: ./tvm_ext_tune_db)")
+    swap = p.add_argument_group("swapping (SwapOffload)")
+    swap.add_argument("--device-memory", metavar="SIZE",
+                      help="device memory budget: bytes with units (512MiB, 4GB) or a "
+                           "percentage of the no-swap peak (25%%)")
+    swap.add_argument("--planner", default="swapadvisor",
+                      choices=["swapadvisor", "vdnn", "lru"], help="swap planner")
+    swap.add_argument("--hardware", default=None,
+                      help="cost-model preset for planning (default: cpu for llvm, h100 for "
+                           "cuda; see tvm_ext.cost.HARDWARE)")
+    swap.add_argument("--swap-time-budget", type=float, default=10.0, metavar="SECONDS",
+                      help="time budget of the SwapAdvisor search")
+    swap.add_argument("--plot", metavar="PATH",
+                      help="write the plan's device-memory and stream timeline as a PNG")
     return p
 
 
@@ -106,8 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         return failed
 
+    plan = None
+    if args.device_memory:
+        plan, swap_info = _plan_swaps(args, graph, target)
+        if plan is None:
+            return 2
+        report["swap"] = swap_info
     start = time.perf_counter()
-    executable = compiler.build(model, target, dump_dir=args.dump_dir, tune_db=tune_db)
+    executable = compiler.build(model, target, dump_dir=args.dump_dir, tune_db=tune_db,
+                                swap_plan=plan)
     report["compile_seconds"] = time.perf_counter() - start
     print(f"compile {report['compile_seconds']:.2f} s for {target.kind.name}")
 
@@ -115,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         compiler.export(executable, args.output)
         report["output"] = args.output
         print(f"export  {args.output}")
+        if plan is not None:
+            side = _write_swap_sidecar(args.output, graph, plan, target)
+            print(f"export  {side} (the plan, and which arguments go to the host)")
 
     status = 0
     if args.run or args.check:
@@ -124,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
                   "module for a machine that has one", file=sys.stderr)
             return 2
         arguments = model.random_arguments(args.seed)
+        if plan is not None:
+            return _run_swapped(args, report, model, graph, plan, executable, target,
+                                arguments, tune_db)
         result = compiler.run(executable, arguments, device, repeat=args.repeat)
         predicted = graph.peak_memory(
             kinds=("parameter", "input", "constant", "activation", "gradient"))
@@ -189,6 +215,94 @@ def _tune(args, model, target, report: dict) -> tuple[int, str | None]:
           f"{schedules.database_dir(work_dir, target)}"
           + (f"; {len(default)} keep the default schedules" if default else ""))
     return 0, work_dir
+
+
+def _plan_swaps(args, graph, target):
+    """Plan before any compilation, so that a budget too small costs nothing."""
+    from tvm_ext.passes.swap_offload import plan_problem
+    from tvm_ext.swap import InfeasibleBudgetError, plan_swaps
+    from tvm_ext.swap.timeline_plot import plot_plan
+
+    hardware = args.hardware or ("cpu" if target.kind.name in ("llvm", "c") else "h100")
+    try:
+        problem = plan_problem(graph, args.device_memory, hardware)
+        plan = plan_swaps(problem, args.planner, time_budget_s=args.swap_time_budget,
+                          seed=args.seed)
+    except (InfeasibleBudgetError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return None, None
+    ideal = plan_swaps(problem, "ideal")
+    info = {**plan.summary(), "no_swap_peak": problem.no_swap_peak(),
+            "ideal_time": ideal.predicted_time, "hardware": hardware}
+    print(f"swap    budget {_fmt_bytes(problem.budget)} of no-swap peak "
+          f"{_fmt_bytes(problem.no_swap_peak())}: {plan.planner} plans "
+          f"{_fmt_bytes(plan.predicted_peak)}, swaps {_fmt_bytes(plan.bytes_swapped)}, "
+          f"predicted {plan.predicted_time * 1e3:.3f} ms ({hardware}; ideal "
+          f"{ideal.predicted_time * 1e3:.3f} ms), planned in {plan.planning_time:.1f} s")
+    if args.plot:
+        plot_plan(problem, plan, args.plot)
+        info["plot"] = args.plot
+        print(f"plot    {args.plot}")
+    return plan, info
+
+
+def _write_swap_sidecar(output: str, graph, plan, target) -> str:
+    from tvm_ext.passes.swap_offload import argument_devices
+
+    path = output + ".swap.json"
+    with open(path, "w") as f:
+        json.dump({"plan": plan.to_dict(), "argument_devices": argument_devices(graph, plan),
+                   "devices": ["device", "host"], "target": str(target.kind.name)}, f)
+    return path
+
+
+def _run_swapped(args, report, model, graph, plan, executable, target, arguments,
+                 tune_db=None) -> int:
+    """Run the swapped module beside the unswapped one: outputs must match exactly (same
+    kernels) and the measured device peak must fit the budget."""
+    from tvm_ext import compiler
+    from tvm_ext.passes.swap_offload import argument_devices, vm_devices
+
+    device, host = vm_devices(target)
+    swapped = compiler.run(executable, arguments, device, repeat=args.repeat, host=host,
+                           arg_devices=argument_devices(graph, plan))
+    plain = compiler.run(compiler.build(model, target, tune_db=tune_db), arguments, device,
+                         repeat=args.repeat)
+    constants = graph.bytes_of_kind("constant")  # loaded with the module, not by the VM
+    measured = swapped.peak_bytes + constants
+    budget = plan.budget
+    report["run"] = {
+        "latency_ms_median": swapped.median_ms, "no_swap_latency_ms_median": plain.median_ms,
+        "measured_peak_bytes": measured, "planned_peak_bytes": plan.predicted_peak,
+        "budget_bytes": budget, "no_swap_measured_peak_bytes": plain.peak_bytes,
+        "host_peak_bytes": swapped.host_peak_bytes,
+    }
+    ratio = swapped.median_ms / plain.median_ms if plain.median_ms else float("nan")
+    print(f"memory  planned peak {_fmt_bytes(plan.predicted_peak)}, measured peak "
+          f"{_fmt_bytes(measured)} on {device} (budget {_fmt_bytes(budget)}; no-swap build "
+          f"{_fmt_bytes(plain.peak_bytes)}); host {_fmt_bytes(swapped.host_peak_bytes)}")
+    print(f"run     {swapped.median_ms:.3f} ms swapped vs {plain.median_ms:.3f} ms without "
+          f"swapping ({ratio:.2f}x), median of {args.repeat}")
+    status = 0
+    if args.check:
+        try:
+            compiler.compare(swapped.outputs, plain.outputs, rtol=0, atol=0)
+        except compiler.CheckError as err:
+            print(f"check   FAILED: {err}", file=sys.stderr)
+            status = 1
+        if measured > budget:
+            print(f"check   FAILED: measured peak {measured} bytes exceeds the budget {budget}",
+                  file=sys.stderr)
+            status = 1
+        report["check"] = {"ok": status == 0, "exact": True, "within_budget": measured <= budget}
+        if status == 0:
+            print(f"check   OK: {len(swapped.outputs)} outputs equal the unswapped build "
+                  "exactly, and the measured peak fits the budget")
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(report, f, indent=2, default=_json_default)
+        print(f"report  {args.report}")
+    return status
 
 
 def _json_default(obj):

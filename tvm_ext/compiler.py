@@ -68,6 +68,7 @@ class RunResult:
     latencies_ms: list[float]
     peak_bytes: int  # tracked bytes at the peak of the first call, arguments included
     argument_bytes: int  # bytes of the inputs and parameters placed on the device
+    host_peak_bytes: int = 0  # the same on the host device of a swapped module
 
     @property
     def median_ms(self) -> float:
@@ -88,25 +89,52 @@ def flatten_outputs(value) -> list[np.ndarray]:
     return out
 
 
+def _place(array: np.ndarray, where: tvm.runtime.Device, device: tvm.runtime.Device):
+    """An argument on `where`; host arguments of a GPU module go to pinned memory, so that
+    swap-in copies from them are asynchronous."""
+    if where == device:
+        return runtime.to_device(array, device)
+    from . import swap_runtime
+
+    out = swap_runtime.host_empty(array.shape, str(array.dtype), where, device)
+    out.copyfrom(np.ascontiguousarray(array))
+    return out
+
+
 def run(
     executable: relax.VMExecutable,
     arguments: Sequence[np.ndarray],
     device: tvm.runtime.Device,
     repeat: int = 5,
+    *,
+    host: tvm.runtime.Device | None = None,
+    arg_devices: Sequence[int] | None = None,
 ) -> RunResult:
     """Run `main` on `device`: the first call is measured for memory (naive allocator, so the
-    counters see every free), the next `repeat` calls for time."""
-    vm = relax.VirtualMachine(executable, device, memory_cfg="naive")
-    if not runtime.is_tracked(device, "naive"):
-        raise RuntimeError(f"the VM allocator on {device} predates tvm_ext's import: memory "
-                           "cannot be measured in this process")
-    before = runtime.memory_stats(device).in_use
-    args = [runtime.to_device(a, device) for a in arguments]
-    arg_bytes = runtime.memory_stats(device).in_use - before
-    runtime.reset_peak(device)
+    counters see every free), the next `repeat` calls for time.
+
+    A swapped module (SwapOffload) runs on `[device, host]`; `arg_devices` says where each
+    argument goes (0: device, 1: host; see `tvm_ext.passes.swap_offload.argument_devices`).
+    """
+    devices = [device] if host is None else [device, host]
+    vm = relax.VirtualMachine(executable, devices, memory_cfg="naive")
+    for dev in devices:
+        if not runtime.is_tracked(dev, "naive"):
+            raise RuntimeError(f"the VM allocator on {dev} predates tvm_ext's import: memory "
+                               "cannot be measured in this process")
+    arg_devices = list(arg_devices) if arg_devices is not None else [0] * len(arguments)
+    if len(arg_devices) != len(arguments) or max(arg_devices, default=0) >= len(devices):
+        raise ValueError("arg_devices must give a device index (into [device, host]) per "
+                         "argument")
+    before = [runtime.memory_stats(dev).in_use for dev in devices]
+    args = [_place(a, devices[d], device) for a, d in zip(arguments, arg_devices, strict=True)]
+    arg_bytes = runtime.memory_stats(device).in_use - before[0]
+    for dev in devices:
+        runtime.reset_peak(dev)
     out = vm["main"](*args)
     device.sync()
-    peak = runtime.memory_stats(device).peak_in_use - before
+    peak = runtime.memory_stats(device).peak_in_use - before[0]
+    host_peak = runtime.memory_stats(host).peak_in_use - before[1] if host is not None else 0
     outputs = flatten_outputs(out)
     del out
     latencies = []
@@ -115,7 +143,7 @@ def run(
         vm["main"](*args)
         device.sync()
         latencies.append((time.perf_counter() - start) * 1e3)
-    return RunResult(outputs, latencies, int(peak), int(arg_bytes))
+    return RunResult(outputs, latencies, int(peak), int(arg_bytes), int(host_peak))
 
 
 @dataclasses.dataclass
@@ -142,7 +170,7 @@ def compare(
         if diff.size:
             max_abs = max(max_abs, float(np.nanmax(diff)))
             scale = np.abs(ref.astype(np.float64))
-            max_rel = max(max_rel, float(np.nanmax(diff / np.maximum(scale, atol))))
+            max_rel = max(max_rel, float(np.nanmax(diff / np.maximum(scale, max(atol, 1e-30)))))
         bad = ~np.isclose(out, ref, rtol=rtol, atol=atol, equal_nan=True)
         if bad.any():
             idx = np.unravel_index(int(np.argmax(bad)), bad.shape)

@@ -38,6 +38,7 @@ class _Builder:
         self.values: dict[relax.Var, object] = {}  # var -> tensor id or list (tuple)
         self.constants: dict[tvm.ir.Constant, int] = {}
         self.kernel_costs: dict[str, KernelCost] = {}
+        self.op_bindings: list = []  # the IR binding of each op, by op id
 
     # ---------------------------------------------------------------- tensors
     def new_tensor(self, name, ty, kind, producer=None, alias_of=None, arg_index=None) -> int:
@@ -151,6 +152,7 @@ class _Builder:
                                   f"{_HINT}")
         op.outputs = self.flatten(result)
         self.values[var] = result
+        self.op_bindings.append(binding)
 
     # ---------------------------------------------------------------- whole function
     def build(self) -> DataflowGraph:
@@ -211,6 +213,14 @@ def _mark_phases(graph: DataflowGraph) -> None:
 
 def build_graph(mod: tvm.IRModule, function: str = "main") -> DataflowGraph:
     """The DataflowGraph of `mod[function]`; the function must be legalized and fused."""
+    return build_graph_with_ir(mod, function)[0]
+
+
+def build_graph_with_ir(mod: tvm.IRModule, function: str = "main"):
+    """The graph, the IR binding of each op (by op id) and the tensor id of each module
+    constant: what a pass needs to rewrite the function the graph describes."""
     if function not in [gv.name_hint for gv in mod.functions]:
         raise GraphBuildError(f"module has no function {function!r}")
-    return _Builder(mod, function).build()
+    builder = _Builder(mod, function)
+    graph = builder.build()
+    return graph, builder.op_bindings, dict(builder.constants)

@@ -8,9 +8,11 @@ Phases, in order (each a list of passes, so a caller can rebuild the pipeline fr
 3. `schedule_passes`          kernels tuned with MetaSchedule (records of a `tune_db` work dir,
                               see tvm_ext.schedules), then default GPU schedules (dlight) for
                               kernels without one.
-4. `dataflow_lower_passes`    RewriteDataflowReshape, ToNonDataflow, RemovePurityChecking,
+4. `swap_passes`              with a device budget: SwapOffload (tvm_ext.passes) plans swaps
+                              and rewrites `main` into explicit pools, copies and waits.
+5. `dataflow_lower_passes`    RewriteDataflowReshape, ToNonDataflow, RemovePurityChecking,
                               CallTIRRewrite.
-5. `finalize_passes`          memory planning, builtin lowering, VM shape lowering.
+6. `finalize_passes`          memory planning, builtin lowering, VM shape lowering.
 
 With `dump_dir`, the module is written after each phase as `NN_<phase>.py` (TVMScript).
 """
@@ -64,6 +66,18 @@ def schedule_passes(target: tvm.target.Target, tune_db: str | None = None) -> li
     ]
 
 
+def swap_passes(target: tvm.target.Target, device_memory=None, swap_plan=None,
+                **swap_options) -> list:
+    """SwapOffload under `device_memory` (bytes, "512MiB", "25%"), or applying `swap_plan`;
+    nothing without either. `swap_options` go to SwapOffload (hardware, planner,
+    time_budget_s, seed)."""
+    if device_memory is None and swap_plan is None:
+        return []
+    from tvm_ext.passes import SwapOffload
+
+    return [SwapOffload(device_memory, plan=swap_plan, **swap_options)]
+
+
 def dataflow_lower_passes(target: tvm.target.Target) -> list:
     return [
         relax.transform.RewriteDataflowReshape(),
@@ -96,13 +110,15 @@ def _dump(dump_dir: str | None, index: int, phase: str, mod: tvm.IRModule) -> No
 
 
 def phases(
-    target: tvm.target.Target, *, memory_planning: bool = True, tune_db: str | None = None
+    target: tvm.target.Target, *, memory_planning: bool = True, tune_db: str | None = None,
+    device_memory=None, swap_plan=None, swap_options: dict | None = None,
 ) -> list[tuple[str, list]]:
     """The pipeline as (phase name, passes) pairs."""
     return [
         ("library_dispatch", library_dispatch_passes(target)),
         ("legalize", legalize_passes(target)),
         ("schedule", schedule_passes(target, tune_db)),
+        ("swap", swap_passes(target, device_memory, swap_plan, **(swap_options or {}))),
         ("dataflow_lower", dataflow_lower_passes(target)),
         ("finalize", finalize_passes(target, memory_planning)),
     ]
@@ -115,6 +131,9 @@ def tvm_ext_pipeline(
     memory_planning: bool = True,
     dump_dir: str | None = None,
     tune_db: str | None = None,
+    device_memory: int | str | None = None,
+    swap_plan=None,
+    swap_options: dict | None = None,
 ) -> tvm.transform.Pass:
     """The tvm_ext pipeline for `tvm.compile(mod, target, relax_pipeline=...)`.
 
@@ -124,6 +143,10 @@ def tvm_ext_pipeline(
         dump_dir: write the module after each phase there.
         tune_db: a tuning work dir (`tvm_ext.schedules.tune`): its best records schedule the
             kernels they cover; the others keep the default schedules.
+        device_memory: a device budget (bytes, "512MiB", or "25%" of the no-swap peak):
+            SwapOffload makes `main` run within it.
+        swap_plan: a `tvm_ext.swap.SwapPlan` (or its JSON) to apply instead of planning.
+        swap_options: more SwapOffload arguments (hardware, planner, time_budget_s, seed).
     """
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_ext_pipeline")
@@ -134,7 +157,9 @@ def tvm_ext_pipeline(
                              "with tvm.compile(mod, target, ...)")
         with tgt:
             _dump(dump_dir, 0, "input", mod)
-            stages = phases(tgt, memory_planning=memory_planning, tune_db=tune_db)
+            stages = phases(tgt, memory_planning=memory_planning, tune_db=tune_db,
+                            device_memory=device_memory, swap_plan=swap_plan,
+                            swap_options=swap_options)
             for i, (name, passes) in enumerate(stages):
                 mod = tvm.transform.Sequential(passes, name=name)(mod)
                 _dump(dump_dir, i + 1, name, mod)

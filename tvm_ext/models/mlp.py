@@ -16,6 +16,8 @@ SIZES = {
     # ~3.9 GB of weights: planning only on this machine.
     "large": dict(batch=1024, features=4096, hidden=8192, layers=16, classes=1000),
     "xl": dict(batch=2048, features=8192, hidden=16384, layers=16, classes=1000),
+    # 48 layers of 8192: ~12 GB of weights, ~340 fused ops in training: planning only.
+    "deep": dict(batch=1024, features=4096, hidden=8192, layers=48, classes=1000),
 }
 
 

@@ -17,6 +17,9 @@ SIZES = {
     # ResNet-34 layout, widened 4x (WRN-34-4 class): activations of many GB, planning only.
     "large": dict(batch=64, image=224, widths=(256, 512, 1024, 2048), blocks=(3, 4, 6, 3),
                   classes=1000),
+    # Wide ResNet in the SwapAdvisor range: WRN-74-10 on 32x32 images (widths 16/32/64 x 10,
+    # 12 blocks per stage), ~1,600 fused ops in training: planning only.
+    "wide": dict(batch=128, image=32, widths=(160, 320, 640), blocks=(12, 12, 12), classes=100),
 }
 
 

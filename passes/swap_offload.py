@@ -1,0 +1,347 @@
+"""SwapOffload: run a Relax function in less device memory than it needs, by a swap plan.
+
+Input: a module after legalization and fusion (`tvm_ext.pipeline.legalize_passes`), before
+dataflow lowering. The pass builds the function's `DataflowGraph`, asks a planner for a
+`SwapPlan` under the device budget (or takes the plan given) and rewrites `main` into the
+lowered, destination-passing form the rest of the pipeline leaves alone:
+
+1. the bindings in the planned order;
+2. explicit device memory: one `R.memory.alloc_storage` per planned pool at the start, every
+   tensor placed at its window (`R.memory.alloc_tensor(pool, offset, ...)`, offsets aligned to
+   256 bytes) and each kernel called with its outputs (`gv(inputs..., outputs...)`), so
+   `StaticPlanBlockMemory` has nothing to plan and the pools are all the device memory used
+   beyond the arguments kept there;
+3. copies on two streams through the runtime library (`tvm_ext.swap_runtime`): swap-outs
+   (stream 0, device to host, into one host pool) after the op the plan names, swap-ins
+   (stream 1) into their window, a `wait` right before the first op that reads a swapped-in
+   tensor and before any op or copy that overwrites a region still being copied out, and
+   `wait_all` before returning;
+4. arguments the plan leaves on the host are declared on a host virtual device (VM device 1),
+   the others on the device (VM device 0);
+5. the function attribute `tvm_ext.swap_plan` records the plan summary (budget, planned peak,
+   bytes swapped, predicted time) and `tvm_ext.swap_arguments` where each argument lives.
+
+Run it after the schedule phase and before `dataflow_lower_passes` (the "tvm_ext" pipeline
+does with `device_memory=`). A function already rewritten is left unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import tvm
+from tvm import relax
+
+from tvm_ext import swap_runtime
+from tvm_ext.cost import Hardware
+from tvm_ext.graph import DataflowGraph, GraphBuildError
+from tvm_ext.graph_builder import build_graph_with_ir
+from tvm_ext.swap import SwapPlan, SwapProblem, plan_swaps
+from tvm_ext.units import parse_size
+
+PLAN_ATTR = "tvm_ext.swap_plan"
+ARGS_ATTR = "tvm_ext.swap_arguments"
+D2H, H2D = 0, 1  # copy stream ids
+DEVICE, HOST = 0, 1  # positions in the VM's device list
+
+
+class SwapOffloadError(ValueError):
+    """The module is not in a form SwapOffload rewrites, or the plan does not fit it."""
+
+
+def host_vdevice(target: tvm.target.Target) -> relax.VDevice:
+    """Where swapped tensors live: the CPU. On a CPU target the host is a second CPU device
+    (cpu:1) standing in for host memory, so the two are measured apart."""
+    host_id = 1 if target.kind.name in ("llvm", "c") else 0
+    return relax.VDevice(tvm.target.Target("llvm"), host_id, "global")
+
+
+def vm_devices(target: tvm.target.Target) -> list[tvm.runtime.Device]:
+    """The device list a VM running a swapped module takes: [device, host]."""
+    if target.kind.name in ("llvm", "c"):
+        return [tvm.cpu(0), tvm.cpu(1)]
+    return [tvm.device(target.kind.name, 0), tvm.cpu(0)]
+
+
+def plan_problem(
+    graph: DataflowGraph,
+    device_memory: int | str,
+    hardware: str | Hardware = "h100",
+    op_times: Sequence[float] | None = None,
+) -> SwapProblem:
+    """The swap problem of `graph` under `device_memory` (bytes, "512MiB", or "25%" of the
+    no-swap peak)."""
+    problem = SwapProblem.from_graph(graph, 1, hardware, op_times)
+    budget = parse_size(device_memory, reference=problem.no_swap_peak())
+    return problem.with_budget(budget)
+
+
+def argument_devices(graph: DataflowGraph, plan: SwapPlan) -> list[int]:
+    """Per function argument: VM device 0 (the device) or 1 (the host)."""
+    on_host = set(plan.host_start)
+    args = sorted((t for t in graph.tensors if t.arg_index is not None),
+                  key=lambda t: t.arg_index)
+    return [HOST if t.id in on_host else DEVICE for t in args]
+
+
+@tvm.transform.module_pass(opt_level=0, name="SwapOffload")
+class SwapOffload:
+    """Plan and apply swapping so that `main` runs within `device_memory` bytes.
+
+    Args:
+        device_memory: the device budget: bytes, a size string ("512MiB"), or a percentage of
+            the no-swap peak ("25%").
+        host: the host virtual device (default: `host_vdevice(target)`).
+        hardware: the cost-model preset (or `Hardware`) the planner times ops and copies with.
+        planner: "swapadvisor", "vdnn", "lru" (see `tvm_ext.swap.plan_swaps`).
+        time_budget_s, seed: for the SwapAdvisor search.
+        plan: a `SwapPlan` (or its JSON) to apply instead of planning.
+        op_times: measured seconds per op, instead of the roofline.
+        function: the function to rewrite.
+    """
+
+    def __init__(
+        self,
+        device_memory: int | str | None = None,
+        *,
+        host: relax.VDevice | None = None,
+        hardware: str | Hardware = "h100",
+        planner: str = "swapadvisor",
+        time_budget_s: float = 10.0,
+        seed: int = 0,
+        plan: SwapPlan | str | None = None,
+        op_times: Sequence[float] | None = None,
+        function: str = "main",
+    ):
+        if device_memory is None and plan is None:
+            raise ValueError("SwapOffload needs device_memory or a plan")
+        self.device_memory = device_memory
+        self.host = host
+        self.hardware = hardware
+        self.planner = planner
+        self.time_budget_s = time_budget_s
+        self.seed = seed
+        self.plan = SwapPlan.from_json(plan) if isinstance(plan, str) else plan
+        self.op_times = op_times
+        self.function = function
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
+        if self.function not in [gv.name_hint for gv in mod.functions]:
+            raise SwapOffloadError(f"the module has no function {self.function!r}")
+        func = mod[self.function]
+        if func.attrs is not None and PLAN_ATTR in func.attrs:
+            return mod  # already swapped
+        _check_form(func)
+        # Reshapes become views here, as in `tvm_ext.compiler.analyze`: the graph a plan was
+        # made for and the graph rewritten must be the same.
+        mod = relax.transform.RewriteDataflowReshape()(mod)
+        try:
+            graph, bindings, constants = build_graph_with_ir(mod, self.function)
+        except GraphBuildError as err:
+            raise SwapOffloadError(f"SwapOffload needs a legalized, fused module: {err}") from err
+        if self.plan is not None:
+            budget = self.plan.budget if self.device_memory is None else self.device_memory
+            problem = plan_problem(graph, budget, self.hardware, self.op_times)
+            plan = self.plan
+            try:
+                plan.validate(problem)
+            except Exception as err:  # PlanError, or ids that do not fit this graph
+                raise SwapOffloadError(f"the plan given does not fit this function: {err}") \
+                    from err
+        else:
+            problem = plan_problem(graph, self.device_memory, self.hardware, self.op_times)
+            plan = plan_swaps(problem, self.planner, time_budget_s=self.time_budget_s,
+                              seed=self.seed)
+        target = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
+        device = relax.VDevice(target, 0, "global")
+        host = self.host or host_vdevice(target)
+        new_func = _Rewriter(graph, bindings, constants, plan, device, host).rewrite(func)
+        mod = mod.clone()
+        mod.update_func(mod.get_global_var(self.function), new_func)
+        mod.update_global_info("vdevice", [device, host])
+        return mod
+
+
+def _check_form(func) -> None:
+    if not isinstance(func, relax.Function):
+        raise SwapOffloadError("SwapOffload rewrites Relax functions only")
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and \
+                    value.op.name in ("relax.builtin.alloc_tensor", "relax.memory.alloc_storage",
+                                      "relax.vm.alloc_storage"):
+                raise SwapOffloadError(
+                    "the function is already lowered to explicit memory: run SwapOffload "
+                    "before dataflow lowering (tvm_ext.pipeline.dataflow_lower_passes, i.e. "
+                    "before CallTIRRewrite)")
+
+
+class _Rewriter:
+    """Emits the planned function (see the module docstring)."""
+
+    def __init__(self, graph, bindings, constants, plan: SwapPlan, device, host):
+        self.g = graph
+        self.bindings = bindings
+        self.const_expr = {tid: c for c, tid in constants.items()}
+        self.plan = plan
+        self.device, self.host = device, host
+        self.bb = relax.BlockBuilder()
+        self.cur: dict[int, relax.Expr] = {}  # tensor -> its device value now
+        self.host_val: dict[int, relax.Expr] = {}  # tensor -> its host copy
+        self.swapped_out_var: dict[int, relax.Expr] = {}  # swap-out index -> device value copied
+        self.waited_out: set[int] = set()  # swap-outs already waited for (waits are in order)
+
+    # ------------------------------------------------------------------ helpers
+    def emit(self, expr, name: str = "") -> relax.Var:
+        return self.bb.emit(expr, name) if name else self.bb.emit(expr)
+
+    def value_of(self, tid: int) -> relax.Expr:
+        """The device value of tensor `tid` for a use now (views re-derived from their base)."""
+        t = self.g.tensors[tid]
+        if t.alias_of is None:
+            if tid not in self.cur:
+                raise SwapOffloadError(f"plan error: {t.name} is not resident where it is used")
+            return self.cur[tid]
+        base = self.value_of(self.g.base(tid))
+        return self.emit(relax.op.reshape(base, relax.ShapeExpr(list(t.shape))))
+
+    def place(self, residency_index: int) -> relax.Var:
+        r = self.plan.residencies[residency_index]
+        t = self.g.tensors[r.tensor]
+        alloc = relax.op.memory.alloc_tensor(self.pools[r.pool], relax.prim_value(r.offset),
+                                             relax.ShapeExpr(list(t.shape)), t.dtype)
+        var = self.emit(relax.op.memory.ensure_zero_offset(self.emit(alloc)))
+        self.cur[r.tensor] = var
+        return var
+
+    def wait_swap_out(self, k: int) -> None:
+        """Before a region is overwritten: the copy-out of what it held must be done."""
+        if k >= 0 and k not in self.waited_out:
+            self.emit(swap_runtime.wait_call(self.swapped_out_var[k], D2H))
+            self.waited_out.add(k)
+
+    # ------------------------------------------------------------------ the function
+    def rewrite(self, func: relax.Function) -> relax.Function:
+        g, plan = self.g, self.plan
+        on_host = set(plan.host_start)
+        params = []
+        for p in func.params:
+            tid = next(t.id for t in g.tensors if t.arg_index == len(params))
+            vdev = self.host if tid in on_host else self.device
+            params.append(relax.Var(p.name, relax.TensorType(p.ty.shape, p.ty.dtype, vdev)))
+        for t in g.tensors:
+            if t.arg_index is not None:
+                (self.host_val if t.id in on_host else self.cur)[t.id] = params[t.arg_index]
+            elif t.kind == "constant" and t.id in self.const_expr:
+                self.cur[t.id] = self.const_expr[t.id]
+
+        produced_at: dict[int, list[int]] = {}
+        swap_in_after: dict[int, list[int]] = {}
+        swap_out_after: dict[int, list[int]] = {}
+        waits_before: dict[int, list[int]] = {}
+        for i, r in enumerate(plan.residencies):
+            if r.source == "produced":
+                produced_at.setdefault(r.begin, []).append(i)
+        for k, s in enumerate(plan.swap_ins):
+            swap_in_after.setdefault(s.after, []).append(k)
+            waits_before.setdefault(s.before, []).append(k)
+        for k, s in enumerate(plan.swap_outs):
+            swap_out_after.setdefault(s.after, []).append(k)
+
+        attrs = {"num_input": g.num_input, "relax.force_pure": True,
+                 PLAN_ATTR: json.dumps(plan.summary()),
+                 ARGS_ATTR: ["host" if t.id in on_host else "device"
+                             for t in sorted((t for t in g.tensors if t.arg_index is not None),
+                                             key=lambda t: t.arg_index)]}
+        # Pure from the outside (force_pure): the impure copies and waits stay inside.
+        with self.bb.function("main", params, attrs=attrs, pure=True):
+            self.pools = [self.emit(relax.op.memory.alloc_storage(
+                relax.ShapeExpr([size]), DEVICE, "global", "uint8"), f"pool{i}")
+                for i, size in enumerate(plan.pools)]
+            self.host_pool = self._host_pool()
+            self._swap_ins(swap_in_after.get(-1, []))
+            for pos, op_id in enumerate(plan.schedule):
+                for ri in produced_at.get(pos, []):
+                    self.wait_swap_out(plan.residencies[ri].wait_swap_out)
+                for k in waits_before.get(pos, []):
+                    self.emit(swap_runtime.wait_call(
+                        self.cur[plan.swap_ins[k].tensor], H2D))
+                self._op(op_id, produced_at.get(pos, []))
+                self._swap_outs(swap_out_after.get(pos, []))
+                self._swap_ins(swap_in_after.get(pos, []))
+            self.emit(swap_runtime.wait_all_call())
+            outputs = []
+            for tid in g.outputs:
+                base = g.base(tid)
+                if base in plan.outputs_on_host:
+                    value = self.host_val[base]
+                    if base != tid:
+                        value = self.emit(relax.op.reshape(
+                            value, relax.ShapeExpr(list(g.tensors[tid].shape))))
+                    outputs.append(value)
+                else:
+                    outputs.append(self.value_of(tid))
+            ret = func.body.body
+            result = relax.Tuple(outputs) if isinstance(ret, relax.Tuple) or len(outputs) != 1 \
+                else outputs[0]
+            self.bb.emit_func_output(result)
+        return self.bb.get()["main"]
+
+    def _host_pool(self):
+        """One host buffer holding every tensor the plan swaps out, each at its own offset."""
+        offsets, total = {}, 0
+        for s in self.plan.swap_outs:
+            if s.tensor not in offsets:
+                offsets[s.tensor] = total
+                total += -(-self.g.tensors[s.tensor].nbytes // 256) * 256
+        self.host_offsets = offsets
+        if not total:
+            return None
+        return self.emit(swap_runtime.host_storage_call(total, HOST, DEVICE), "host_pool")
+
+    def _op(self, op_id: int, residencies: list[int]) -> None:
+        g = self.g
+        op = g.ops[op_id]
+        value = self.bindings[op_id].value
+        if op.kind == "view":
+            return  # views are re-derived at each use
+        outs_by_tensor = {self.plan.residencies[ri].tensor: ri for ri in residencies}
+        outs = []
+        for tid in op.outputs:
+            if tid not in outs_by_tensor:
+                raise SwapOffloadError(f"plan error: {g.tensors[tid].name} has no window at "
+                                       f"its producer {op.name}")
+            outs.append(self.place(outs_by_tensor[tid]))
+        name = value.op.name if isinstance(value.op, tvm.ir.Op) else ""
+        if name in ("relax.call_tir", "relax.call_dps_packed"):
+            callee = value.args[0]
+            args = [self.value_of(t) for t in op.inputs]
+            extra = list(value.args[2:3]) if name == "relax.call_tir" else []
+            self.emit(relax.Call(callee, [*args, *outs, *extra]))
+        else:
+            raise SwapOffloadError(f"{op.name}: SwapOffload cannot place the outputs of "
+                                   f"{op.kernel} (not a destination-passing kernel)")
+
+    def _swap_outs(self, indices: list[int]) -> None:
+        for k in indices:
+            s = self.plan.swap_outs[k]
+            t = self.g.tensors[s.tensor]
+            if s.tensor not in self.host_val:
+                alloc = relax.op.memory.alloc_tensor(
+                    self.host_pool, relax.prim_value(self.host_offsets[s.tensor]),
+                    relax.ShapeExpr(list(t.shape)), t.dtype)
+                self.host_val[s.tensor] = self.emit(alloc)
+            src = self.cur[s.tensor]
+            self.emit(swap_runtime.copy_async_call(src, self.host_val[s.tensor], D2H, t.name))
+            self.swapped_out_var[k] = src
+            del self.cur[s.tensor]
+
+    def _swap_ins(self, indices: list[int]) -> None:
+        for k in indices:
+            s = self.plan.swap_ins[k]
+            t = self.g.tensors[s.tensor]
+            self.wait_swap_out(s.wait_swap_out)
+            dst = self.place(s.residency)
+            self.emit(swap_runtime.copy_async_call(self.host_val[s.tensor], dst, H2D, t.name))

@@ -1,0 +1,49 @@
+"""Random swap problems on small DAGs, for the swap planner tests (no TVM involved)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tvm_ext.swap import SwapProblem
+from tvm_ext.swap.problem import align
+
+
+def random_problem(seed: int, num_ops: int = 8, num_args: int = 3, budget_frac: float = 0.5,
+                   bandwidth: float = 1e3, training: bool = False) -> SwapProblem:
+    """A DAG of `num_ops` ops, each making one tensor from up to three earlier tensors or
+    arguments; budget = min + budget_frac * (no-swap peak - min). Sizes in 256-byte units,
+    op durations around 1 s, links of `bandwidth` bytes/s."""
+    rng = np.random.default_rng(seed)
+    sizes = [align(int(rng.integers(1, 5)) * 256) for _ in range(num_args)]
+    kinds = ["parameter"] * num_args
+    producers = [-1] * num_args
+    op_inputs, op_outputs, op_deps = [], [], []
+    for op in range(num_ops):
+        avail = list(range(len(sizes)))
+        k = int(rng.integers(1, min(3, len(avail)) + 1))
+        ins = sorted(set(int(x) for x in rng.choice(avail, size=k, replace=False)))
+        out = len(sizes)
+        sizes.append(int(rng.integers(1, 5)) * 256)
+        kinds.append("activation")
+        producers.append(op)
+        op_inputs.append(ins)
+        op_outputs.append([out])
+        op_deps.append(sorted({producers[t] for t in ins if producers[t] >= 0}))
+    n_t = len(sizes)
+    phases = ["forward"] * num_ops
+    if training:
+        phases = ["forward"] * (num_ops // 2) + ["backward"] * (num_ops - num_ops // 2)
+    used = {t for ins in op_inputs for t in ins}
+    outputs = [t for t in range(num_args, n_t) if t not in used] or [n_t - 1]
+    host_start = np.array([k == "parameter" for k in kinds])
+    problem = SwapProblem(
+        op_names=[f"op{i}" for i in range(num_ops)],
+        durations=rng.uniform(0.5, 1.5, size=num_ops), op_deps=op_deps, op_inputs=op_inputs,
+        op_outputs=op_outputs, op_scratch=[[] for _ in range(num_ops)], op_phases=phases,
+        tensor_names=[f"t{i}" for i in range(n_t)], sizes=sizes, tensor_kinds=kinds,
+        producers=producers, host_start=host_start, pinned=np.zeros(n_t, dtype=bool),
+        outputs=outputs, budget=1 << 40, h2d_bandwidth=bandwidth, h2d_latency=0.01,
+        d2h_bandwidth=bandwidth, d2h_latency=0.01, name=f"dag{seed}")
+    low = problem.min_budget()[0]
+    high = problem.no_swap_peak()
+    return problem.with_budget(int(low + budget_frac * max(high - low, 0)))

@@ -1,0 +1,348 @@
+"""SwapOffload: golden IR, idempotence, rejections, and every zoo model run under budgets on the
+CPU stand-in (device cpu:0, host cpu:1) with exact outputs and a measured peak within budget."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+from tvm.script import tirx as T
+
+from tvm_ext import compiler, swap_runtime
+from tvm_ext import pipeline as P
+from tvm_ext.graph_builder import build_graph
+from tvm_ext.models import Model, TensorSpec, get_model
+from tvm_ext.passes import SwapOffload
+from tvm_ext.passes.swap_offload import (
+    PLAN_ATTR,
+    argument_devices,
+    plan_problem,
+    vm_devices,
+)
+from tvm_ext.swap import (
+    InfeasibleBudgetError,
+    Residency,
+    SwapIn,
+    SwapOut,
+    SwapPlan,
+    SwapProblem,
+    plan_swaps,
+    simulate,
+)
+
+LLVM = tvm.target.Target("llvm")
+
+
+@I.ir_module
+class Before:
+    @T.prim_func(private=True, s_tir=True)
+    def add_one(x: T.Buffer((64,), "float32"), y: T.Buffer((64,), "float32")):
+        for i in range(64):
+            with T.sblock("y"):
+                vi = T.axis.spatial(64, i)
+                y[vi] = x[vi] + T.float32(1)
+
+    @T.prim_func(private=True, s_tir=True)
+    def double(x: T.Buffer((64,), "float32"), y: T.Buffer((64,), "float32")):
+        for i in range(64):
+            with T.sblock("y"):
+                vi = T.axis.spatial(64, i)
+                y[vi] = x[vi] * T.float32(2)
+
+    @T.prim_func(private=True, s_tir=True)
+    def add(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "float32"),
+            c: T.Buffer((64,), "float32")):
+        for i in range(64):
+            with T.sblock("c"):
+                vi = T.axis.spatial(64, i)
+                c[vi] = a[vi] + b[vi]
+
+    @R.function
+    def main(x: R.Tensor((64,), "float32")):
+        R.func_attr({"num_input": 1})
+        cls = Before
+        with R.dataflow():
+            y = R.call_tir(cls.add_one, (x,), out_ty=R.Tensor((64,), "float32"))
+            z = R.call_tir(cls.double, (x,), out_ty=R.Tensor((64,), "float32"))
+            w = R.call_tir(cls.add, (y, z), out_ty=R.Tensor((64,), "float32"))
+            R.output(w)
+        return w
+
+
+def _hand_plan() -> tuple[SwapProblem, SwapPlan]:
+    """y = x + 1, z = 2x, w = y + z, every tensor 256 bytes, budget 1024.
+
+    x (the argument) is pinned on the device: 256 bytes outside the pool; the pool is 768.
+    y is made at offset 0 (position 0), swapped out right after, and swapped back in at offset
+    256 for position 2; z reuses offset 0 at position 1 (after y's copy-out has finished); w
+    is made at offset 512. Pool 768 + pinned 256 = 1024 = the budget, the planned peak.
+    """
+    problem = SwapProblem.from_graph(build_graph(Before), 1024, "cpu")
+    plan = SwapPlan(
+        planner="hand", budget=1024, schedule=[0, 1, 2], pools=[768], size_classes=[],
+        pinned=[0], host_start=[], outputs_on_host=[],
+        residencies=[Residency(1, 0, 0, 256, 0, 0, "produced"),
+                     Residency(2, 0, 0, 256, 1, 2, "produced", wait_swap_out=0),
+                     Residency(1, 0, 256, 256, 1, 2, "swap_in", swap_in=0, wait_swap_out=0),
+                     Residency(3, 0, 512, 256, 2, 2, "produced")],
+        swap_outs=[SwapOut(1, 0, 256)], swap_ins=[SwapIn(1, 0, 2, 256, 2, wait_swap_out=0)],
+        predicted_time=0.0, predicted_peak=1024)
+    plan.predicted_time = simulate(problem, plan).makespan
+    plan.validate(problem)
+    return problem, plan
+
+
+def _expected(plan: SwapPlan):
+    @I.ir_module
+    class Expected:
+        I.module_global_infos({"vdevice": [I.vdevice("llvm", 0, "global"),
+                                           I.vdevice("llvm", 1, "global")]})
+
+        @T.prim_func(private=True, s_tir=True)
+        def add_one(x: T.Buffer((64,), "float32"), y: T.Buffer((64,), "float32")):
+            for i in range(64):
+                with T.sblock("y"):
+                    vi = T.axis.spatial(64, i)
+                    y[vi] = x[vi] + T.float32(1)
+
+        @T.prim_func(private=True, s_tir=True)
+        def double(x: T.Buffer((64,), "float32"), y: T.Buffer((64,), "float32")):
+            for i in range(64):
+                with T.sblock("y"):
+                    vi = T.axis.spatial(64, i)
+                    y[vi] = x[vi] * T.float32(2)
+
+        @T.prim_func(private=True, s_tir=True)
+        def add(a: T.Buffer((64,), "float32"), b: T.Buffer((64,), "float32"),
+                c: T.Buffer((64,), "float32")):
+            for i in range(64):
+                with T.sblock("c"):
+                    vi = T.axis.spatial(64, i)
+                    c[vi] = a[vi] + b[vi]
+
+        @R.function
+        def main(x: R.Tensor((64,), "float32", vdevice="llvm:0")) -> R.Tensor((64,), "float32"):
+            R.func_attr({"num_input": 1, "relax.force_pure": True,
+                         "tvm_ext.swap_arguments": ["device"],
+                         "tvm_ext.swap_plan": json.dumps(plan.summary())})
+            cls = Expected
+            pool = R.memory.alloc_storage(R.shape([768]), 0, "global", "uint8")
+            host_pool = R.call_builtin_with_ctx("tvm_ext.swap.host_storage",
+                                                (R.shape([256]), 1, 0), ty_args=(R.Object,))
+            y = R.memory.ensure_zero_offset(
+                R.memory.alloc_tensor(pool, 0, R.shape([64]), "float32"))
+            cls.add_one(x, y)
+            y_host = R.memory.alloc_tensor(host_pool, 0, R.shape([64]), "float32")
+            R.call_packed("tvm_ext.swap.copy_async", y, y_host, 0, R.str("y"),
+                          ty_args=R.Tuple([]))
+            # the swap-in goes to offset 256, but waits for the swap-out of its own data
+            R.call_packed("tvm_ext.swap.wait", y, 0, ty_args=R.Tuple([]))
+            y2 = R.memory.ensure_zero_offset(
+                R.memory.alloc_tensor(pool, 256, R.shape([64]), "float32"))
+            R.call_packed("tvm_ext.swap.copy_async", y_host, y2, 1, R.str("y"),
+                          ty_args=R.Tuple([]))
+            z = R.memory.ensure_zero_offset(
+                R.memory.alloc_tensor(pool, 0, R.shape([64]), "float32"))
+            cls.double(x, z)
+            R.call_packed("tvm_ext.swap.wait", y2, 1, ty_args=R.Tuple([]))
+            w = R.memory.ensure_zero_offset(
+                R.memory.alloc_tensor(pool, 512, R.shape([64]), "float32"))
+            cls.add(y2, z, w)
+            R.call_packed("tvm_ext.swap.wait_all", -1, ty_args=R.Tuple([]))
+            return w
+
+    return Expected
+
+
+def test_golden_ir_of_a_hand_plan():
+    _, plan = _hand_plan()
+    after = SwapOffload(plan=plan)(Before)
+    relax.analysis.well_formed(after)  # raises on the first violation
+    tvm.ir.assert_structural_equal(after, _expected(plan))
+
+
+def test_hand_plan_runs_exactly_and_within_budget():
+    _, plan = _hand_plan()
+    with LLVM:
+        ex = tvm.compile(SwapOffload(plan=plan)(Before), LLVM, relax_pipeline=tvm.transform
+                         .Sequential(P.dataflow_lower_passes(LLVM) + P.finalize_passes(LLVM)))
+    x = np.arange(64, dtype="float32")
+    device, host = vm_devices(LLVM)
+    result = compiler.run(ex, [x], device, repeat=0, host=host, arg_devices=[0])
+    np.testing.assert_array_equal(result.outputs[0], (x + 1) + 2 * x)
+    assert result.peak_bytes <= plan.budget
+    assert result.peak_bytes == 768 + 256  # the pool and the argument x, to the byte
+
+
+def test_already_swapped_is_left_alone():
+    _, plan = _hand_plan()
+    once = SwapOffload(plan=plan)(Before)
+    twice = SwapOffload(plan=plan)(once)
+    tvm.ir.assert_structural_equal(once, twice)
+    assert PLAN_ATTR in once["main"].attrs
+
+
+def test_rejects_unlegalized_and_lowered_modules():
+    @I.ir_module
+    class HighLevel:
+        @R.function
+        def main(x: R.Tensor((8,), "float32")):
+            with R.dataflow():
+                y = R.add(x, x)
+                R.output(y)
+            return y
+
+    with pytest.raises(Exception, match="LegalizeOps"):
+        SwapOffload("50%")(HighLevel)
+    with LLVM:
+        lowered = tvm.transform.Sequential(
+            P.legalize_passes(LLVM) + P.dataflow_lower_passes(LLVM))(HighLevel)
+    with pytest.raises(Exception, match="before dataflow lowering"):
+        SwapOffload("50%")(lowered)
+    with pytest.raises(ValueError, match="device_memory or a plan"):
+        SwapOffload()
+
+
+def test_plan_for_another_graph_is_rejected(zoo_cache):
+    _, plan = _hand_plan()
+    with LLVM:
+        fused = tvm.transform.Sequential(P.legalize_passes(LLVM))(zoo_cache("mlp").mod)
+    with pytest.raises(Exception, match="does not fit"):
+        SwapOffload(plan=plan)(fused)
+
+
+def test_budget_too_small_states_the_smallest(zoo_cache):
+    graph = compiler.analyze(zoo_cache("gpt", training=True), LLVM)
+    problem = plan_problem(graph, 1000, "cpu")
+    minimum, _ = problem.min_budget()
+    with pytest.raises(InfeasibleBudgetError, match=f"smallest feasible budget .*{minimum} "
+                                                    "bytes"):
+        plan_swaps(problem)
+
+
+# ---------------------------------------------------------------------------- zoo, measured
+
+ZOO_CASES = [("mlp", {"layers": 12}), ("gpt", {"layers": 6}), ("resnet", {"blocks": (2, 2)})]
+
+
+def _reference_outputs(model: Model) -> list[np.ndarray]:
+    """The unswapped tvm_ext build's outputs: the same kernels, so swapping must not change a
+    bit."""
+    ex = compiler.build(model, LLVM)
+    return compiler.run(ex, model.random_arguments(0), tvm.cpu(0), repeat=0).outputs
+
+
+def _run_case(model: Model, budget: str | int, reference) -> tuple[int, int, SwapPlan]:
+    """Plan, compile and run swapped; outputs must equal `reference` bit for bit. Returns the
+    measured device peak (VM allocations, arguments on the device, module constants)."""
+    graph = compiler.analyze(model, LLVM)
+    problem = plan_problem(graph, budget, "cpu")
+    plan = plan_swaps(problem, "swapadvisor", time_budget_s=1.0, seed=0)
+    plan.validate(problem)
+    swapped = compiler.build(model, LLVM, swap_plan=plan)
+    device, host = vm_devices(LLVM)
+    out = compiler.run(swapped, model.random_arguments(0), device, repeat=0, host=host,
+                       arg_devices=argument_devices(graph, plan))
+    compiler.compare(out.outputs, reference, rtol=0, atol=0)
+    measured = out.peak_bytes + graph.bytes_of_kind("constant")
+    return measured, problem.budget, plan
+
+
+@pytest.mark.parametrize("name, overrides", ZOO_CASES)
+@pytest.mark.parametrize("training", [False, True])
+def test_zoo_under_budgets_exact_and_measured(name, overrides, training):
+    model = get_model(name, "tiny", training=training, **overrides)
+    graph = compiler.analyze(model, LLVM)
+    problem = plan_problem(graph, "100%", "cpu")
+    minimum = problem.min_budget()[0]
+    reference = _reference_outputs(model)
+    ran = 0
+    for fraction in ("50%", "25%", "12.5%", minimum):
+        budget = fraction if isinstance(fraction, int) else None
+        if budget is None:
+            budget = plan_problem(graph, fraction, "cpu").budget
+        if budget < minimum:
+            with pytest.raises(InfeasibleBudgetError, match=str(minimum)):
+                plan_swaps(plan_problem(graph, budget, "cpu"))
+            continue
+        measured, budget, plan = _run_case(model, budget, reference)
+        assert measured <= budget, (fraction, measured, budget)
+        assert plan.predicted_peak <= budget
+        ran += 1
+    assert ran >= 2  # 1/2 and the smallest budget always run; the others where feasible
+
+
+@st.composite
+def _random_dags(draw):
+    """A random DAG of element-wise kernels and matmuls over (16, 16) float32 tensors."""
+    n = draw(st.integers(3, 9))
+    ops = []
+    for i in range(n):
+        kind = draw(st.sampled_from(["add", "mul", "matmul", "tanh"]))
+        a = draw(st.integers(0, i))  # 0 is the input, k > 0 the k-th op's result
+        b = draw(st.integers(0, i))
+        ops.append((kind, a, b))
+    return ops
+
+
+def _dag_model(ops) -> Model:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((16, 16), "float32"))
+    w = relax.Var("w", relax.TensorType((16, 16), "float32"))
+    with bb.function("main", [x, w], attrs={"num_input": 1}):
+        with bb.dataflow():
+            values = [x]
+            for kind, a, b in ops:
+                va, vb = values[a], values[b]
+                if kind == "add":
+                    expr = relax.op.add(va, vb)
+                elif kind == "mul":
+                    expr = relax.op.multiply(va, w)
+                elif kind == "matmul":
+                    expr = relax.op.matmul(va, vb)
+                else:
+                    expr = relax.op.tanh(va)
+                values.append(bb.emit(expr))
+            out = bb.emit_output(relax.op.add(values[-1], values[len(values) // 2]))
+        bb.emit_func_output(out)
+    specs = [TensorSpec("x", (16, 16), init="uniform", scale=0.5),
+             TensorSpec("w", (16, 16), init="uniform", scale=0.5)]
+    return Model("dag", bb.get(), specs[:1], specs[1:])
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_random_dags(), st.sampled_from(["50%", "25%", "min"]))
+def test_random_dags_exact_and_within_budget(ops, fraction):
+    model = _dag_model(ops)
+    graph = compiler.analyze(model, LLVM)
+    problem = plan_problem(graph, "100%", "cpu")
+    minimum = problem.min_budget()[0]
+    budget = minimum if fraction == "min" else max(minimum, plan_problem(
+        graph, fraction, "cpu").budget)
+    measured, budget, _ = _run_case(model, budget, _reference_outputs(model))
+    assert measured <= budget
+
+
+def test_copy_failure_names_the_tensor():
+    """A failing copy stream raises at the next wait with the tensor's name; nothing is
+    returned from stale data, and the stream stays poisoned until reset."""
+    _, plan = _hand_plan()
+    with LLVM:
+        ex = tvm.compile(SwapOffload(plan=plan)(Before), LLVM, relax_pipeline=tvm.transform
+                         .Sequential(P.dataflow_lower_passes(LLVM) + P.finalize_passes(LLVM)))
+    device, host = vm_devices(LLVM)
+    swap_runtime.inject_failure(0)
+    try:
+        with pytest.raises(Exception, match="copy of tensor 'y'"):
+            compiler.run(ex, [np.zeros(64, "float32")], device, repeat=0, host=host,
+                         arg_devices=[0])
+    finally:
+        swap_runtime.reset()
+    compiler.run(ex, [np.zeros(64, "float32")], device, repeat=0, host=host, arg_devices=[0])

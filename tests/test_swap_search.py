@@ -1,0 +1,160 @@
+"""The SwapAdvisor search: a hand-checked plan, determinism, quality against the baselines,
+the time budget, the infeasible-budget error and JSON round trips."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from swap_dags import random_problem
+
+from tvm_ext.swap import (
+    InfeasibleBudgetError,
+    SearchConfig,
+    SwapPlan,
+    SwapProblem,
+    plan_swaps,
+    simulate,
+)
+from tvm_ext.swap.search import memory_aware_order
+
+FAST = SearchConfig(population=8, generations=6, patience=6)
+
+
+def chain_problem(budget: int = 1280) -> SwapProblem:
+    """X (256 B argument) -> op0 -> A (512) -> op1 -> B (512) -> op2 -> C (512);
+    op3 reads A and C and returns D (256). Ops take 1 s; links move 256 B/s, no latency."""
+    return SwapProblem(
+        op_names=["op0", "op1", "op2", "op3"], durations=[1.0, 1.0, 1.0, 1.0],
+        op_deps=[[], [0], [1], [0, 2]], op_inputs=[[0], [1], [2], [1, 3]],
+        op_outputs=[[1], [2], [3], [4]], op_scratch=[[], [], [], []],
+        op_phases=["forward"] * 4, tensor_names=["X", "A", "B", "C", "D"],
+        sizes=[256, 512, 512, 512, 256],
+        tensor_kinds=["input", "activation", "activation", "activation", "activation"],
+        producers=[-1, 0, 1, 2, 3], host_start=[True, False, False, False, False],
+        pinned=[False] * 5, outputs=[4], budget=budget, h2d_bandwidth=256.0, h2d_latency=0.0,
+        d2h_bandwidth=256.0, d2h_latency=0.0)
+
+
+def test_tiny_chain_plan_by_hand():
+    """Budget 1280 B = op3's working set (A + C + D). Without swapping, A (512) would stay
+    from op0 to op3, and at op2 A + B + C = 1536 B > 1280: A must leave after its last use
+    before op3, i.e. after op1, and come back for op3. X starts on the host (keeping it on
+    the device would leave 1024 B, less than op3 needs).
+
+    t=0..1   X in (256 B / 256 B/s)             | op0 waits for X: runs 1..2 (makes A)
+    t=2..3   op1 (makes B)                       | A out after op1: d2h 3..5 (512 B)
+    op2 makes C in A's window (B holds 512, only 256 B free): waits for A's d2h, runs 5..6
+    A in after op2 (B is dead, its window is free): h2d 6..8; op3 runs 8..9.
+    Iteration time 9 s (ideal 4 s); swapped 256 + 512 in, 512 out; D stays on the device."""
+    problem = chain_problem()
+    assert problem.min_budget() == (1280, 3)
+    plan = plan_swaps(problem, "swapadvisor", time_budget_s=5, config=FAST)
+    plan.validate(problem)
+    assert plan.schedule == [0, 1, 2, 3]
+    assert plan.predicted_time == pytest.approx(9.0)
+    assert [(s.tensor, s.after) for s in plan.swap_outs] == [(1, 1)]
+    assert [(s.tensor, s.after, s.before) for s in plan.swap_ins] == [(0, -1, 0), (1, 2, 3)]
+    assert plan.bytes_swapped_in == 768 and plan.bytes_swapped_out == 512
+    assert plan.outputs_on_host == [] and plan.host_start == [0]
+    assert plan.predicted_peak <= 1280
+    sim = simulate(problem, plan)
+    assert sim.op_start.tolist() == pytest.approx([1.0, 2.0, 5.0, 8.0])
+    assert sim.d2h_start.tolist() == pytest.approx([3.0])
+    assert sim.h2d_start.tolist() == pytest.approx([0.0, 6.0])
+    # C's window is the one A left: op2 waits for A's swap-out.
+    c = next(r for r in plan.residencies if r.tensor == 3)
+    a_first = next(r for r in plan.residencies if r.tensor == 1)
+    assert (c.offset, c.wait_swap_out) == (a_first.offset, 0)
+    # With room for everything nothing moves but X.
+    roomy = plan_swaps(chain_problem(4096), "swapadvisor", time_budget_s=5, config=FAST)
+    assert not roomy.swap_outs and roomy.predicted_time <= 5.0 + 1e-9
+
+
+def test_infeasible_budget_error_names_the_minimum():
+    problem = chain_problem(1279)
+    with pytest.raises(InfeasibleBudgetError) as err:
+        plan_swaps(problem, "swapadvisor")
+    assert err.value.minimum == 1280 and err.value.budget == 1279
+    assert "1280 bytes" in str(err.value) and "op3" in str(err.value)
+    for planner in ("lru", "vdnn"):
+        with pytest.raises(InfeasibleBudgetError):
+            plan_swaps(problem, planner)
+
+
+def test_smallest_feasible_budget_plans():
+    for seed in range(10):
+        problem = random_problem(seed, num_ops=12, budget_frac=0.0)
+        assert problem.budget == problem.min_budget()[0]
+        plan_swaps(problem, "swapadvisor", time_budget_s=5, config=FAST).validate(problem)
+
+
+def test_deterministic_for_a_seed():
+    problem = random_problem(7, num_ops=30, budget_frac=0.3)
+    a = plan_swaps(problem, "swapadvisor", time_budget_s=60, seed=3, config=FAST)
+    b = plan_swaps(problem, "swapadvisor", time_budget_s=60, seed=3, config=FAST)
+    a.planning_time = b.planning_time = 0.0
+    assert a.to_json() == b.to_json()
+
+
+def test_at_least_as_fast_as_the_baselines():
+    for seed in range(8):
+        problem = random_problem(seed, num_ops=25, budget_frac=0.3, training=True)
+        sa = plan_swaps(problem, "swapadvisor", time_budget_s=10, config=FAST)
+        for baseline in ("lru", "vdnn"):
+            assert sa.predicted_time <= plan_swaps(problem, baseline).predicted_time + 1e-9
+        assert sa.predicted_time >= plan_swaps(problem, "ideal").predicted_time - 1e-9
+
+
+def test_time_budget_is_respected():
+    problem = random_problem(11, num_ops=300, budget_frac=0.2)
+    config = SearchConfig(population=16, generations=100_000, patience=100_000)
+    plan_swaps(problem, "swapadvisor", time_budget_s=0.1, config=config)  # compile
+    start = time.perf_counter()
+    plan = plan_swaps(problem, "swapadvisor", time_budget_s=1.0, config=config)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 3.0, elapsed  # the budget plus building the final plan
+    assert plan.info["generations"] >= 1
+
+
+def test_memory_aware_order_is_topological():
+    problem = random_problem(5, num_ops=40, budget_frac=0.5)
+    order = memory_aware_order(problem)
+    assert problem.is_topological(order)
+
+
+def test_json_round_trips():
+    problem = random_problem(2, num_ops=10, budget_frac=0.3)
+    again = SwapProblem.from_json(problem.to_json())
+    assert again.to_json() == problem.to_json()
+    assert np.array_equal(again.sizes, problem.sizes)
+    plan = plan_swaps(problem, "swapadvisor", time_budget_s=5, config=FAST)
+    back = SwapPlan.from_json(plan.to_json())
+    assert back == plan
+    back.validate(again)
+    assert simulate(again, back).makespan == pytest.approx(plan.predicted_time)
+
+
+def test_size_class_layout_plans_hold():
+    """SwapAdvisor's layout: one pool per size class, each tensor in one object of its
+    class, object counts in proportion to demand."""
+    from tvm_ext.swap.derive import Evaluator, Knobs
+
+    checked = 0
+    for seed in range(12):
+        problem = random_problem(seed, num_ops=16, budget_frac=0.6)
+        evaluator = Evaluator(problem)
+        counts = evaluator.initial_counts(0.0)
+        if counts is None:
+            continue
+        assert np.all(counts >= evaluator.min_counts(0.0))
+        plan = evaluator.plan(np.asarray(problem.order), Knobs(keep=0.0), "swapadvisor",
+                              counts=counts)
+        plan.validate(problem)
+        assert plan.size_classes and len(plan.pools) == len(plan.size_classes)
+        for r in plan.residencies:
+            size, count = plan.size_classes[r.pool]
+            assert r.offset % size == 0 and r.offset // size < count and r.nbytes <= size
+        checked += 1
+    assert checked >= 6

@@ -1,0 +1,78 @@
+"""The three-stream simulator and plan invariants, on random DAGs (hypothesis)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from swap_dags import random_problem
+
+from tvm_ext.swap import SearchConfig, plan_swaps, simulate
+from tvm_ext.swap.plan import PlanError
+
+FAST = SearchConfig(population=6, generations=3, patience=3)
+
+
+def _check(problem, plan):
+    plan.validate(problem)  # topological, budget, residency, no shared bytes, swap order
+    sim = simulate(problem, plan)
+    assert sim.makespan == pytest.approx(plan.predicted_time)
+    # Memory never exceeds the budget.
+    assert sim.memory_bytes.max() <= problem.budget
+    # The schedule is topological and ops run one at a time in its order.
+    assert problem.is_topological(plan.schedule)
+    assert np.all(sim.op_start[1:] >= sim.op_end[:-1] - 1e-12)
+    assert sim.makespan >= problem.durations.sum() - 1e-9
+    # Every use finds its tensor resident: each op starts after the swap-ins it needs.
+    for k, s in enumerate(plan.swap_ins):
+        assert sim.op_start[s.before] >= sim.h2d_end[k] - 1e-12
+        # A swap-in never starts before its tensor's swap-out has finished.
+        outs = [j for j, o in enumerate(plan.swap_outs) if o.tensor == s.tensor]
+        for j in outs:
+            assert sim.h2d_start[k] >= sim.d2h_end[j] - 1e-12
+        assert sim.h2d_start[k] >= sim.op_end[s.after] - 1e-12 if s.after >= 0 else True
+    for j, o in enumerate(plan.swap_outs):
+        assert sim.d2h_start[j] >= sim.op_end[o.after] - 1e-12
+    # Streams run one copy at a time.
+    for s, e in ((sim.d2h_start, sim.d2h_end), (sim.h2d_start, sim.h2d_end)):
+        assert np.all(s[1:] >= e[:-1] - 1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), num_ops=st.integers(2, 14),
+       frac=st.floats(0.0, 1.0), planner=st.sampled_from(["swapadvisor", "lru", "vdnn"]),
+       training=st.booleans())
+def test_random_dag_plans_hold_invariants(seed, num_ops, frac, planner, training):
+    problem = random_problem(seed, num_ops=num_ops, budget_frac=frac, training=training)
+    plan = plan_swaps(problem, planner, time_budget_s=5, config=FAST)
+    _check(problem, plan)
+
+
+def test_ideal_is_sum_of_durations():
+    problem = random_problem(1, num_ops=10)
+    plan = plan_swaps(problem, "ideal")
+    sim = simulate(problem, plan)
+    assert sim.makespan == pytest.approx(problem.durations.sum())
+    assert not plan.swap_ins and not plan.swap_outs
+    assert sim.peak_memory == problem.no_swap_peak()
+
+
+def test_validate_catches_broken_plans():
+    problem = random_problem(3, num_ops=10, budget_frac=0.2)
+    plan = plan_swaps(problem, "lru")
+    assert plan.swap_ins, "the case must swap"
+    bad = type(plan).from_json(plan.to_json())
+    bad.schedule = bad.schedule[::-1]
+    with pytest.raises(PlanError, match="topological"):
+        bad.validate(problem)
+    bad = type(plan).from_json(plan.to_json())
+    bad.pools = [problem.budget * 2]
+    bad.predicted_peak = sum(bad.pools)
+    with pytest.raises(PlanError, match="budget"):
+        bad.validate(problem)
+    bad = type(plan).from_json(plan.to_json())
+    s = bad.swap_ins[0]
+    bad.residencies = [r for i, r in enumerate(bad.residencies) if i != s.residency]
+    with pytest.raises(PlanError):
+        bad.validate(problem)

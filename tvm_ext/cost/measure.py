@@ -1,0 +1,144 @@
+"""Measured kernel times: the counterpart of the roofline, to compare and calibrate against.
+
+`measure_kernels(model, target)` fuses the model as the pipeline does (the same module
+`tvm_ext.compiler.analyze` reads), compiles every PrimFunc alone, and times it on random
+inputs with `time_evaluator`. `op_times_measured` turns that into per-op durations for a
+`SwapProblem`; `compare` lines each kernel's roofline estimate up against its measurement, and
+`calibrate` fits a preset's efficiencies to the measurements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..graph import DataflowGraph
+from .hardware import Hardware, get_hardware
+from .roofline import op_time
+
+
+@dataclasses.dataclass
+class KernelTiming:
+    name: str
+    seconds: float  # median of the repeats
+    flops: float
+    bytes_moved: int
+    calls: int  # ops of the graph that call it
+
+
+def fused_module(model, target):
+    """The legalized, fused module whose kernels the graph's ops call."""
+    import tvm
+    from tvm import relax
+
+    from ..pipeline import legalize_passes, library_dispatch_passes
+
+    with target:
+        passes = library_dispatch_passes(target) + legalize_passes(target)
+        fused = tvm.transform.Sequential(passes)(model.mod)
+        return relax.transform.RewriteDataflowReshape()(fused)
+
+
+def _random_args(func, dev, rng):
+    import tvm
+
+    args = []
+    for param in func.params:
+        shape = [int(s) for s in param.shape]
+        dtype = str(param.dtype)
+        if dtype.startswith(("int", "uint")):
+            data = rng.integers(0, 2, size=shape).astype(dtype)  # valid indices for gathers
+        elif dtype == "bool":
+            data = rng.random(size=shape) < 0.5
+        else:
+            data = rng.standard_normal(size=shape).astype(dtype)
+        args.append(tvm.runtime.tensor(data, dev))
+    return args
+
+
+def measure_kernels(model, target=None, graph: DataflowGraph | None = None, *,
+                    number: int = 3, repeat: int = 3, seed: int = 0) -> dict[str, KernelTiming]:
+    """Seconds per call of every kernel the model's fused graph calls, measured here."""
+    import tvm
+    from tvm import tirx
+
+    from ..graph_builder import build_graph
+
+    target = target or tvm.target.Target("llvm")
+    mod = fused_module(model, target)
+    graph = graph or build_graph(mod)
+    calls: dict[str, list] = {}
+    for op in graph.ops:
+        if op.kind == "kernel":
+            calls.setdefault(op.kernel, []).append(op)
+    from ..compiler import device_of
+
+    dev = device_of(target)
+    rng = np.random.default_rng(seed)
+    timings = {}
+    for gv, func in mod.functions.items():
+        name = gv.name_hint
+        if not isinstance(func, tirx.PrimFunc) or name not in calls:
+            continue
+        func = func.with_attr("global_symbol", name)
+        with target:
+            lib = tvm.compile(tvm.IRModule({name: func}), target)
+        args = _random_args(func, dev, rng)
+        seconds = lib.mod.time_evaluator(name, dev, number=number, repeat=repeat)(*args).median
+        op = calls[name][0]
+        timings[name] = KernelTiming(name, float(seconds), op.flops, op.bytes_moved,
+                                     len(calls[name]))
+    return timings
+
+
+def op_times_measured(graph: DataflowGraph, timings: dict[str, KernelTiming]) -> np.ndarray:
+    """Per-op seconds for `SwapProblem.from_graph(op_times=...)`: a kernel op takes its
+    kernel's measured time, views and builtins nothing."""
+    out = np.zeros(graph.num_ops)
+    for op in graph.ops:
+        if op.kind == "kernel":
+            if op.kernel not in timings:
+                raise KeyError(f"no measurement for kernel {op.kernel}")
+            out[op.id] = timings[op.kernel].seconds
+    return out
+
+
+def compare(timings: dict[str, KernelTiming], hardware: str | Hardware = "cpu") -> list[dict]:
+    """Roofline vs measured, kernel by kernel, slowest measured first."""
+    hw = get_hardware(hardware)
+    rows = []
+    for k in sorted(timings.values(), key=lambda k: -k.seconds):
+        est = op_time(k.flops, k.bytes_moved, hw)
+        compute = k.flops / (hw.peak_flops * hw.compute_efficiency)
+        memory = k.bytes_moved / (hw.mem_bandwidth * hw.bandwidth_efficiency)
+        rows.append({"kernel": k.name, "calls": k.calls, "gflops": k.flops / 1e9,
+                     "mbytes": k.bytes_moved / 1e6, "measured_s": k.seconds, "roofline_s": est,
+                     "bound": "compute" if compute >= memory else "memory",
+                     "ratio": k.seconds / est if est > 0 else float("inf")})
+    return rows
+
+
+def calibrate(timings: dict[str, KernelTiming], hardware: str | Hardware = "cpu") -> Hardware:
+    """The preset with efficiencies and launch overhead fitted to the measurements: each
+    kernel's time is modelled as overhead + max(flops / F, bytes / B); F and B are set so that
+    the median measured/modelled ratio is 1 among compute-bound and memory-bound kernels."""
+    hw = get_hardware(hardware)
+    ks = [k for k in timings.values() if k.seconds > 0]
+    if not ks:
+        return hw
+    overhead = float(min(k.seconds for k in ks)) * 0.5
+    ce, be = hw.compute_efficiency, hw.bandwidth_efficiency
+    for _ in range(5):  # the bound of a kernel depends on the rates being fitted
+        comp, mem = [], []
+        for k in ks:
+            c = k.flops / (hw.peak_flops * ce)
+            m = k.bytes_moved / (hw.mem_bandwidth * be)
+            work = max(k.seconds - overhead, 1e-9)
+            (comp if c >= m else mem).append((c, m, work))
+        if comp:
+            ce *= float(np.median([c / w for c, _, w in comp]))
+        if mem:
+            be *= float(np.median([m / w for _, m, w in mem]))
+    return dataclasses.replace(hw, name=f"{hw.name}-calibrated", compute_efficiency=ce,
+                               bandwidth_efficiency=be, launch_overhead=overhead)

@@ -1,0 +1,40 @@
+"""SwapAdvisor-style swap planning: given a DataflowGraph and a device memory budget, find the
+op schedule, memory placement and swaps that run one iteration fastest.
+
+Plain data in (`SwapProblem`, built from a `DataflowGraph`), a `SwapPlan` out; nothing here
+reads IR. `plan_swaps(problem, planner)` is the entry point; `simulate(problem, plan)` scores
+any plan on three streams (compute, device-to-host, host-to-device).
+"""
+
+from __future__ import annotations
+
+from .baselines import ideal, lru, vdnn
+from .plan import PlanError, Residency, SwapIn, SwapOut, SwapPlan
+from .problem import ALIGNMENT, InfeasibleBudgetError, SwapProblem
+from .search import SearchConfig, swapadvisor
+from .simulator import SimResult, simulate
+
+PLANNERS = ("swapadvisor", "vdnn", "lru", "ideal")
+
+
+def plan_swaps(problem: SwapProblem, planner: str = "swapadvisor", *,
+               time_budget_s: float = 30.0, seed: int = 0,
+               config: SearchConfig | None = None) -> SwapPlan:
+    """Plan one iteration of `problem` under its budget.
+
+    Raises `InfeasibleBudgetError` (with the smallest feasible budget) when no plan can fit.
+    time_budget_s and seed apply to the SwapAdvisor search; the baselines are deterministic.
+    """
+    if planner not in PLANNERS:
+        raise ValueError(f"unknown planner {planner!r}; planners: {', '.join(PLANNERS)}")
+    if planner == "ideal":
+        return ideal(problem)
+    problem.check_feasible()
+    if planner == "swapadvisor":
+        return swapadvisor(problem, time_budget_s=time_budget_s, seed=seed, config=config)
+    return lru(problem) if planner == "lru" else vdnn(problem)
+
+
+__all__ = ["ALIGNMENT", "PLANNERS", "InfeasibleBudgetError", "PlanError", "Residency",
+           "SearchConfig", "SimResult", "SwapIn", "SwapOut", "SwapPlan", "SwapProblem",
+           "plan_swaps", "simulate"]

@@ -1,0 +1,60 @@
+"""Baseline planners, scored by the same simulator as SwapAdvisor.
+
+* `ideal`: infinite device memory: everything resident, nothing swapped; the time is the sum
+  of the op durations in the IR's order.
+* `lru`: on-demand swapping: a tensor is copied in right before the op that needs it, and the
+  least recently used tensors are evicted (copied out first if they have no host copy) to
+  make room. Nothing overlaps but the two copy streams.
+* `vdnn` (Rhu et al., MICRO 2016): forward activations that the backward pass reads are
+  offloaded right after their last forward use and prefetched one op ahead of their use in
+  the backward pass; everything else is swapped on demand as in `lru`.
+All run the IR's schedule with the same arena and stream model as SwapAdvisor, and the best
+of a few initial-residency choices (`KEEP_CHOICES`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .derive import Evaluator, Knobs
+from .plan import SwapPlan
+from .problem import SwapProblem
+
+
+def ideal(problem: SwapProblem) -> SwapPlan:
+    """Infinite memory: the lower bound on iteration time."""
+    start = time.perf_counter()
+    order = list(problem.order)
+    on_device = np.nonzero(problem.host_start | problem.pinned)[0].tolist()
+    return SwapPlan(
+        planner="ideal", budget=problem.budget, schedule=order, pools=[], pinned=on_device,
+        host_start=[], outputs_on_host=[], residencies=[], swap_outs=[], swap_ins=[],
+        size_classes=[], predicted_time=float(problem.durations.sum()),
+        predicted_peak=problem.no_swap_peak(),
+        planning_time=time.perf_counter() - start)
+
+
+# Budget fractions that small arguments may hold on the device; each baseline takes its best,
+# so that it is not handicapped by a residency choice its own policy does not make.
+KEEP_CHOICES = (0.0, 0.02, 0.1, 0.25, 0.5, 0.75, 1.0)
+
+
+def _on_demand(problem: SwapProblem, mode: str) -> SwapPlan:
+    start = time.perf_counter()
+    evaluator = Evaluator(problem, mode)
+    order = np.asarray(problem.order, dtype=np.int64)
+    knobs = min((Knobs(keep=k) for k in KEEP_CHOICES),
+                key=lambda k: evaluator.score(order, k))
+    return evaluator.plan(order, knobs, mode, planning_time=time.perf_counter() - start)
+
+
+def lru(problem: SwapProblem) -> SwapPlan:
+    """On-demand swap-in, least-recently-used eviction."""
+    return _on_demand(problem, "lru")
+
+
+def vdnn(problem: SwapProblem) -> SwapPlan:
+    """vDNN's offload/prefetch of activations, on-demand LRU for the rest."""
+    return _on_demand(problem, "vdnn")

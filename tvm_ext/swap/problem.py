@@ -1,0 +1,247 @@
+"""The swap problem: what a swap planner needs to know about one iteration, as plain arrays.
+
+Ops carry a compute duration and the base tensors they touch (inputs, outputs, kernel scratch);
+tensors carry their size and whether they may start on the host (function arguments: a host
+copy exists before the iteration and stays valid, since Relax never writes an argument).
+Views are resolved to their base: they take no bytes and keep the base alive. `pinned` tensors
+(module constants by default) stay on the device for the whole iteration, outside the planned
+pools. Sizes in the problem are rounded up to the pool alignment (256 bytes), the granularity at
+which the SwapOffload pass places tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..cost.hardware import Hardware, get_hardware
+from ..cost.roofline import op_times as roofline_op_times
+from ..graph import DataflowGraph
+
+ALIGNMENT = 256  # byte alignment of every tensor placed in a pool (CUDA's allocation granule)
+
+
+class InfeasibleBudgetError(ValueError):
+    """The device budget is below what a single op needs resident while it runs."""
+
+    def __init__(self, budget: int, minimum: int, op_name: str, pinned: int = 0):
+        self.budget, self.minimum, self.op_name = int(budget), int(minimum), op_name
+        super().__init__(
+            f"device budget {_fmt(budget)} cannot run this graph: op {op_name!r} alone needs "
+            f"{_fmt(minimum - pinned)} resident while it runs"
+            + (f" plus {_fmt(pinned)} of constants kept on the device" if pinned else "")
+            + f", so the smallest feasible budget is {_fmt(minimum)} ({minimum} bytes); "
+            f"raise the budget to at least that")
+
+
+def _fmt(nbytes: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def align(nbytes: int, alignment: int = ALIGNMENT) -> int:
+    return -(-int(nbytes) // alignment) * alignment
+
+
+@dataclasses.dataclass
+class SwapProblem:
+    """One iteration to plan under a device memory budget (see the module docstring).
+
+    Tensor ids and op ids are those of the `DataflowGraph` the problem came from, so a plan's
+    ids index the graph directly.
+    """
+
+    op_names: list[str]
+    durations: np.ndarray  # seconds per op (float64)
+    op_deps: list[list[int]]  # ops each op must follow (producers of its inputs)
+    op_inputs: list[list[int]]  # base tensors read
+    op_outputs: list[list[int]]  # base tensors written (a view op "writes" nothing new)
+    op_scratch: list[list[int]]  # kernel scratch (counted only if count_scratch)
+    op_phases: list[str]  # "forward" / "backward" (vDNN's policy needs it)
+    tensor_names: list[str]
+    sizes: np.ndarray  # bytes per tensor, aligned; 0 for views (int64)
+    tensor_kinds: list[str]
+    producers: list[int]  # producing op, -1 for arguments and constants
+    host_start: np.ndarray  # bool: a valid host copy exists before the iteration
+    pinned: np.ndarray  # bool: on the device for the whole iteration, outside the pools
+    outputs: list[int]  # base tensors the function returns
+    budget: int  # device bytes for the pools plus pinned tensors
+    h2d_bandwidth: float  # bytes/s
+    h2d_latency: float  # s per copy
+    d2h_bandwidth: float
+    d2h_latency: float
+    count_scratch: bool = False
+    order: list[int] | None = None  # the IR's schedule (default 0..n-1)
+    name: str = ""
+
+    def __post_init__(self):
+        self.durations = np.asarray(self.durations, dtype=np.float64)
+        self.sizes = np.asarray(self.sizes, dtype=np.int64)
+        self.host_start = np.asarray(self.host_start, dtype=bool)
+        self.pinned = np.asarray(self.pinned, dtype=bool)
+        if self.order is None:
+            self.order = list(range(self.num_ops))
+        if not self.is_topological(self.order):
+            raise ValueError("the problem's default order is not topological")
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def from_graph(
+        cls,
+        graph: DataflowGraph,
+        budget: int,
+        hardware: str | Hardware = "gtx1080ti",
+        op_times: Sequence[float] | None = None,
+        *,
+        count_scratch: bool = False,
+        pin_constants: bool = True,
+        name: str = "",
+    ) -> SwapProblem:
+        """The problem of one call of `graph`'s function on `hardware` with `budget` bytes.
+
+        op_times: measured seconds per op (e.g. `tvm_ext.cost.measure`); roofline otherwise.
+        count_scratch: kernel scratch (`workspace` tensors) counts against the budget. Off by
+            default: on TVM's CPU backend scratch is not allocated by the VM allocator.
+        pin_constants: module constants stay on the device (the VM loads them there).
+        """
+        hw = get_hardware(hardware)
+        durations = (roofline_op_times(graph, hw) if op_times is None
+                     else np.asarray(op_times, dtype=np.float64))
+        if len(durations) != graph.num_ops:
+            raise ValueError(f"{len(durations)} op times for {graph.num_ops} ops")
+        base = [graph.base(t.id) for t in graph.tensors]
+        sizes = np.array([0 if t.alias_of is not None else align(t.nbytes)
+                          for t in graph.tensors], dtype=np.int64)
+        op_inputs, op_outputs, op_scratch, op_deps = [], [], [], []
+        for op in graph.ops:
+            ins = _unique(base[t] for t in op.inputs)
+            # A view's output is its input's base: nothing new is written.
+            outs = [b for b in _unique(base[t] for t in op.outputs) if b not in ins]
+            op_inputs.append(ins)
+            op_outputs.append(outs)
+            op_scratch.append([op.workspace] if op.workspace is not None else [])
+            op_deps.append(_unique(graph.tensors[t].producer for t in op.inputs
+                                   if graph.tensors[t].producer is not None))
+        kinds = [t.kind for t in graph.tensors]
+        is_arg = np.array([k in ("parameter", "input") for k in kinds])
+        is_const = np.array([k == "constant" for k in kinds])
+        pinned = is_const & pin_constants
+        host_start = is_arg | (is_const & ~pinned)
+        return cls(
+            op_names=[op.name for op in graph.ops], durations=durations, op_deps=op_deps,
+            op_inputs=op_inputs, op_outputs=op_outputs, op_scratch=op_scratch,
+            op_phases=[op.phase for op in graph.ops],
+            tensor_names=[t.name for t in graph.tensors], sizes=sizes, tensor_kinds=kinds,
+            producers=[-1 if t.producer is None else t.producer for t in graph.tensors],
+            host_start=host_start, pinned=pinned,
+            outputs=_unique(base[t] for t in graph.outputs), budget=int(budget),
+            h2d_bandwidth=hw.host_to_device.bandwidth, h2d_latency=hw.host_to_device.latency,
+            d2h_bandwidth=hw.device_to_host.bandwidth, d2h_latency=hw.device_to_host.latency,
+            count_scratch=count_scratch, order=graph.order, name=name or graph.function,
+        )
+
+    def with_budget(self, budget: int) -> SwapProblem:
+        return dataclasses.replace(self, budget=int(budget))
+
+    # ---------------------------------------------------------------- queries
+    @property
+    def num_ops(self) -> int:
+        return len(self.op_names)
+
+    @property
+    def num_tensors(self) -> int:
+        return len(self.tensor_names)
+
+    def needs(self, op: int) -> list[int]:
+        """Base tensors that must be resident while `op` runs (pinned ones included)."""
+        scratch = self.op_scratch[op] if self.count_scratch else []
+        return _unique([*self.op_inputs[op], *self.op_outputs[op], *scratch])
+
+    def is_topological(self, order: Sequence[int]) -> bool:
+        if len(order) != self.num_ops or sorted(order) != list(range(self.num_ops)):
+            return False
+        position = np.empty(self.num_ops, dtype=np.int64)
+        position[np.asarray(order, dtype=np.int64)] = np.arange(self.num_ops)
+        return all(position[d] < position[op] for op in range(self.num_ops)
+                   for d in self.op_deps[op])
+
+    @property
+    def pinned_bytes(self) -> int:
+        return int(self.sizes[self.pinned].sum())
+
+    def op_working_set(self, op: int) -> int:
+        """Aligned bytes of `op`'s unpinned needs: what must fit in the pools while it runs."""
+        return int(sum(self.sizes[t] for t in self.needs(op) if not self.pinned[t]))
+
+    def min_budget(self) -> tuple[int, int]:
+        """(smallest budget that can run the graph, the op that sets it)."""
+        if self.num_ops == 0:
+            return self.pinned_bytes, -1
+        sets = [self.op_working_set(op) for op in range(self.num_ops)]
+        op = int(np.argmax(sets))
+        return self.pinned_bytes + sets[op], op
+
+    def check_feasible(self) -> None:
+        """Raise `InfeasibleBudgetError` if no plan can run the graph within the budget."""
+        minimum, op = self.min_budget()
+        if self.budget < minimum:
+            raise InfeasibleBudgetError(self.budget, minimum,
+                                        self.op_names[op] if op >= 0 else "<constants>",
+                                        self.pinned_bytes)
+
+    def no_swap_peak(self, order: Sequence[int] | None = None) -> int:
+        """Peak device bytes with everything on the device and nothing swapped (arguments and
+        pinned tensors resident throughout, others from production to last use)."""
+        order = self.order if order is None else list(order)
+        n = len(order)
+        start = np.zeros(self.num_tensors, dtype=np.int64)
+        end = np.full(self.num_tensors, -1, dtype=np.int64)
+        resident_all = self.host_start | self.pinned
+        end[resident_all] = n - 1
+        for pos, op in enumerate(order):
+            for t in self.needs(op):
+                if self.producers[t] == op:
+                    start[t] = pos
+                end[t] = max(end[t], pos)
+        for t in self.outputs:
+            end[t] = n - 1
+        delta = np.zeros(n + 1, dtype=np.int64)
+        live = end >= 0
+        np.add.at(delta, start[live], self.sizes[live])
+        np.add.at(delta, end[live] + 1, -self.sizes[live])
+        return int(np.cumsum(delta)[:n].max()) if n else int(self.sizes[resident_all].sum())
+
+    def transfer_time(self, nbytes: float, direction: str) -> float:
+        bw, lat = ((self.h2d_bandwidth, self.h2d_latency) if direction == "h2d"
+                   else (self.d2h_bandwidth, self.d2h_latency))
+        return lat + nbytes / bw if nbytes > 0 else 0.0
+
+    # ---------------------------------------------------------------- serialization
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        for key in ("durations", "sizes", "host_start", "pinned"):
+            data[key] = getattr(self, key).tolist()
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SwapProblem:
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> SwapProblem:
+        return cls.from_dict(json.loads(text))
+
+
+def _unique(items) -> list[int]:
+    seen: dict[int, None] = {}
+    for x in items:
+        seen.setdefault(int(x), None)
+    return list(seen)

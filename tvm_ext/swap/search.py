@@ -1,0 +1,306 @@
+"""The SwapAdvisor search: a genetic algorithm over (schedule, memory-policy knobs).
+
+An individual is a topological op order, a memory layout and the knobs of the swap
+derivation (`Knobs`: how evictions weigh link time, stalls and next-use distance, and how much
+of the budget small arguments may hold on the device). Its fitness is the simulated iteration
+time of the plan the derivation gives it (`derive.Evaluator`). The layout is either
+SwapAdvisor's, the object count of each size class (`counts`; a tensor occupies one object of
+its class), or one arena carved per tensor at any aligned offset (`counts` None). Size classes
+cannot reach budgets near the smallest feasible one (an op's tensors of one class need that
+many objects at once, whatever the other classes hold), and the arena wins on every benchmark
+case; both are searched and the faster plan is returned.
+
+* Seeds: the IR's order and a memory-aware greedy order, each with a spread of knobs, and
+  size-class counts in proportion to each class's peak demand.
+* Crossover: order-preserving on the schedule (a prefix of parent A, then the remaining ops in
+  parent B's order: the child stays topological), uniform on the knobs.
+* Mutation: move an op to a random legal slot (after its last producer, before its first
+  consumer); perturb a knob multiplicatively, or redraw it; move objects from one size class
+  to another (repaired to each class's minimum and to the budget).
+* Elitism keeps the best individuals; every generation a few mutations of the best are tried
+  and kept when better (local search).
+* Stops at the generation limit, the time budget, or after `patience` generations without a
+  relative improvement of 1e-4. Seeded and deterministic when the generation limit, not the
+  clock, ends the search.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+
+from .derive import Evaluator, Knobs
+from .plan import SwapPlan
+from .problem import SwapProblem
+
+_KEEP_CHOICES = (0.0, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+_KNOB_RANGE = {"beta": (0.0, 3.0), "gamma": (0.0, 10.0), "delta": (0.0, 3.0)}
+
+
+@dataclasses.dataclass
+class SearchConfig:
+    population: int = 16
+    generations: int = 200
+    time_budget_s: float = 30.0
+    patience: int = 25
+    elite: int = 2
+    local_steps: int = 2  # mutations of the best tried per generation
+    crossover_rate: float = 0.7
+    order_mutation_rate: float = 0.3
+    knob_mutation_rate: float = 0.8
+
+
+@dataclasses.dataclass
+class Individual:
+    order: np.ndarray
+    knobs: Knobs
+    counts: np.ndarray | None = None  # objects per size class; None: one arena
+    fitness: float = math.inf
+
+
+def memory_aware_order(problem: SwapProblem) -> list[int]:
+    """A greedy topological order that runs, among the ready ops, the one that adds the
+    fewest bytes (outputs made minus inputs freed), ties broken by IR position."""
+    n = problem.num_ops
+    ir_pos = {op: i for i, op in enumerate(problem.order)}
+    succs: list[list[int]] = [[] for _ in range(n)]
+    indeg = np.zeros(n, dtype=np.int64)
+    for op in range(n):
+        for d in set(problem.op_deps[op]):
+            succs[d].append(op)
+            indeg[op] += 1
+    remaining = np.zeros(problem.num_tensors, dtype=np.int64)
+    for op in range(n):
+        for t in problem.needs(op):
+            remaining[t] += 1
+    keep = problem.host_start | problem.pinned
+    keep[problem.outputs] = True
+
+    def delta(op: int) -> int:
+        made = sum(int(problem.sizes[t]) for t in problem.op_outputs[op])
+        freed = sum(int(problem.sizes[t]) for t in problem.op_inputs[op]
+                    if remaining[t] == 1 and not keep[t])
+        return made - freed
+
+    ready = [op for op in range(n) if indeg[op] == 0]
+    order: list[int] = []
+    while ready:
+        best = min(ready, key=lambda op: (delta(op), ir_pos[op]))
+        ready.remove(best)
+        order.append(best)
+        for t in problem.needs(best):
+            remaining[t] -= 1
+        for s in succs[best]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                ready.append(s)
+    return order
+
+
+class GeneticSearch:
+    """The GA of the module docstring, for one problem."""
+
+    def __init__(self, problem: SwapProblem, config: SearchConfig | None = None, seed: int = 0):
+        self.problem = problem
+        self.config = config or SearchConfig()
+        self.rng = np.random.default_rng(seed)
+        self.evaluator = Evaluator(problem, "swapadvisor")
+        n = problem.num_ops
+        self.preds = [np.array(sorted(set(d)), dtype=np.int64) for d in problem.op_deps]
+        succs: list[list[int]] = [[] for _ in range(n)]
+        for op in range(n):
+            for d in set(problem.op_deps[op]):
+                succs[d].append(op)
+        self.succs = [np.array(s, dtype=np.int64) for s in succs]
+        self.history: list[float] = []
+        # Best time found with each memory layout (inf: the layout cannot fit the budget).
+        self.best_by_layout: dict[str, float] = {}
+
+    # ---------------------------------------------------------------- operators
+    def _evaluate(self, ind: Individual) -> Individual:
+        if ind.counts is not None:
+            ind.counts = self.evaluator.repair(ind.counts, ind.knobs.keep)
+            if ind.counts is None:  # this keep leaves too little room for size classes
+                ind.fitness = math.inf
+                return ind
+        ind.fitness = self.evaluator.score(ind.order, ind.knobs, ind.counts)
+        layout = "arena" if ind.counts is None else "size_classes"
+        self.best_by_layout[layout] = min(self.best_by_layout.get(layout, math.inf),
+                                          ind.fitness)
+        return ind
+
+    def _mutate_counts(self, counts: np.ndarray) -> np.ndarray:
+        """Move memory between size classes: drop objects of one class, add objects of
+        another with the bytes freed (`repair` restores the minimum and the budget)."""
+        counts = counts.copy()
+        sizes = self.evaluator.class_sizes
+        a, b = self.rng.choice(len(counts), size=2, replace=len(counts) < 2)
+        drop = int(self.rng.integers(1, max(int(counts[a]) // 4, 1) + 1))
+        drop = min(drop, int(counts[a]))
+        counts[a] -= drop
+        counts[b] += drop * int(sizes[a]) // int(sizes[b])
+        return counts
+
+    def _random_knobs(self) -> Knobs:
+        r = self.rng
+        return Knobs(beta=float(r.uniform(*_KNOB_RANGE["beta"])),
+                     gamma=float(r.uniform(*_KNOB_RANGE["gamma"])),
+                     delta=float(r.uniform(*_KNOB_RANGE["delta"])) * float(r.random() < 0.7),
+                     keep=float(r.choice(_KEEP_CHOICES)))
+
+    def _mutate_knobs(self, k: Knobs) -> Knobs:
+        r = self.rng
+        values = dataclasses.asdict(k)
+        name = str(r.choice(["beta", "gamma", "delta", "keep"]))
+        if name == "keep":
+            values["keep"] = float(r.choice(_KEEP_CHOICES))
+        elif r.random() < 0.15:
+            values[name] = 0.0 if r.random() < 0.5 else float(r.uniform(*_KNOB_RANGE[name]))
+        else:
+            lo, hi = _KNOB_RANGE[name]
+            base = values[name] if values[name] > 0 else 0.05 * hi
+            values[name] = float(np.clip(base * math.exp(r.normal(0, 0.5)), lo, hi))
+        return Knobs(**values)
+
+    def _mutate_order(self, order: np.ndarray) -> np.ndarray:
+        """Move one op to a random slot between its last producer and first consumer."""
+        n = len(order)
+        if n < 2:
+            return order
+        pos = np.empty(n, dtype=np.int64)
+        pos[order] = np.arange(n)
+        for _ in range(8):
+            k = int(self.rng.integers(n))
+            op = order[k]
+            lo = int(pos[self.preds[op]].max()) + 1 if len(self.preds[op]) else 0
+            hi = int(pos[self.succs[op]].min()) - 1 if len(self.succs[op]) else n - 1
+            if hi > lo:
+                break
+        else:
+            return order
+        target = int(self.rng.integers(lo, hi + 1))
+        if target == k:
+            return order
+        rest = np.delete(order, k)
+        return np.insert(rest, target, op).astype(np.int64)
+
+    def _crossover(self, a: Individual, b: Individual) -> Individual:
+        n = len(a.order)
+        cut = int(self.rng.integers(1, n)) if n > 1 else 0
+        taken = np.zeros(n, dtype=bool)
+        taken[a.order[:cut]] = True
+        order = np.concatenate([a.order[:cut], b.order[~taken[b.order]]]).astype(np.int64)
+        ka, kb = dataclasses.asdict(a.knobs), dataclasses.asdict(b.knobs)
+        knobs = Knobs(**{f: (ka[f] if self.rng.random() < 0.5 else kb[f]) for f in ka})
+        counts = a.counts
+        if a.counts is not None and b.counts is not None:
+            pick = self.rng.random(len(a.counts)) < 0.5
+            counts = np.where(pick, a.counts, b.counts)
+        return Individual(order, knobs, counts)
+
+    def _tournament(self, pop: list[Individual]) -> Individual:
+        picks = self.rng.choice(len(pop), size=min(3, len(pop)), replace=False)
+        return min((pop[i] for i in picks), key=lambda ind: ind.fitness)
+
+    def _child(self, pop: list[Individual]) -> Individual:
+        c = self.config
+        a = self._tournament(pop)
+        if self.rng.random() < c.crossover_rate:
+            child = self._crossover(a, self._tournament(pop))
+        else:
+            child = Individual(a.order, a.knobs, a.counts)
+        if self.rng.random() < c.order_mutation_rate:
+            child.order = self._mutate_order(child.order)
+        if self.rng.random() < c.knob_mutation_rate:
+            child.knobs = self._mutate_knobs(child.knobs)
+        if child.counts is not None and self.rng.random() < c.knob_mutation_rate:
+            child.counts = self._mutate_counts(child.counts)
+        return child
+
+    # ---------------------------------------------------------------- the loop
+    def seeds(self) -> list[Individual]:
+        ir = np.asarray(self.problem.order, dtype=np.int64)
+        mem = np.asarray(memory_aware_order(self.problem), dtype=np.int64)
+        grid = [Knobs(), Knobs(0.1, 1.0, 0.01, 0.05), Knobs(0.5, 2.0, 0.1, 0.02),
+                Knobs(0.0, 3.0, 1.0, 0.02), Knobs(0.2, 1.0, 0.0, 0.0), Knobs(1.0, 0.5, 0.5, 0.1),
+                Knobs(0.2, 1.0, 0.01, 0.5), Knobs(0.2, 1.0, 0.01, 1.0)]
+        pop = [Individual(ir, k) for k in grid]
+        pop += [Individual(mem, k) for k in grid[:2]]
+        # SwapAdvisor's own layout: objects per size class, in proportion to demand.
+        for k, spread in ((grid[1], 1.0), (grid[2], 0.5), (grid[0], 1.0)):
+            counts = self.evaluator.initial_counts(k.keep, spread)
+            if counts is not None:
+                pop.append(Individual(ir, k, counts))
+        while len(pop) < self.config.population:
+            pop.append(Individual(ir if len(pop) % 2 else mem, self._random_knobs()))
+        return pop[: max(self.config.population, 2)]
+
+    def run(self) -> Individual:
+        c = self.config
+        start = time.perf_counter()
+        deadline = start + c.time_budget_s
+        pop = []
+        for ind in self.seeds():
+            pop.append(self._evaluate(ind))
+            if time.perf_counter() > deadline and len(pop) >= 2:
+                break
+        pop.sort(key=lambda ind: ind.fitness)
+        best = pop[0]
+        self.history = [best.fitness]
+        stale = 0
+        self.generations = 0
+        for _gen in range(c.generations):
+            if time.perf_counter() > deadline:
+                break
+            children = [dataclasses.replace(ind) for ind in pop[: c.elite]]
+            while len(children) < len(pop):
+                children.append(self._evaluate(self._child(pop)))
+            # Local search on the best: keep a mutation of it when it is better.
+            children.sort(key=lambda ind: ind.fitness)
+            for _ in range(c.local_steps):
+                lead = children[0]
+                trial = Individual(lead.order, lead.knobs, lead.counts)
+                roll = self.rng.random()
+                if trial.counts is not None and roll < 0.3:
+                    trial.counts = self._mutate_counts(trial.counts)
+                elif roll < 0.65:
+                    trial.knobs = self._mutate_knobs(trial.knobs)
+                else:
+                    trial.order = self._mutate_order(trial.order)
+                self._evaluate(trial)
+                if trial.fitness < lead.fitness:
+                    children[0] = trial
+            pop = sorted(children, key=lambda ind: ind.fitness)
+            self.generations += 1
+            if pop[0].fitness < best.fitness * (1 - 1e-4):
+                stale = 0
+            else:
+                stale += 1
+            if pop[0].fitness < best.fitness:
+                best = pop[0]
+            self.history.append(best.fitness)
+            if stale >= c.patience:
+                break
+        self.elapsed = time.perf_counter() - start
+        return best
+
+
+def swapadvisor(problem: SwapProblem, time_budget_s: float = 30.0, seed: int = 0,
+                config: SearchConfig | None = None) -> SwapPlan:
+    """The SwapAdvisor plan of `problem` (GA search, see the module docstring)."""
+    config = dataclasses.replace(config or SearchConfig(), time_budget_s=time_budget_s)
+    search = GeneticSearch(problem, config, seed)
+    best = search.run()
+    return search.evaluator.plan(
+        best.order, best.knobs, "swapadvisor", planning_time=search.elapsed,
+        info={"generations": search.generations,
+              "evaluations": search.evaluator.evaluations, "seed": seed,
+              "best_by_layout": {k: (v if math.isfinite(v) else None)
+                                 for k, v in search.best_by_layout.items()}},
+        counts=best.counts)
+
+
+__all__ = ["GeneticSearch", "Individual", "SearchConfig", "memory_aware_order", "swapadvisor"]

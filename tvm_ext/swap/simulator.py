@@ -1,0 +1,124 @@
+"""Simulate one iteration of a plan on three streams: compute, device-to-host, host-to-device.
+
+Compute runs the ops in schedule order, one at a time. Each copy stream runs its copies in
+the plan's order (the order the pass issues them), one at a time; a copy takes
+latency + bytes / bandwidth. Dependencies:
+  * a swap-out starts after the op it is issued after has finished;
+  * a swap-in starts after the op it is issued after, and after the swap-out it waits for
+    (the previous holder of its window, and its own data if it was swapped out before);
+  * an op starts after its predecessor in the schedule, its swap-ins, and the swap-out of
+    whatever its outputs' windows held.
+The makespan is the end of the last op or copy. Device memory at time t is the pinned bytes
+plus the bytes of every residency holding its window at t: from its op's start (produced) or
+its copy's start (swapped in) to its last op's end, or to the end of its swap-out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from . import _core
+from .plan import SwapPlan
+from .problem import SwapProblem
+
+
+@dataclasses.dataclass
+class SimResult:
+    makespan: float
+    op_start: np.ndarray  # by position
+    op_end: np.ndarray
+    d2h_start: np.ndarray  # by swap-out index
+    d2h_end: np.ndarray
+    h2d_start: np.ndarray  # by swap-in index
+    h2d_end: np.ndarray
+    memory_times: np.ndarray  # step function: bytes from memory_times[k] on
+    memory_bytes: np.ndarray
+
+    def timelines(self, plan: SwapPlan) -> dict[str, list[tuple[int, float, float]]]:
+        """Per stream, (op id or tensor id, start, end) of each event in stream order."""
+        return {
+            "compute": [(op, float(s), float(e)) for op, s, e in
+                        zip(plan.schedule, self.op_start, self.op_end, strict=True)],
+            "d2h": [(c.tensor, float(s), float(e)) for c, s, e in
+                    zip(plan.swap_outs, self.d2h_start, self.d2h_end, strict=True)],
+            "h2d": [(c.tensor, float(s), float(e)) for c, s, e in
+                    zip(plan.swap_ins, self.h2d_start, self.h2d_end, strict=True)],
+        }
+
+    @property
+    def peak_memory(self) -> int:
+        return int(self.memory_bytes.max()) if self.memory_bytes.size else 0
+
+
+def simulate(problem: SwapProblem, plan: SwapPlan) -> SimResult:
+    """Times and device memory of one iteration of `plan` (see the module docstring)."""
+    n = len(plan.schedule)
+    dur = problem.durations[np.asarray(plan.schedule, dtype=np.int64)] if n else np.zeros(0)
+    big = len(plan.swap_outs) + 1
+    d_p = np.array([s.after for s in plan.swap_outs], dtype=np.int64)
+    d_bytes = np.array([s.nbytes for s in plan.swap_outs], dtype=np.float64)
+
+    def key(idx: int) -> int:
+        return -1 if idx < 0 else int(plan.swap_outs[idx].after) * big + idx
+
+    h_q = np.array([s.after for s in plan.swap_ins], dtype=np.int64)
+    h_r = np.array([s.before for s in plan.swap_ins], dtype=np.int64)
+    h_dep = np.array([key(s.wait_swap_out) for s in plan.swap_ins], dtype=np.int64)
+    h_bytes = np.array([s.nbytes for s in plan.swap_ins], dtype=np.float64)
+    op_wait = np.full(n, -1, dtype=np.int64)
+    for r in plan.residencies:
+        if r.source == "produced" and r.wait_swap_out >= 0:
+            op_wait[r.begin] = max(op_wait[r.begin], key(r.wait_swap_out))
+    op_s, op_e, d_s, d_e, h_s, h_e = _core.simulate(
+        dur, d_p, d_bytes, np.arange(len(d_p), dtype=np.int64), h_q, h_r, h_dep, h_bytes,
+        np.arange(len(h_q), dtype=np.int64), op_wait, problem.h2d_bandwidth,
+        problem.h2d_latency, problem.d2h_bandwidth, problem.d2h_latency, big)
+    makespan = max(float(op_e[-1]) if n else 0.0, float(d_e.max()) if len(d_e) else 0.0)
+    times, nbytes = _memory(problem, plan, op_s, op_e, d_e, h_s, makespan)
+    return SimResult(makespan, op_s, op_e, d_s, d_e, h_s, h_e, times, nbytes)
+
+
+def _memory(problem, plan, op_s, op_e, d_e, h_s, makespan):
+    pinned = int(sum(problem.sizes[t] for t in plan.pinned))
+    starts, ends, sizes = [], [], []
+    if plan.planner == "ideal":
+        # No windows: every tensor lives from its producer's start to its last use's end.
+        position = {op: i for i, op in enumerate(plan.schedule)}
+        first, last = {}, {}
+        for op in plan.schedule:
+            for t in problem.needs(op):
+                if t in plan.pinned:
+                    continue
+                first.setdefault(t, op_s[position[op]])
+                last[t] = op_e[position[op]]
+        for t in problem.outputs:
+            last[t] = makespan
+        for t, s in first.items():
+            starts.append(s)
+            ends.append(last[t])
+            sizes.append(problem.sizes[t])
+    else:
+        out_end = {(s.tensor, s.after): float(e) for s, e in zip(plan.swap_outs, d_e,
+                                                                  strict=True)}
+        n = len(plan.schedule)
+        for r in plan.residencies:
+            begin = op_s[r.begin] if r.source == "produced" else h_s[r.swap_in]
+            end = out_end.get((r.tensor, r.end), op_e[r.end])
+            if r.end == n - 1 and r.tensor in problem.outputs and \
+                    r.tensor not in plan.outputs_on_host:
+                end = makespan
+            starts.append(begin)
+            ends.append(max(end, op_e[r.end]))
+            sizes.append(r.nbytes)
+    if not starts:
+        return np.array([0.0]), np.array([pinned], dtype=np.int64)
+    t = np.concatenate([starts, ends])
+    delta = np.concatenate([sizes, -np.asarray(sizes)])
+    # At equal times, releases come before acquisitions (a window is reused after release).
+    order = np.lexsort((delta, t))
+    times = t[order]
+    level = np.cumsum(delta[order]) + pinned
+    keep = np.append(times[1:] != times[:-1], True)
+    return np.concatenate([[0.0], times[keep]]), np.concatenate([[pinned], level[keep]])
