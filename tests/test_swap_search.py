@@ -112,9 +112,11 @@ def test_time_budget_is_respected():
     config = SearchConfig(population=16, generations=100_000, patience=100_000)
     plan_swaps(problem, "swapadvisor", time_budget_s=0.1, config=config)  # compile
     start = time.perf_counter()
-    plan = plan_swaps(problem, "swapadvisor", time_budget_s=1.0, config=config)
+    plan = plan_swaps(problem, "swapadvisor", time_budget_s=0.5, config=config)
     elapsed = time.perf_counter() - start
-    assert elapsed < 3.0, elapsed  # the budget plus building the final plan
+    # Without the budget the search would run 100,000 generations; with it, it stops after
+    # 0.5 s plus one generation and the final plan (generous margin: the machine is shared).
+    assert elapsed < 4.0, elapsed
     assert plan.info["generations"] >= 1
 
 

@@ -45,7 +45,7 @@ class SearchConfig:
     population: int = 16
     generations: int = 200
     time_budget_s: float = 30.0
-    patience: int = 25
+    patience: int = 40
     elite: int = 2
     local_steps: int = 2  # mutations of the best tried per generation
     crossover_rate: float = 0.7
