@@ -1,5 +1,10 @@
-"""From (schedule, policy knobs) to a scored SwapPlan: the compiled swap derivation
-(`_core.derive`) and simulation behind every planner, plus the initial-residency decision.
+"""From (schedule, memory layout, policy knobs) to a scored SwapPlan: the compiled swap
+derivation (`_core.derive`) and simulation behind every planner, SwapAdvisor's size classes,
+and the initial-residency decision.
+
+Size classes: the distinct tensor sizes (`size_classes`); a layout gives each class a number
+of objects, at least the most tensors of that class any op needs at once (`min_counts`), and
+the plan gets one pool per class of objects x object bytes.
 
 Initial residency: arguments start on the host and are fetched into the arena when needed,
 except the smallest ones, kept on the device for the whole call (outside the arena) up to a
@@ -51,9 +56,6 @@ class Knobs:
     gamma: float = 1.0  # stall of the tensor being placed
     delta: float = 0.0  # Belady: prefer evicting tensors used far in the future
     keep: float = 0.02
-
-    def as_tuple(self) -> tuple:
-        return (self.beta, self.gamma, self.delta, self.keep)
 
 
 class Evaluator:
