@@ -247,10 +247,18 @@ class Evaluator:
         op_e, d_e = sim[1], sim[3]
         makespan = max(op_e[-1] if len(op_e) else 0.0, d_e.max() if len(d_e) else 0.0)
         self.evaluations += 1
-        return float(makespan), (raw, d_order, h_order, q_final, fixed, arena)
+        return float(makespan), (raw, d_order, h_order, q_final, fixed, arena, sim[:2])
 
     def score(self, order: np.ndarray, knobs: Knobs, counts: np.ndarray | None = None) -> float:
         return self.run(order, knobs, counts)[0]
+
+    def score_with_stalls(self, order: np.ndarray, knobs: Knobs,
+                          counts: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+        """(simulated time, how long each position's op waited after its predecessor)."""
+        makespan, extra = self.run(order, knobs, counts)
+        op_s, op_e = extra[-1]
+        stalls = op_s - np.concatenate([[0.0], op_e[:-1]])
+        return makespan, np.maximum(stalls, 0.0)
 
     # ---------------------------------------------------------------- the plan
     def plan(self, order: np.ndarray, knobs: Knobs, planner: str,
@@ -263,8 +271,8 @@ class Evaluator:
         start = time.perf_counter()
         p = self.problem
         order = np.asarray(order, dtype=np.int64)
-        makespan, (raw, d_order, h_order, q_final, fixed, arena) = self.run(order, knobs,
-                                                                             counts)
+        makespan, (raw, d_order, h_order, q_final, fixed, arena, _) = self.run(order, knobs,
+                                                                                counts)
         (r_t, r_off, r_begin, r_end, r_h2d, r_wait, r_valid, h_t, h_q, h_r, h_dep, _,
          d_t, d_p, _, end_dev, fallbacks, big, max_segments, placements) = raw
         d_index = np.empty(len(d_order), dtype=np.int64)
