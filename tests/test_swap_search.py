@@ -17,7 +17,7 @@ from tvm_ext.swap import (
     plan_swaps,
     simulate,
 )
-from tvm_ext.swap.search import memory_aware_order
+from tvm_ext.swap.search import as_late_as_possible_order, memory_aware_order
 
 FAST = SearchConfig(population=8, generations=6, patience=6)
 
@@ -120,10 +120,14 @@ def test_time_budget_is_respected():
     assert plan.info["generations"] >= 1
 
 
-def test_memory_aware_order_is_topological():
-    problem = random_problem(5, num_ops=40, budget_frac=0.5)
-    order = memory_aware_order(problem)
-    assert problem.is_topological(order)
+def test_seed_orders_are_topological():
+    for seed in range(5):
+        problem = random_problem(seed, num_ops=40, budget_frac=0.5)
+        assert problem.is_topological(memory_aware_order(problem))
+        assert problem.is_topological(as_late_as_possible_order(problem))
+    # A chain with an independent op: ALAP runs it last, right before nothing needs it.
+    problem = chain_problem()
+    assert as_late_as_possible_order(problem) == [0, 1, 2, 3]
 
 
 def test_json_round_trips():

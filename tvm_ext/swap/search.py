@@ -10,7 +10,8 @@ cannot reach budgets near the smallest feasible one (an op's tensors of one clas
 many objects at once, whatever the other classes hold), and the arena wins on every benchmark
 case; both are searched and the faster plan is returned.
 
-* Seeds: the IR's order and a memory-aware greedy order, each with a spread of knobs, and
+* Seeds: the IR's order, a memory-aware greedy order and an as-late-as-possible order, with a
+  spread of knobs, and
   size-class counts in proportion to each class's peak demand.
 * Crossover: order-preserving on the schedule (a prefix of parent A, then the remaining ops in
   parent B's order: the child stays topological), uniform on the knobs.
@@ -264,8 +265,10 @@ class GeneticSearch:
         grid = [Knobs(), Knobs(0.1, 1.0, 0.01, 0.05), Knobs(0.5, 2.0, 0.1, 0.02),
                 Knobs(0.0, 3.0, 1.0, 0.02), Knobs(0.2, 1.0, 0.0, 0.0), Knobs(1.0, 0.5, 0.5, 0.1),
                 Knobs(0.2, 1.0, 0.01, 0.5), Knobs(0.2, 1.0, 0.01, 1.0)]
+        alap = np.asarray(as_late_as_possible_order(self.problem), dtype=np.int64)
         pop = [Individual(ir, k) for k in grid]
         pop += [Individual(mem, k) for k in grid[:2]]
+        pop += [Individual(alap, k) for k in grid[1:3]]
         # SwapAdvisor's own layout: objects per size class, in proportion to demand.
         for k, spread in ((grid[1], 1.0), (grid[2], 0.5), (grid[0], 1.0)):
             counts = self.evaluator.initial_counts(k.keep, spread)
@@ -343,4 +346,5 @@ def swapadvisor(problem: SwapProblem, time_budget_s: float = 30.0, seed: int = 0
         counts=best.counts)
 
 
-__all__ = ["GeneticSearch", "Individual", "SearchConfig", "memory_aware_order", "swapadvisor"]
+__all__ = ["GeneticSearch", "Individual", "SearchConfig", "as_late_as_possible_order",
+           "memory_aware_order", "swapadvisor"]
