@@ -125,7 +125,7 @@ def test_seed_orders_are_topological():
         problem = random_problem(seed, num_ops=40, budget_frac=0.5)
         assert problem.is_topological(memory_aware_order(problem))
         assert problem.is_topological(as_late_as_possible_order(problem))
-    # A chain with an independent op: ALAP runs it last, right before nothing needs it.
+    # A chain has one order.
     problem = chain_problem()
     assert as_late_as_possible_order(problem) == [0, 1, 2, 3]
 
