@@ -124,14 +124,17 @@ class Evaluator:
         return self._min_counts[keep]
 
     def repair(self, counts: np.ndarray, keep: float) -> np.ndarray | None:
-        """`counts` raised to the minimum and cut to the arena (largest slack first); None
-        when the size-class layout cannot fit this budget at all."""
+        """`counts` raised to the minimum, capped at the class's tensor count and cut to the
+        arena (largest slack first); None when size classes cannot fit this budget at all."""
         low = self.min_counts(keep)
         _, arena = self.fixed(keep)
         sizes = self.class_sizes
         if int((low * sizes).sum()) > arena:
             return None
-        counts = np.maximum(np.asarray(counts, dtype=np.int64), low)
+        # No class needs more objects than it has tensors.
+        most = np.maximum(np.bincount(self.class_of[self.class_of >= 0],
+                                      minlength=len(sizes)), low)
+        counts = np.clip(np.asarray(counts, dtype=np.int64), low, most)
         excess = int((counts * sizes).sum()) - arena
         while excess > 0:
             slack = np.nonzero(counts > low)[0]
