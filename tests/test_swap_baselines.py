@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from swap_dags import random_problem
 
@@ -46,9 +47,13 @@ def test_baselines_on_gpt_training(gpt_tiny_training, ratio):
 
 
 def test_vdnn_offloads_forward_activations(gpt_tiny_training):
+    from tvm_ext.swap.derive import Evaluator, Knobs
+
     base = gpt_tiny_training
     problem = base.with_budget(base.no_swap_peak() // 2)
-    plan = plan_swaps(problem, "vdnn")
+    order = np.asarray(problem.order)
+    plan = Evaluator(problem, "vdnn").plan(order, Knobs(keep=0.0), "vdnn")  # vDNN_all
+    plan.validate(problem)
     offloaded = [s for s in plan.swap_outs if problem.tensor_kinds[s.tensor] == "activation"]
     assert offloaded
     # Offloaded activations come back one op ahead of a backward use, or on demand.
@@ -59,3 +64,7 @@ def test_vdnn_offloads_forward_activations(gpt_tiny_training):
             prefetched += 1
             assert problem.op_phases[plan.schedule[s.before]] == "backward"
     assert prefetched
+    # vDNN_dyn keeps the faster of vDNN_all and on-demand swapping.
+    chosen = plan_swaps(problem, "vdnn")
+    assert chosen.predicted_time <= min(plan.predicted_time,
+                                        plan_swaps(problem, "lru").predicted_time) + 1e-12

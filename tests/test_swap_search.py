@@ -17,7 +17,7 @@ from tvm_ext.swap import (
     plan_swaps,
     simulate,
 )
-from tvm_ext.swap.search import memory_aware_order
+from tvm_ext.swap.search import as_late_as_possible_order, memory_aware_order
 
 FAST = SearchConfig(population=8, generations=6, patience=6)
 
@@ -112,16 +112,22 @@ def test_time_budget_is_respected():
     config = SearchConfig(population=16, generations=100_000, patience=100_000)
     plan_swaps(problem, "swapadvisor", time_budget_s=0.1, config=config)  # compile
     start = time.perf_counter()
-    plan = plan_swaps(problem, "swapadvisor", time_budget_s=1.0, config=config)
+    plan = plan_swaps(problem, "swapadvisor", time_budget_s=0.5, config=config)
     elapsed = time.perf_counter() - start
-    assert elapsed < 3.0, elapsed  # the budget plus building the final plan
+    # Without the budget the search would run 100,000 generations; with it, it stops after
+    # 0.5 s plus one generation and the final plan (generous margin: the machine is shared).
+    assert elapsed < 4.0, elapsed
     assert plan.info["generations"] >= 1
 
 
-def test_memory_aware_order_is_topological():
-    problem = random_problem(5, num_ops=40, budget_frac=0.5)
-    order = memory_aware_order(problem)
-    assert problem.is_topological(order)
+def test_seed_orders_are_topological():
+    for seed in range(5):
+        problem = random_problem(seed, num_ops=40, budget_frac=0.5)
+        assert problem.is_topological(memory_aware_order(problem))
+        assert problem.is_topological(as_late_as_possible_order(problem))
+    # A chain has one order.
+    problem = chain_problem()
+    assert as_late_as_possible_order(problem) == [0, 1, 2, 3]
 
 
 def test_json_round_trips():

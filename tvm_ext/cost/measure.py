@@ -122,7 +122,10 @@ def compare(timings: dict[str, KernelTiming], hardware: str | Hardware = "cpu") 
 def calibrate(timings: dict[str, KernelTiming], hardware: str | Hardware = "cpu") -> Hardware:
     """The preset with efficiencies and launch overhead fitted to the measurements: each
     kernel's time is modelled as overhead + max(flops / F, bytes / B); F and B are set so that
-    the median measured/modelled ratio is 1 among compute-bound and memory-bound kernels."""
+    the compute-bound kernels together, and the memory-bound ones together, take the measured
+    time in one iteration (a sum over the graph's calls, not a median: a swap plan cares
+    about where the time goes). The
+    overhead is half the fastest kernel's time."""
     hw = get_hardware(hardware)
     ks = [k for k in timings.values() if k.seconds > 0]
     if not ks:
@@ -135,10 +138,11 @@ def calibrate(timings: dict[str, KernelTiming], hardware: str | Hardware = "cpu"
             c = k.flops / (hw.peak_flops * ce)
             m = k.bytes_moved / (hw.mem_bandwidth * be)
             work = max(k.seconds - overhead, 1e-9)
-            (comp if c >= m else mem).append((c, m, work))
+            # Weighted by how often the graph calls the kernel.
+            (comp if c >= m else mem).append((c * k.calls, m * k.calls, work * k.calls))
         if comp:
-            ce *= float(np.median([c / w for c, _, w in comp]))
+            ce *= sum(c for c, _, _ in comp) / sum(w for _, _, w in comp)
         if mem:
-            be *= float(np.median([m / w for _, m, w in mem]))
+            be *= sum(m for _, m, _ in mem) / sum(w for _, _, w in mem)
     return dataclasses.replace(hw, name=f"{hw.name}-calibrated", compute_efficiency=ce,
                                bandwidth_efficiency=be, launch_overhead=overhead)

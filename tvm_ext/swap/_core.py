@@ -2,23 +2,29 @@
 simulation. Plain integer/float arrays in and out; `derive.py` and `simulator.py` wrap them.
 
 Positions are places in the schedule: op `order[i]` runs at position i. The device memory for
-planned tensors is one arena of `arena` bytes (256-aligned); a tensor occupies a contiguous,
-aligned window of it for each residency interval.
+planned tensors is one region of `arena` bytes; a tensor occupies a contiguous, 256-aligned
+window of it for each residency interval. Two layouts: the arena (a window may start at any
+aligned offset) and SwapAdvisor's size classes (the region is cut into `cls_count[c]` objects
+of `cls_size[c]` bytes per class; a tensor may only occupy one object of its class).
 
 Derivation walks the schedule once. At each position the op's needs are locked; each one not
 resident gets a window. A window's cost depends on the policy (`mode`):
   * SWAPADVISOR: the link time of evicting its occupants and bringing them back (weight beta),
     the stall that bringing them back before their next use would cause, a Belady term
-    favouring occupants used furthest in the future (weight delta), and the stall of the new
-    tensor itself if its window frees too late to prefetch it in time (weight gamma). Evicted
-    tensors leave right after their last use; a swap-in is issued as soon as its window is free
-    (after the last use, and the swap-out, of everything that occupied it).
+    favouring occupants used furthest in the future (weight delta), and how late the op would
+    start because of this window (weight gamma): the window frees when its occupants' last
+    ops end and their swap-outs finish, then the swap-in waits for the host-to-device link.
+    Evicted tensors leave right after their last use; a swap-in is issued as soon as its
+    window is free (after the last use, and the swap-out, of everything that occupied it).
   * LRU: evict the window whose occupants were least recently used; swaps happen on demand,
     right before the op that needs the tensor (no prefetch).
   * VDNN: LRU on demand, plus the vDNN policy: forward activations that the backward pass reads
     are offloaded right after their last forward use and prefetched one op ahead of their use.
-If no window avoids the op's other needs (fragmentation), every need of the op is evicted and
-the op's working set is packed from offset 0, which always fits once the budget is feasible.
+Those times come from a running estimate of the iteration kept during the walk (`est`: end of
+each op so far, `clock`: when each copy stream frees up), so choices see stalls and link load.
+If no window avoids the op's other needs (arena fragmentation), every need of the op is
+evicted and the op's working set is packed from offset 0, which always fits once the budget is
+feasible.
 """
 
 from __future__ import annotations

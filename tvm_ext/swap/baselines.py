@@ -7,7 +7,8 @@
   make room. Nothing overlaps but the two copy streams.
 * `vdnn` (Rhu et al., MICRO 2016): forward activations that the backward pass reads are
   offloaded right after their last forward use and prefetched one op ahead of their use in
-  the backward pass; everything else is swapped on demand as in `lru`.
+  the backward pass; everything else is swapped on demand as in `lru`. Like vDNN_dyn, it
+  falls back to offloading nothing (on demand only) when that is faster.
 All run the IR's schedule with the same arena and stream model as SwapAdvisor, and the best
 of a few initial-residency choices (`KEEP_CHOICES`).
 """
@@ -41,20 +42,28 @@ def ideal(problem: SwapProblem) -> SwapPlan:
 KEEP_CHOICES = (0.0, 0.02, 0.1, 0.25, 0.5, 0.75, 1.0)
 
 
-def _on_demand(problem: SwapProblem, mode: str) -> SwapPlan:
+def _best_of(problem: SwapProblem, modes: tuple[str, ...], planner: str) -> SwapPlan:
     start = time.perf_counter()
-    evaluator = Evaluator(problem, mode)
     order = np.asarray(problem.order, dtype=np.int64)
-    knobs = min((Knobs(keep=k) for k in KEEP_CHOICES),
-                key=lambda k: evaluator.score(order, k))
-    return evaluator.plan(order, knobs, mode, planning_time=time.perf_counter() - start)
+    best = None
+    for mode in modes:
+        evaluator = Evaluator(problem, mode)
+        for keep in KEEP_CHOICES:
+            t = evaluator.score(order, Knobs(keep=keep))
+            if best is None or t < best[0]:
+                best = (t, evaluator, Knobs(keep=keep), mode)
+    _, evaluator, knobs, mode = best
+    return evaluator.plan(order, knobs, planner, planning_time=time.perf_counter() - start,
+                          info={"policy": mode})
 
 
 def lru(problem: SwapProblem) -> SwapPlan:
     """On-demand swap-in, least-recently-used eviction."""
-    return _on_demand(problem, "lru")
+    return _best_of(problem, ("lru",), "lru")
 
 
 def vdnn(problem: SwapProblem) -> SwapPlan:
-    """vDNN's offload/prefetch of activations, on-demand LRU for the rest."""
-    return _on_demand(problem, "vdnn")
+    """vDNN_dyn: the faster of offloading every activation the backward pass reads
+    (vDNN_all, the rest on demand) and offloading none (everything on demand), as vDNN picks
+    its policy from a profiling run."""
+    return _best_of(problem, ("vdnn", "lru"), "vdnn")

@@ -1,5 +1,10 @@
-"""From (schedule, policy knobs) to a scored SwapPlan: the compiled swap derivation
-(`_core.derive`) and simulation behind every planner, plus the initial-residency decision.
+"""From (schedule, memory layout, policy knobs) to a scored SwapPlan: the compiled swap
+derivation (`_core.derive`) and simulation behind every planner, SwapAdvisor's size classes,
+and the initial-residency decision.
+
+Size classes: the distinct tensor sizes (`size_classes`); a layout gives each class a number
+of objects, at least the most tensors of that class any op needs at once (`min_counts`), and
+the plan gets one pool per class of objects x object bytes.
 
 Initial residency: arguments start on the host and are fetched into the arena when needed,
 except the smallest ones, kept on the device for the whole call (outside the arena) up to a
@@ -51,9 +56,6 @@ class Knobs:
     gamma: float = 1.0  # stall of the tensor being placed
     delta: float = 0.0  # Belady: prefer evicting tensors used far in the future
     keep: float = 0.02
-
-    def as_tuple(self) -> tuple:
-        return (self.beta, self.gamma, self.delta, self.keep)
 
 
 class Evaluator:
@@ -122,14 +124,17 @@ class Evaluator:
         return self._min_counts[keep]
 
     def repair(self, counts: np.ndarray, keep: float) -> np.ndarray | None:
-        """`counts` raised to the minimum and cut to the arena (largest slack first); None
-        when the size-class layout cannot fit this budget at all."""
+        """`counts` raised to the minimum, capped at the class's tensor count and cut to the
+        arena (largest slack first); None when size classes cannot fit this budget at all."""
         low = self.min_counts(keep)
         _, arena = self.fixed(keep)
         sizes = self.class_sizes
         if int((low * sizes).sum()) > arena:
             return None
-        counts = np.maximum(np.asarray(counts, dtype=np.int64), low)
+        # No class needs more objects than it has tensors.
+        most = np.maximum(np.bincount(self.class_of[self.class_of >= 0],
+                                      minlength=len(sizes)), low)
+        counts = np.clip(np.asarray(counts, dtype=np.int64), low, most)
         excess = int((counts * sizes).sum()) - arena
         while excess > 0:
             slack = np.nonzero(counts > low)[0]
@@ -245,10 +250,18 @@ class Evaluator:
         op_e, d_e = sim[1], sim[3]
         makespan = max(op_e[-1] if len(op_e) else 0.0, d_e.max() if len(d_e) else 0.0)
         self.evaluations += 1
-        return float(makespan), (raw, d_order, h_order, q_final, fixed, arena)
+        return float(makespan), (raw, d_order, h_order, q_final, fixed, arena, sim[:2])
 
     def score(self, order: np.ndarray, knobs: Knobs, counts: np.ndarray | None = None) -> float:
         return self.run(order, knobs, counts)[0]
+
+    def score_with_stalls(self, order: np.ndarray, knobs: Knobs,
+                          counts: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+        """(simulated time, how long each position's op waited after its predecessor)."""
+        makespan, extra = self.run(order, knobs, counts)
+        op_s, op_e = extra[-1]
+        stalls = op_s - np.concatenate([[0.0], op_e[:-1]])
+        return makespan, np.maximum(stalls, 0.0)
 
     # ---------------------------------------------------------------- the plan
     def plan(self, order: np.ndarray, knobs: Knobs, planner: str,
@@ -261,8 +274,8 @@ class Evaluator:
         start = time.perf_counter()
         p = self.problem
         order = np.asarray(order, dtype=np.int64)
-        makespan, (raw, d_order, h_order, q_final, fixed, arena) = self.run(order, knobs,
-                                                                             counts)
+        makespan, (raw, d_order, h_order, q_final, fixed, arena, _) = self.run(order, knobs,
+                                                                                counts)
         (r_t, r_off, r_begin, r_end, r_h2d, r_wait, r_valid, h_t, h_q, h_r, h_dep, _,
          d_t, d_p, _, end_dev, fallbacks, big, max_segments, placements) = raw
         d_index = np.empty(len(d_order), dtype=np.int64)

@@ -3,21 +3,26 @@
 Positions index `schedule` (the op at position i runs i-th). The plan says:
 
 * `schedule`: the op order (a topological order of the graph);
-* `pools`: device storage to allocate, in bytes (256-aligned). Every planned tensor lives in
-  a pool at a 256-aligned `offset` during each of its residency intervals; `pinned` tensors
-  (module constants, small arguments kept on the device) live outside the pools for the whole
-  call. The device memory the module uses is `sum(pools) + pinned bytes` = `predicted_peak`;
+* `pools`: device storage to allocate, in bytes (256-aligned): with SwapAdvisor's layout one
+  pool per size class (`size_classes[k]` = [object bytes, object count], pool k = their
+  product, a tensor at offset j * object bytes occupies object j), otherwise one arena.
+  Every planned tensor lives in a pool at a 256-aligned `offset` during each of its
+  residency intervals; `pinned` tensors (module constants, small arguments kept on the
+  device) live outside the pools for the whole call. The device memory the module uses is
+  `sum(pools) + pinned bytes` = `predicted_peak`;
 * `residencies`: (tensor, pool, offset, begin, end, source): the tensor occupies
   [offset, offset + nbytes) of its pool from position `begin` to position `end` (its last use
   there, or the last position if it stays to the end). `source` is "produced" (the op at
   `begin` writes it there) or "swap_in" (a host-to-device copy fills it). Before the window is
-  written, swap-out `wait_swap_out` (if not -1) must have finished: it copies out the bytes
-  the window held before;
+  written, swap-out `wait_swap_out` (if not -1) must have finished: the latest, in stream
+  order, of the swap-outs of what the window held before (the d2h stream is FIFO, so the
+  earlier ones have finished too);
 * `swap_outs`: device-to-host copies on the "d2h" stream, in stream order, each issued after
-  the op at position `after`; the region is reused only by residencies that wait for it;
+  the op at position `after`, copying the tensor out of the residency that ends there;
 * `swap_ins`: host-to-device copies on the "h2d" stream, in stream order, each issued after
-  position `after` (-1: at the start of the call), waiting for `wait_swap_out`, and needed
-  before the op at position `before` (the op waits for it);
+  position `after` (-1: at the start of the call) into the residency `residency`, waiting
+  for `wait_swap_out` (which covers the tensor's own earlier swap-out), and needed before
+  the op at position `before` (the op waits for it; `op_waits()` lists every wait);
 * `host_start`: tensors that start on the host (arguments the plan leaves there) and
   `outputs_on_host`: outputs returned from the host (copied out by a swap-out); the others
   stay in their pool window to the end.

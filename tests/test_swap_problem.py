@@ -1,0 +1,70 @@
+"""SwapProblem from a real DataflowGraph: views, alignment, residency flags, scratch, JSON."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tvm_ext.compiler import analyze, resolve_target
+from tvm_ext.cost import op_times
+from tvm_ext.models import get_model
+from tvm_ext.swap import ALIGNMENT, InfeasibleBudgetError, SwapProblem, plan_swaps
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return analyze(get_model("gpt", "tiny", training=True), resolve_target("llvm"))
+
+
+def test_from_graph(graph):
+    problem = SwapProblem.from_graph(graph, 1 << 30, "h100")
+    assert problem.num_ops == graph.num_ops and problem.order == graph.order
+    assert np.allclose(problem.durations, op_times(graph, "h100"))
+    for t in graph.tensors:
+        if t.alias_of is not None:
+            assert problem.sizes[t.id] == 0  # views take no bytes
+        else:
+            assert problem.sizes[t.id] % ALIGNMENT == 0 and problem.sizes[t.id] >= t.nbytes
+        assert problem.host_start[t.id] == (t.kind in ("parameter", "input"))
+        assert problem.pinned[t.id] == (t.kind == "constant")
+    for op in graph.ops:  # ops touch bases only
+        for tid in problem.needs(op.id):
+            assert graph.tensors[tid].alias_of is None
+    exact = graph.peak_memory(kinds=("parameter", "input", "constant", "activation",
+                                     "gradient"))
+    assert exact <= problem.no_swap_peak() <= exact + ALIGNMENT * graph.summary()["tensors"]
+    # Scratch counts only when asked.
+    with_scratch = SwapProblem.from_graph(graph, 1 << 30, "h100", count_scratch=True)
+    assert with_scratch.min_budget()[0] >= problem.min_budget()[0]
+    assert any(graph.ops[op].workspace is not None for op in range(graph.num_ops))
+    assert sum(len(with_scratch.needs(op)) for op in range(graph.num_ops)) > \
+        sum(len(problem.needs(op)) for op in range(graph.num_ops))
+
+
+def test_measured_op_times_are_used(graph):
+    times = np.linspace(1e-3, 2e-3, graph.num_ops)
+    problem = SwapProblem.from_graph(graph, 1 << 30, op_times=times)
+    assert np.array_equal(problem.durations, times)
+    with pytest.raises(ValueError, match="op times"):
+        SwapProblem.from_graph(graph, 1 << 30, op_times=times[:-1])
+
+
+def test_infeasible_budget_on_a_zoo_graph(graph):
+    problem = SwapProblem.from_graph(graph, 1 << 30, "gtx1080ti")
+    minimum, op = problem.min_budget()
+    assert minimum == problem.pinned_bytes + max(problem.op_working_set(o)
+                                                 for o in range(problem.num_ops))
+    with pytest.raises(InfeasibleBudgetError, match="smallest feasible budget") as err:
+        plan_swaps(problem.with_budget(minimum - 1), "swapadvisor")
+    assert err.value.minimum == minimum and graph.ops[op].name in str(err.value)
+    # At exactly the minimum every planner finds a valid plan.
+    tight = problem.with_budget(minimum)
+    for planner in ("swapadvisor", "lru", "vdnn"):
+        plan_swaps(tight, planner, time_budget_s=2).validate(tight)
+
+
+def test_problem_json_round_trip(graph):
+    problem = SwapProblem.from_graph(graph, 12345678, "a100")
+    again = SwapProblem.from_json(problem.to_json())
+    assert again.to_json() == problem.to_json()
+    assert again.budget == 12345678 and np.array_equal(again.pinned, problem.pinned)
