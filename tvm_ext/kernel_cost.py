@@ -67,7 +67,9 @@ def analyze_kernel(func: tirx.PrimFunc) -> KernelCost:
     scratch = 0
     for block in blocks:
         for buf in block.alloc_buffers:
-            scratch += buffer_bytes(buf.shape, buf.dtype)
+            # Shared and local buffers of a scheduled GPU kernel are on-chip, not device memory.
+            if str(getattr(buf, "scope", lambda: "global")()) in ("global", ""):
+                scratch += buffer_bytes(buf.shape, buf.dtype)
         if isinstance(block.body, tirx.BufferStore) and block.iter_vars:
             flops += _domain_size(block) * _arith_ops(block.body.value)
     moved = 0

@@ -5,11 +5,13 @@ Phases, in order (each a list of passes, so a caller can rebuild the pipeline fr
 1. `library_dispatch_passes`  target-specific library dispatch (sort, sampling).
 2. `legalize_passes`          LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR:
                               after this phase the module is what `tvm_ext.graph` reads.
-3. `schedule_passes`          kernels tuned with MetaSchedule (records of a `tune_db` work dir,
+3. `swap_passes`              with a device budget: SwapOffload (tvm_ext.passes) plans swaps
+                              and rewrites `main` into explicit pools, copies and waits. It
+                              reads the module as `tvm_ext.graph` does, so it runs before the
+                              kernels are scheduled (scheduling changes their scratch buffers).
+4. `schedule_passes`          kernels tuned with MetaSchedule (records of a `tune_db` work dir,
                               see tvm_ext.schedules), then default GPU schedules (dlight) for
                               kernels without one.
-4. `swap_passes`              with a device budget: SwapOffload (tvm_ext.passes) plans swaps
-                              and rewrites `main` into explicit pools, copies and waits.
 5. `dataflow_lower_passes`    RewriteDataflowReshape, ToNonDataflow, RemovePurityChecking,
                               CallTIRRewrite.
 6. `finalize_passes`          memory planning, builtin lowering, VM shape lowering.
@@ -54,16 +56,10 @@ def schedule_passes(target: tvm.target.Target, tune_db: str | None = None) -> li
         tuned = [ApplyTuningDatabase(tune_db, target)]
     if not is_gpu(target):
         return tuned
-    from tvm.s_tir import dlight as dl
+    from tvm_ext.gpu_schedule import ApplyDefaultGPUSchedules
 
-    # ApplyDefaultSchedule leaves kernels that already carry a schedule untouched.
-    return [
-        *tuned,
-        dl.ApplyDefaultSchedule(
-            dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
-            dl.gpu.Fallback(),
-        )
-    ]
+    # dlight's rules for the kernels no record scheduled (see tvm_ext/gpu_schedule.py).
+    return [*tuned, ApplyDefaultGPUSchedules()]
 
 
 def swap_passes(target: tvm.target.Target, device_memory=None, swap_plan=None,
@@ -117,8 +113,8 @@ def phases(
     return [
         ("library_dispatch", library_dispatch_passes(target)),
         ("legalize", legalize_passes(target)),
-        ("schedule", schedule_passes(target, tune_db)),
         ("swap", swap_passes(target, device_memory, swap_plan, **(swap_options or {}))),
+        ("schedule", schedule_passes(target, tune_db)),
         ("dataflow_lower", dataflow_lower_passes(target)),
         ("finalize", finalize_passes(target, memory_planning)),
     ]
