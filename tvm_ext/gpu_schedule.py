@@ -30,7 +30,7 @@ def _lowers(func: tirx.PrimFunc) -> bool:
     cross-thread reduction whose combiner has no known reducer fails only there)."""
     try:
         s_tir.transform.LowerCrossThreadReduction()(tvm.IRModule({"main": func}))
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
     return True
 
@@ -78,7 +78,7 @@ class ApplyDefaultGPUSchedules:
             for rule in self.rules:
                 try:
                     space = rule.apply(func, target, False)
-                except Exception:  # noqa: BLE001  (a rule that cannot handle it: try the next)
+                except Exception:
                     continue
                 if space is not None:
                     sch = space[0] if isinstance(space, list) else space
