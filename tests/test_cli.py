@@ -92,3 +92,43 @@ print(out.numpy().shape)
                           env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "(4, 8)"
+
+
+def test_device_memory_run_check(tmp_path, capsys):
+    report, plot = tmp_path / "r.json", tmp_path / "plan.png"
+    argv = ["gpt", "--training", "--set", "layers=4", "--device-memory", "25%", "--run",
+            "--check", "--report", str(report), "--plot", str(plot), "--swap-time-budget", "1"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "check   OK" in out and "planned peak" in out and "without swapping" in out
+    data = json.loads(report.read_text())
+    assert data["run"]["measured_peak_bytes"] <= data["run"]["budget_bytes"]
+    assert data["swap"]["budget"] == data["run"]["budget_bytes"]
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_device_memory_too_small_fails_before_compiling(capsys):
+    assert main(["gpt", "--training", "--device-memory", "1KiB"]) == 2
+    captured = capsys.readouterr()
+    assert "smallest feasible budget" in captured.err and "compile" not in captured.out
+
+
+def test_device_memory_size_errors(capsys):
+    assert main(["mlp", "--device-memory", "lots"]) == 2
+    assert "cannot read 'lots' as a size" in capsys.readouterr().err
+
+
+def test_cuda_swapped_export(tmp_path):
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH: CUDA code cannot be compiled here")
+    so = tmp_path / "gpt.so"
+    proc = subprocess.run([sys.executable, SCRIPT, "gpt", "--training", "--target", "cuda",
+                           "--device-memory", "25%", "--swap-time-budget", "1", "--output",
+                           str(so)], capture_output=True, text=True, timeout=600)
+    if proc.returncode == 2 and "CUDA runtime does not load" in proc.stderr:
+        pytest.skip(proc.stderr.strip())
+    assert proc.returncode == 0, proc.stderr
+    data = so.read_bytes()
+    assert b".nv.info" in data and b"tvm_ext.swap.copy_async" in data
+    side = json.loads((tmp_path / "gpt.so.swap.json").read_text())
+    assert set(side["argument_devices"]) <= {0, 1} and side["plan"]["budget"] > 0
