@@ -1,0 +1,122 @@
+"""SwapOffload measured on this machine: the CPU stand-in for GPU + host (cpu:0 the device,
+cpu:1 the host, the runtime library's copy streams in between).
+
+For each zoo model (inference and training step) and budget (a fraction of the no-swap peak),
+plan with SwapAdvisor, compile with the tvm_ext pipeline, run the swapped and the unswapped
+module side by side in one process, and report: the budget, the planned peak, the measured
+device peak (VM allocations + arguments kept on the device + module constants), whether the
+outputs are bit-identical, bytes swapped, and the median time of each build.
+
+    python benchmarks/swap_offload.py [--size small] [--budgets 50% 25% 12.5%]
+
+Writes benchmarks/results/swap_offload.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+
+import numpy as np
+import tvm
+
+from tvm_ext import compiler
+from tvm_ext.models import get_model
+from tvm_ext.passes.swap_offload import argument_devices, plan_problem, vm_devices
+from tvm_ext.swap import InfeasibleBudgetError, plan_swaps
+from tvm_ext.units import format_size
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+# Deeper than the zoo's "small" presets, so that one op's working set is a small part of the
+# no-swap peak and the lower budgets are feasible.
+DEPTH = {"mlp": {"layers": 16}, "gpt": {"layers": 8}, "resnet": {"blocks": (4, 4, 4)}}
+
+
+def run_model(name: str, size: str, training: bool, budgets, repeat: int, search_s: float):
+    target = tvm.target.Target("llvm")
+    model = get_model(name, size, training=training, **DEPTH.get(name, {}))
+    graph = compiler.analyze(model, target)
+    args = model.random_arguments(0)
+    device, host = vm_devices(target)
+    plain = compiler.run(compiler.build(model, target), args, device, repeat=repeat)
+    constants = graph.bytes_of_kind("constant")
+    rows = []
+    for budget in budgets:
+        problem = plan_problem(graph, "100%" if budget == "min" else budget, "cpu")
+        if budget == "min":
+            problem = problem.with_budget(problem.min_budget()[0])
+        row = {"model": name, "size": size, "overrides": DEPTH.get(name, {}),
+               "training": training, "budget_arg": budget,
+               "budget": problem.budget, "no_swap_peak": problem.no_swap_peak(),
+               "plain_ms": plain.median_ms, "plain_measured_peak": plain.peak_bytes + constants}
+        try:
+            start = time.perf_counter()
+            plan = plan_swaps(problem, "swapadvisor", time_budget_s=search_s, seed=0)
+            row["plan_s"] = time.perf_counter() - start
+        except InfeasibleBudgetError as err:
+            row["infeasible"] = str(err)
+            rows.append(row)
+            continue
+        ex = compiler.build(model, target, swap_plan=plan)
+        out = compiler.run(ex, args, device, repeat=repeat, host=host,
+                           arg_devices=argument_devices(graph, plan))
+        exact = all(np.array_equal(a, b) for a, b in zip(out.outputs, plain.outputs,
+                                                          strict=True))
+        row.update(planned_peak=plan.predicted_peak, measured_peak=out.peak_bytes + constants,
+                   host_peak=out.host_peak_bytes, exact=exact, swapped_bytes=plan.bytes_swapped,
+                   swap_ms=out.median_ms, slowdown=out.median_ms / plain.median_ms)
+        rows.append(row)
+    return rows
+
+
+def print_table(rows) -> None:
+    head = (f"{'model':8} {'step':9} {'budget':>10} {'planned':>10} {'measured':>10} "
+            f"{'fits':>4} {'exact':>5} {'swapped':>10} {'no-swap ms':>10} {'swap ms':>9} "
+            f"{'x':>6}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        step = "training" if r["training"] else "inference"
+        if "infeasible" in r:
+            print(f"{r['model']:8} {step:9} {format_size(r['budget']):>10}  infeasible: "
+                  f"{r['infeasible'][:70]}")
+            continue
+        print(f"{r['model']:8} {step:9} {format_size(r['budget']):>10} "
+              f"{format_size(r['planned_peak']):>10} {format_size(r['measured_peak']):>10} "
+              f"{'yes' if r['measured_peak'] <= r['budget'] else 'NO':>4} "
+              f"{'yes' if r['exact'] else 'NO':>5} {format_size(r['swapped_bytes']):>10} "
+              f"{r['plain_ms']:10.2f} {r['swap_ms']:9.2f} {r['slowdown']:6.2f}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=["mlp", "gpt", "resnet"])
+    p.add_argument("--size", default="small")
+    p.add_argument("--budgets", nargs="+", default=["50%", "25%", "12.5%", "min"],
+                   help="fractions of the no-swap peak, sizes, or min (smallest feasible)")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--search-s", type=float, default=10.0)
+    args = p.parse_args(argv)
+    rows = []
+    start = time.perf_counter()
+    for name in args.models:
+        for training in (False, True):
+            rows += run_model(name, args.size, training, args.budgets, args.repeat,
+                              args.search_s)
+    print_table(rows)
+    wall = time.perf_counter() - start
+    print(f"wall {wall:.0f} s on {platform.node()} ({os.cpu_count()} cores), load average "
+          f"{os.getloadavg()[0]:.1f}")
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "swap_offload.json"), "w") as f:
+        json.dump({"rows": rows, "wall_s": wall, "host": platform.node(),
+                   "load_average": os.getloadavg()[0]}, f, indent=1)
+    ok = all(r.get("exact", True) and r.get("measured_peak", 0) <= r["budget"] for r in rows)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
