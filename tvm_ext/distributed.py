@@ -41,6 +41,7 @@ import tvm
 from tvm_ffi import Shape
 
 from . import runtime
+from .runtime import PeakMeasurement
 
 BACKENDS = ("cpu", "nccl")
 WORKER0 = "worker0"
@@ -106,17 +107,10 @@ class DArray:
 
 
 @dataclasses.dataclass
-class WorkerPeak:
+class WorkerPeak(PeakMeasurement):
     """Per-worker result of `Session.measure_peak` (bytes of the tracked allocators)."""
 
-    worker: int
-    device: tvm.runtime.Device
-    baseline: int = 0
-    peak: int = 0
-
-    @property
-    def peak_above_baseline(self) -> int:
-        return self.peak - self.baseline
+    worker: int = 0
 
 
 class Session:
@@ -358,7 +352,7 @@ class Session:
         """Per-worker peak bytes in use during the block."""
         self.sync()
         self.reset_peak()
-        result = [WorkerPeak(i, dev, baseline=s.in_use)
+        result = [WorkerPeak(dev, baseline=s.in_use, worker=i)
                   for i, (dev, s) in enumerate(zip(self.devices, self.memory_stats(), strict=True))]
         try:
             yield result
