@@ -544,6 +544,7 @@ class KernelDims:
     (read through `yy + ry`, replaced by its window in the analysis).
     """
 
+    func: tirx.PrimFunc
     spec: KernelSpec
     var_dims: dict  # block iteration Var -> dim
     buffer_dims: dict  # buffer Var (parameter or allocated) -> dim per axis
@@ -554,7 +555,7 @@ def kernel_dims(func: tirx.PrimFunc, num_outputs: int, kernel: str = "kernel") -
     """The `KernelSpec` of a PrimFunc (as `kernel_spec`) and where its dims live in the TIR."""
     spec = kernel_spec(func, num_outputs, kernel)
     if not spec.dims:
-        return KernelDims(spec, {}, {}, set())
+        return KernelDims(func, spec, {}, {}, set())
     reader = _KernelReader(func, num_outputs)
     analysis = _KernelAnalysis(reader, num_outputs, kernel)
     analysis.spec()
@@ -591,7 +592,7 @@ def kernel_dims(func: tirx.PrimFunc, num_outputs: int, kernel: str = "kernel") -
             window_dims.update(range(len(spec.dims)))
             continue
         window_dims.update(d for u in form.coeffs if (d := dim_of(u)) >= 0)
-    return KernelDims(spec, var_dims, buffer_dims, window_dims)
+    return KernelDims(func, spec, var_dims, buffer_dims, window_dims)
 
 
 def _iter_blocks(func: tirx.PrimFunc) -> list:

@@ -1,0 +1,217 @@
+"""One device's view of a kernel: the fused PrimFunc on a chunk of some of its dims.
+
+`tvm_ext.partition.semantics.kernel_dims` says which block iteration variables and buffer axes
+form each dim of a kernel. Running the kernel on 1/f of dim d is then a matter of shrinking, by
+f, every iteration domain of d, the loop that binds it, and every buffer axis it indexes
+(parameters and intermediates): the index expressions stay as they are, since a chunk of the dim
+reads exactly the chunk of each axis (`semantics` checked that `X[16 * b + t]` or `X[h // 16]`
+line up). This is exact only when nothing reads the dim's global position:
+
+* a dim used as a value (padding tests, one-hot, iota) needs global indices;
+* a dim read through a window (`x[yy + ry - 1]`: a convolution's halo) reads beyond its chunk;
+* a dim reduced into an intermediate that the kernel reads again (softmax's max and sum, layer
+  norm's mean, a matmul followed by its bias) needs an allreduce in the middle of the kernel:
+  `split_kernel` cuts the kernel after each such block, so the allreduce runs between the parts;
+* a loop must bind the variable directly (no fused or split loops).
+
+`lowering_obstacle` says which of these stops a dim (None when it lowers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.s_tir import SBlock, SBlockRealize
+
+from .partition.semantics import KernelDims
+
+
+class LoweringError(ValueError):
+    """A kernel cannot run on a chunk of the dims asked for."""
+
+
+def lowering_obstacle(kdims: KernelDims, dim: int, allow_inner: bool = True) -> str | None:
+    """Why dim `dim` of a kernel cannot be split by this lowering (None: it can)."""
+    spec = kdims.spec.dims[dim]
+    if not spec.valid:
+        return spec.reason
+    if spec.global_index:
+        return "the kernel uses the dim's index as a value (needs global indices)"
+    if any(c is not None and c.halo for c in spec.inputs):
+        return "a window reads beyond the chunk (halo exchange)"
+    if dim in kdims.window_dims:
+        return "a window variable reads the dim at an offset"
+    if spec.inner and not allow_inner:
+        return "an allreduce inside the kernel (" + ", ".join(r.buffer for r in spec.inner) + ")"
+    try:
+        _loop_factors(kdims, {dim: 2}, check_divisible=False)
+    except LoweringError as err:
+        return str(err)
+    return None
+
+
+def _realizes(func: tirx.PrimFunc) -> list:
+    out: list = []
+    tvm_ffi.structural_walk(func.body, [(SBlockRealize, out.append)])
+    return out
+
+
+def _int(x) -> int:
+    return int(x.value) if hasattr(x, "value") else int(x)
+
+
+def _loop_factors(kdims: KernelDims, factors: Mapping[int, int], func: tirx.PrimFunc | None = None,
+                  check_divisible: bool = True) -> dict:
+    """Loop Var -> factor: the loops binding a variable of a split dim."""
+    loops: dict = {}
+    func = func if func is not None else kdims.func
+    extents: dict = {}
+    tvm_ffi.structural_walk(func.body, [(tirx.For, lambda f: extents.__setitem__(
+        f.loop_var, (_int(f.min), _int(f.extent))))])
+    for r in _realizes(func):
+        for iv, value in zip(r.block.iter_vars, r.iter_values, strict=True):
+            d = kdims.var_dims.get(iv.var, -1)
+            f = factors.get(d, 1) if d >= 0 else 1
+            if f == 1:
+                continue
+            name = f"block {r.block.name_hint}, variable {iv.var.name}"
+            if not isinstance(value, tvm.ir.expr.Var) or value not in extents:
+                raise LoweringError(f"{name} is bound to `{value}`, not to a loop")
+            extent = _int(iv.dom.extent)
+            if extents[value] != (0, extent):
+                raise LoweringError(f"{name}: its loop runs over {extents[value]}, not [0, "
+                                    f"{extent})")
+            if check_divisible and extent % f:
+                raise LoweringError(f"{name}: extent {extent} does not divide by {f}")
+            if loops.setdefault(value, f) != f:
+                raise LoweringError(f"loop {value.name} binds variables of two split dims")
+    return loops
+
+
+def _new_buffer(buf, shape: Sequence[int]):
+    ty = buf.ty
+    return tirx.decl_buffer(
+        [tirx.IntImm(str(s.ty), v) for s, v in zip(ty.shape, shape, strict=True)],
+        ty.dtype, buf.name, elem_offset=ty.elem_offset, scope=ty.storage_scope,
+        data_alignment=ty.data_alignment,
+        offset_factor=ty.offset_factor)
+
+
+def local_kernel(
+    kdims: KernelDims,
+    factors: Mapping[int, int],
+    param_shapes: Mapping[int, Sequence[int]] | None = None,
+    func: tirx.PrimFunc | None = None,
+) -> tirx.PrimFunc:
+    """The kernel of `kdims` with each dim d of `factors` cut to 1/factors[d] of its extent.
+
+    `param_shapes` gives the shape of buffer parameters by position explicitly (inputs the
+    kernel never reads keep whatever piece the device holds). `func` is a part of the kernel
+    (`split_kernel`) to shrink instead of the whole.
+    """
+    func = func if func is not None else kdims.func
+    factors = {d: f for d, f in factors.items() if f > 1}
+    for d in factors:
+        why = lowering_obstacle(kdims, d)
+        if why is not None:
+            raise LoweringError(f"dim {kdims.spec.dims[d].name}: {why}")
+    loops = _loop_factors(kdims, factors, func)
+    remap: dict = {}
+    shapes: dict = {}  # new buffer var -> (old shape, new shape)
+    params = [p for p in func.params if getattr(p, "shape", None) is not None]
+    forced = dict(param_shapes or {})
+    for buf, axes in kdims.buffer_dims.items():
+        old = [_int(s) for s in buf.ty.shape]
+        new = list(old)
+        for a, d in enumerate(axes):
+            if d in factors:
+                if new[a] % factors[d]:
+                    raise LoweringError(f"buffer {buf.name} axis {a} ({new[a]}) does not divide "
+                                        f"by {factors[d]}")
+                new[a] //= factors[d]
+        pos = next((i for i, p in enumerate(params) if p.same_as(buf)), None)
+        if pos is not None and pos in forced:
+            new = [int(s) for s in forced[pos]]
+        if new != old:
+            nb = _new_buffer(buf, new)
+            remap[buf] = nb
+            shapes[nb] = (old, new)
+
+    def on_func(f, m):
+        for old, new in remap.items():
+            m.var_remap_set(old, new)
+        return m.default_mutate(f)
+
+    def on_for(loop, m):
+        loop = m.default_mutate(loop)
+        f = loops.get(loop.loop_var)
+        if f is None:
+            return loop
+        extent = tirx.IntImm(str(loop.extent.ty), _int(loop.extent) // f)
+        return tirx.For(loop.loop_var, loop.min, extent, loop.kind, loop.body,
+                        loop.thread_binding, loop.annotations)
+
+    def on_iter_var(iv, m):
+        iv = m.default_mutate(iv)
+        d = kdims.var_dims.get(iv.var, -1)
+        f = factors.get(d, 1) if d >= 0 else 1
+        if f == 1:
+            return iv
+        extent = tirx.IntImm(str(iv.dom.extent.ty), _int(iv.dom.extent) // f)
+        return tirx.IterVar(tvm.ir.Range.from_min_extent(iv.dom.min, extent), iv.var,
+                            iv.iter_type, iv.thread_tag)
+
+    def on_region(region, m):
+        region = m.default_mutate(region)
+        if region.source not in shapes:
+            return region
+        old, new = shapes[region.source]
+        ranges = []
+        for r, o, n in zip(region.region, old, new, strict=True):
+            if o != n and _is_const(r.min, 0) and _is_const(r.extent, o):
+                r = tvm.ir.Range.from_min_extent(r.min, tirx.IntImm(str(r.extent.ty), n))
+            ranges.append(r)
+        return tvm.ir.expr.TensorRegion(region.source, ranges, region.ty)
+
+    out = tvm_ffi.structural_mutate(func, [
+        (tirx.PrimFunc, on_func), (tirx.For, on_for), (tirx.IterVar, on_iter_var),
+        (tvm.ir.expr.TensorRegion, on_region)])
+    # Rebuilt so that the function's type (what Relax checks calls against) has the new shapes.
+    return tirx.PrimFunc(out.params, out.body, out.ret_type, out.attrs)
+
+
+def _is_const(expr, value: int) -> bool:
+    return isinstance(expr, tirx.IntImm) and int(expr.value) == value
+
+
+@dataclasses.dataclass
+class KernelPart:
+    """A part of a kernel cut by `split_kernel`: a PrimFunc whose parameters are some of the
+    kernel's inputs, then intermediates of earlier parts, then its outputs."""
+
+    func: tirx.PrimFunc
+    inputs: list  # ("in", i) a kernel input, ("tmp", name) an intermediate of an earlier part
+    outputs: list  # ("out", i) a kernel output, ("tmp", name) an intermediate for later parts
+
+
+def reshape_obstacle(in_shape: Sequence[int], out_shape: Sequence[int], in_axis: int | None,
+                     out_axis: int | None) -> str | None:
+    """Why a reshape split along `in_axis` -> `out_axis` is not the reshape of each device's
+    piece (None: it is). The pieces of both sides are the same flat range of every row of the
+    common prefix exactly when the axes before the cut hold the same number of elements."""
+    if in_axis is None or out_axis is None:
+        return "the split cuts only one side of the reshape (a gather or a slice, not a view)"
+    before_in = 1
+    for n in in_shape[:in_axis]:
+        before_in *= int(n)
+    before_out = 1
+    for n in out_shape[:out_axis]:
+        before_out *= int(n)
+    if before_in != before_out:
+        return (f"axis {in_axis} of {list(in_shape)} and axis {out_axis} of {list(out_shape)} "
+                "start at different flat positions (the pieces are not a reshape of each other)")
+    return None
