@@ -49,12 +49,11 @@ from tvm_ext.local_kernels import (
     reshape_obstacle,
 )
 from tvm_ext.partition import PartitionPlan, PartitionProblem, plan_partition
-from tvm_ext.partition.layout import PARTIAL, REP, conversion_kind, local_shape
+from tvm_ext.partition.layout import PARTIAL, REP, conversion_sequence, local_shape
 from tvm_ext.partition.semantics import analyze_module, kernel_dims
 from tvm_ext.partition.sharding import level_stride
 
 PARTITION_ATTR = "tvm_ext.partition"
-_PHASE = {"slice": 0, "reduce_scatter": 0, "all_to_all": 1, "allreduce": 1, "allgather": 2}
 _REDUCE_KIND = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
 _HINT = ("run the legalize phase first (tvm_ext.pipeline.legalize_passes: LegalizeOps, "
          "AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR)")
@@ -561,56 +560,34 @@ class _Emitter:
         """Emit the collectives that turn `value` (held as `src`, one scheme per level) into
         `dst` (see the module docstring, step 3)."""
         combiners = list(combiners) if combiners else [""] * self.levels
-        kinds = {}
-        for lvl in range(self.levels):
-            kind = conversion_kind(src[lvl], dst[lvl])
-            if kind is not None:
-                kinds[lvl] = kind
-        if not kinds:
-            return value
-        cur = list(src)
         shape, dtype = tensor.shape, tensor.dtype
-        # One collective over every device when each level does the same.
-        if len(kinds) == self.levels and len(set(kinds.values())) == 1:
-            kind = next(iter(kinds.values()))
-            if kind == "allreduce" and len(set(combiners)) == 1:
-                return self._emit_ccl("allreduce", value, combiners[0])
-            if kind == "allgather" and len(set(src)) == 1:
-                axis = src[0]
-                if axis == 0:
-                    return self._emit_ccl("allgather", value)
-                return self._emit_mesh("mesh_allgather", value, [1, self.k, axis, 1],
-                                       local_shape(shape, self.mesh, dst), dtype)
-        for lvl in sorted(kinds, key=lambda m: (_PHASE[kinds[m]], -m)):
-            kind = kinds[lvl]
-            nxt = list(cur)
-            nxt[lvl] = dst[lvl]
-            out_shape = local_shape(shape, self.mesh, nxt)
+        for step in conversion_sequence(src, dst, combiners):
+            cur, lvl, kind = step.before, step.level, step.kind
+            out_shape = local_shape(shape, self.mesh, step.after)
+            if lvl is None:  # every level at once: one collective over all devices
+                if kind == "allreduce":
+                    value = self._emit_ccl("allreduce", value, combiners[0])
+                elif cur[0] == 0:
+                    value = self._emit_ccl("allgather", value)
+                else:
+                    value = self._emit_mesh("mesh_allgather", value, [1, self.k, cur[0], 1],
+                                            out_shape, dtype)
+                continue
             group = [level_stride(self.mesh, lvl), self.mesh[lvl]]
+            a, b = cur[lvl], step.after[lvl]
             if kind == "slice":
-                a = dst[lvl]
-                value = self._emit_mesh("mesh_slice", value, [*group, a, self._outer(cur, lvl, a)],
-                                        out_shape, dtype)
+                args = [*group, b, self._outer(cur, lvl, b)]
             elif kind == "allgather":
-                a = cur[lvl]
-                value = self._emit_mesh("mesh_allgather", value,
-                                        [*group, a, self._outer(cur, lvl, a)], out_shape, dtype)
+                args = [*group, a, self._outer(cur, lvl, a)]
             elif kind == "allreduce":
-                value = self._emit_mesh("mesh_allreduce", value,
-                                        [*group, _REDUCE_KIND[combiners[lvl]]], out_shape, dtype)
+                args = [*group, _REDUCE_KIND[combiners[lvl]]]
             elif kind == "reduce_scatter":
-                a = dst[lvl]
-                value = self._emit_mesh("mesh_reduce_scatter", value,
-                                        [*group, _REDUCE_KIND[combiners[lvl]], a,
-                                         self._outer(cur, lvl, a)], out_shape, dtype)
+                args = [*group, _REDUCE_KIND[combiners[lvl]], b, self._outer(cur, lvl, b)]
             elif kind == "all_to_all":
-                a, b = cur[lvl], dst[lvl]
-                value = self._emit_mesh("mesh_all_to_all", value,
-                                        [*group, a, self._outer(cur, lvl, a), b,
-                                         self._outer(cur, lvl, b)], out_shape, dtype)
+                args = [*group, a, self._outer(cur, lvl, a), b, self._outer(cur, lvl, b)]
             else:
                 raise PartitionError(f"no lowering for a {kind} conversion")
-            cur = nxt
+            value = self._emit_mesh("mesh_" + kind, value, args, out_shape, dtype)
         return value
 
     def _outer(self, cur: Sequence[int], level: int, axis: int) -> int:

@@ -518,3 +518,79 @@ def run(
         latencies.append((time.perf_counter() - start) * 1e3)
     session.check(f"running {func}")
     return DistributedRunResult(outputs, peaks, arg_bytes, latencies)
+
+
+def place_sharded(session: Session, array: np.ndarray, mesh: Sequence[int],
+                  layout: Sequence[int]) -> DArray:
+    """Each worker gets its piece of `array` under a partition layout (one scheme per mesh
+    level, see `tvm_ext.partition.sharding`): replicated arrays are broadcast, others
+    scattered piece by piece."""
+    from .partition.sharding import shards
+
+    if all(s < 0 for s in layout):
+        return session.replicate(np.asarray(array))
+    return session.per_worker(shards(np.asarray(array), mesh, layout))
+
+
+def gather_sharded(session: Session, darray: DArray, mesh: Sequence[int],
+                   layout: Sequence[int], shape: Sequence[int]) -> np.ndarray:
+    """The whole array of `shape` from every worker's piece under a partition layout."""
+    from .partition.sharding import unshard
+
+    if all(s < 0 for s in layout):
+        return session.gather(darray)
+    return unshard(session.worker_values(darray), mesh, layout, shape)
+
+
+def run_partitioned(
+    session: Session,
+    module: DModule,
+    arguments: Sequence[np.ndarray],
+    layout: dict,
+    *,
+    func: str = "main",
+    repeat: int = 0,
+) -> DistributedRunResult:
+    """Run a module partitioned by `tvm_ext.passes.PartitionOperators` on the session's k
+    workers: place each argument's pieces as `layout` says (the record of
+    `partition_layout(mod)` or `layouts_of(plan, graph)`: mesh, per argument and output its
+    shape and layout), run `func` once measuring each worker's peak memory, then `repeat` times
+    for time, and gather every output whole."""
+    k = int(layout["num_devices"])
+    if session.num_workers != k:
+        raise ValueError(f"the module is partitioned for {k} devices; the session has "
+                         f"{session.num_workers} workers (start a Session({k}))")
+    specs = layout["arguments"]
+    if len(arguments) != len(specs):
+        raise ValueError(f"{len(arguments)} arguments; the module takes {len(specs)}")
+    for a, spec in zip(arguments, specs, strict=True):
+        if tuple(np.shape(a)) != tuple(spec["shape"]) or str(np.asarray(a).dtype) != \
+                spec["dtype"]:
+            raise ValueError(f"argument {spec['name']}: {np.shape(a)} {np.asarray(a).dtype}, "
+                             f"the module takes {tuple(spec['shape'])} {spec['dtype']}")
+    mesh = layout["mesh"]
+    session.sync()
+    before = [s.in_use for s in session.memory_stats()]
+    args = [place_sharded(session, a, mesh, spec["layout"])
+            for a, spec in zip(arguments, specs, strict=True)]
+    arg_bytes = [s.in_use - b for s, b in zip(session.memory_stats(), before, strict=True)]
+    function = module[func]
+    session.reset_peak()
+    outs = function(*args)
+    session.sync()
+    peaks = [s.peak_in_use - b for s, b in zip(session.memory_stats(), before, strict=True)]
+    if len(outs) != len(layout["outputs"]):
+        raise DistributedError(f"{func} returned {len(outs)} values; the layout lists "
+                               f"{len(layout['outputs'])} outputs")
+    outputs = [gather_sharded(session, o, mesh, spec["layout"], spec["shape"])
+               if isinstance(o, DArray) else o
+               for o, spec in zip(outs, layout["outputs"], strict=True)]
+    del outs
+    latencies = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        function.invoke(*args)
+        session.sync()
+        latencies.append((time.perf_counter() - start) * 1e3)
+    session.check(f"running {func}")
+    return DistributedRunResult(outputs, peaks, arg_bytes, latencies)
