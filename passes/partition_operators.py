@@ -37,16 +37,20 @@ from collections.abc import Sequence
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from tvm_ext.cost import Hardware
 from tvm_ext.graph import DataflowGraph, GraphBuildError
 from tvm_ext.graph_builder import build_graph_with_ir
 from tvm_ext.local_kernels import (
+    KernelPart,
     LoweringError,
+    inner_blocks,
     local_kernel,
     lowering_obstacle,
     reshape_obstacle,
+    split_kernel,
 )
 from tvm_ext.partition import PartitionPlan, PartitionProblem, plan_partition
 from tvm_ext.partition.layout import PARTIAL, REP, conversion_sequence, local_shape
@@ -84,7 +88,7 @@ class PartitionLowering:
                 self.kdims[key] = kd
                 for d, dim in enumerate(kd.spec.dims):
                     if dim.valid:
-                        why = lowering_obstacle(kd, d, allow_inner=False)
+                        why = lowering_obstacle(kd, d)
                         if why is not None:
                             reasons[d] = why
             elif op.kind == "view":
@@ -119,20 +123,50 @@ class PartitionLowering:
         return out
 
     def local(self, bb: relax.BlockBuilder, kernel: str, factors: dict[int, int],
-              param_shapes: dict[int, tuple]) -> tvm.ir.GlobalVar:
-        """The GlobalVar of `kernel` on one device's chunk (the kernel itself if unsplit)."""
+              param_shapes: dict[int, tuple]) -> list[tuple[tvm.ir.GlobalVar, KernelPart]]:
+        """`kernel` on one device's chunk of the split dims (`factors`: dim -> parts), as a
+        list of (GlobalVar, part): one part, or the parts cut after the blocks whose
+        reductions over a split dim are read again (`split_kernel`; the caller allreduces the
+        intermediates named by `inner_buffers` between them)."""
         factors = {d: f for d, f in factors.items() if f > 1}
         key = (kernel, tuple(sorted(factors.items())), tuple(sorted(param_shapes.items())))
-        if key not in self._local:
-            if not factors and not param_shapes:
-                self._local[key] = self.mod.get_global_var(kernel)
-            else:
-                func = local_kernel(self.kdims[kernel], factors, param_shapes)
-                dims = self.kdims[kernel].spec.dims
-                name = kernel + "_" + "_".join(
-                    f"{dims[d].name.split('.')[-1]}{f}" for d, f in sorted(factors.items()))
-                self._local[key] = bb.add_func(func, name.rstrip("_") or kernel)
-        return self._local[key]
+        if key in self._local:
+            return self._local[key]
+        kd = self.kdims[kernel]
+        cuts = inner_blocks(kd, list(factors))
+        if cuts:
+            parts = split_kernel(kd.func, kd.spec.num_outputs, cuts)
+        else:
+            n_in = kd.spec.num_inputs
+            parts = [KernelPart(kd.func, [("in", i) for i in range(n_in)],
+                                [("out", i) for i in range(kd.spec.num_outputs)])]
+        dims = kd.spec.dims
+        suffix = "_".join(f"{dims[d].name.split('.')[-1]}{f}" for d, f in sorted(factors.items()))
+        out = []
+        for i, part in enumerate(parts):
+            shapes = {j: param_shapes[key[1]] for j, key in enumerate(part.inputs)
+                      if key[0] == "in" and key[1] in param_shapes}
+            if not factors and not shapes and len(parts) == 1:
+                out.append((self.mod.get_global_var(kernel), part))
+                continue
+            func = local_kernel(kd, factors, shapes, func=part.func)
+            name = kernel + (f"_{suffix}" if suffix else "_local") + \
+                (f"_part{i}" if len(parts) > 1 else "")
+            out.append((bb.add_func(func, name),
+                        KernelPart(func, part.inputs, part.outputs, part.writers)))
+        self._local[key] = out
+        return out
+
+    def inner_buffers(self, kernel: str, strategy: Sequence[int]) -> dict[str, list]:
+        """Block -> [(level, combiner)]: the allreduces of what a block of a split kernel
+        reduced over a split dim."""
+        out: dict[str, list] = {}
+        dims = self.kdims[kernel].spec.dims
+        for lvl, d in enumerate(strategy):
+            if d >= 0:
+                for r in dims[d].inner:
+                    out.setdefault(r.buffer.split(":")[0], []).append((lvl, r.combiner))
+        return out
 
 
 def plan_for(
@@ -363,10 +397,9 @@ def _validate(plan: PartitionPlan, graph: DataflowGraph, problem, lowering) -> N
 
 def _drop_unused_kernels(mod: tvm.IRModule) -> tvm.IRModule:
     used: set[str] = set()
-    for gv, func in mod.functions.items():
+    for func in mod.functions.values():
         if isinstance(func, relax.Function):
-            for name in _called(func):
-                used.add(name)
+            used |= _called(func)
     out = mod.clone()
     for gv, func in mod.functions.items():
         if isinstance(func, tvm.tirx.PrimFunc) and gv.name_hint not in used:
@@ -376,8 +409,6 @@ def _drop_unused_kernels(mod: tvm.IRModule) -> tvm.IRModule:
 
 def _called(func: relax.Function) -> set[str]:
     names: set[str] = set()
-    import tvm_ffi
-
     tvm_ffi.structural_walk(func, [(tvm.ir.GlobalVar, lambda gv: names.add(gv.name_hint))])
     return names
 
@@ -497,21 +528,44 @@ class _Emitter:
                 args.append(self._input(op, pos, tid, self._required(spec, pos, strategy)))
         factors = self._factors(strategy)
         try:
-            gv = self.lowering.local(self.bb, op.kernel, factors, param_shapes)
+            parts = self.lowering.local(self.bb, op.kernel, factors, param_shapes)
         except LoweringError as err:
             raise PartitionError(f"{op.name}: {err}") from err
         produced = [self._produced(spec, pos, strategy) for pos in range(len(op.outputs))]
-        out_ty = [relax.TensorType(list(local_shape(self.g.tensors[t].shape, self.mesh, s)),
-                                   self.g.tensors[t].dtype)
-                  for t, (s, _) in zip(op.outputs, produced, strict=True)]
-        call = relax.call_tir(gv, relax.Tuple(args), out_ty if len(out_ty) > 1 else out_ty[0])
-        result = self.bb.emit(call, binding.var.name)
+        inner = self.lowering.inner_buffers(op.kernel, strategy) if len(parts) > 1 else {}
+        values = {("in", i): a for i, a in enumerate(args)}
+        for i, (gv, part) in enumerate(parts):
+            params = [p for p in part.func.params if getattr(p, "shape", None) is not None]
+            out_ty = [relax.TensorType([int(s) for s in p.shape], str(p.dtype))
+                      for p in params[len(part.inputs):]]
+            call = relax.call_tir(gv, relax.Tuple([values[key] for key in part.inputs]),
+                                  out_ty if len(out_ty) > 1 else out_ty[0])
+            name = binding.var.name if i == len(parts) - 1 else f"{binding.var.name}_part{i}"
+            result = self.bb.emit(call, name)
+            for j, key in enumerate(part.outputs):
+                out = result if len(out_ty) == 1 else self.bb.emit(relax.TupleGetItem(result, j))
+                if key[0] == "tmp" and part.writers.get(key) in inner:
+                    out = self._allreduce_levels(out, inner[part.writers[key]])
+                values[key] = out
         for pos, tid in enumerate(op.outputs):
-            out = result if len(op.outputs) == 1 else self.bb.emit(
-                relax.TupleGetItem(result, pos))
             schemes, combiners = produced[pos]
-            self.val[tid] = self.convert(out, self.g.tensors[tid], schemes, self.layout[tid],
-                                         combiners)
+            self.val[tid] = self.convert(values[("out", pos)], self.g.tensors[tid], schemes,
+                                         self.layout[tid], combiners)
+
+    def _allreduce_levels(self, value, levels: list[tuple[int, str]]) -> relax.Var:
+        """Allreduce an intermediate of a split kernel over the levels its dim is split at."""
+        combiners = {c for _, c in levels}
+        if len(combiners) > 1:
+            raise PartitionError(f"an intermediate reduced with {sorted(combiners)} at once")
+        combiner = combiners.pop()
+        if len(levels) == self.levels:
+            return self._emit_ccl("allreduce", value, combiner)
+        shape = [int(s) for s in value.ty.shape.values]
+        for lvl, _ in sorted(levels, reverse=True):
+            value = self._emit_mesh("mesh_allreduce", value,
+                                    [level_stride(self.mesh, lvl), self.mesh[lvl],
+                                     _REDUCE_KIND[combiner]], shape, str(value.ty.dtype))
+        return value
 
     def _view(self, op, spec, strategy) -> None:
         binding = self.bindings[op.id]

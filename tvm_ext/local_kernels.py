@@ -45,13 +45,24 @@ def lowering_obstacle(kdims: KernelDims, dim: int, allow_inner: bool = True) -> 
         return "a window reads beyond the chunk (halo exchange)"
     if dim in kdims.window_dims:
         return "a window variable reads the dim at an offset"
-    if spec.inner and not allow_inner:
-        return "an allreduce inside the kernel (" + ", ".join(r.buffer for r in spec.inner) + ")"
+    if spec.inner:
+        if not allow_inner:
+            return "an allreduce inside the kernel (" + ", ".join(r.buffer for r in spec.inner) \
+                + ")"
+        try:
+            split_kernel(kdims.func, kdims.spec.num_outputs, inner_blocks(kdims, [dim]))
+        except LoweringError as err:
+            return f"an allreduce inside the kernel, which cannot be cut there: {err}"
     try:
         _loop_factors(kdims, {dim: 2}, check_divisible=False)
     except LoweringError as err:
         return str(err)
     return None
+
+
+def inner_blocks(kdims: KernelDims, dims: Sequence[int]) -> set[str]:
+    """The blocks after which the allreduces of split dims `dims` run."""
+    return {r.buffer.split(":")[0] for d in dims for r in kdims.spec.dims[d].inner}
 
 
 def _realizes(func: tirx.PrimFunc) -> list:
@@ -194,8 +205,9 @@ class KernelPart:
     kernel's inputs, then intermediates of earlier parts, then its outputs."""
 
     func: tirx.PrimFunc
-    inputs: list  # ("in", i) a kernel input, ("tmp", name) an intermediate of an earlier part
-    outputs: list  # ("out", i) a kernel output, ("tmp", name) an intermediate for later parts
+    inputs: list  # ("in", i) a kernel input, ("tmp", i) an intermediate of an earlier part
+    outputs: list  # ("out", i) a kernel output, ("tmp", i) an intermediate for later parts
+    writers: dict = dataclasses.field(default_factory=dict)  # output key -> its writer block
 
 
 def reshape_obstacle(in_shape: Sequence[int], out_shape: Sequence[int], in_axis: int | None,
@@ -215,3 +227,78 @@ def reshape_obstacle(in_shape: Sequence[int], out_shape: Sequence[int], in_axis:
         return (f"axis {in_axis} of {list(in_shape)} and axis {out_axis} of {list(out_shape)} "
                 "start at different flat positions (the pieces are not a reshape of each other)")
     return None
+
+
+def _blocks_in(stmt) -> list:
+    out: list = []
+    tvm_ffi.structural_walk(stmt, [(SBlock, out.append)])
+    return [b for b in out if b.iter_vars]
+
+
+def _buffers_touched(stmt) -> tuple[set, set]:
+    """(buffers read, buffers written) inside a statement."""
+    reads: set = set()
+    writes: set = set()
+    tvm_ffi.structural_walk(stmt, [(tvm.ir.TensorLoad, lambda x: reads.add(x.source)),
+                                   (tirx.BufferStore, lambda x: writes.add(x.buffer))])
+    return reads, writes
+
+
+def split_kernel(func: tirx.PrimFunc, num_outputs: int, after_blocks: set[str]) -> list[KernelPart]:
+    """Cut a kernel after each top-level loop nest that holds one of `after_blocks`, so that
+    something (an allreduce of what the block reduced) can run between the parts. Buffers
+    written in one part and read in a later one become outputs, then inputs (kernel outputs
+    read again too)."""
+    root = func.body
+    if not isinstance(root, SBlockRealize) or root.block.iter_vars:
+        raise LoweringError("the kernel has no root block to cut")
+    body = root.block.body
+    stmts = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+    groups: list[list] = [[]]
+    found: set[str] = set()
+    for st in stmts:
+        names = {b.name_hint for b in _blocks_in(st)}
+        groups[-1].append(st)
+        cut = names & after_blocks
+        if cut:
+            if len(names) > 1:
+                raise LoweringError(f"block {sorted(cut)[0]} shares a loop nest with other "
+                                    "blocks (the kernel cannot be cut after it)")
+            found |= cut
+            groups.append([])
+    if found != set(after_blocks):
+        raise LoweringError(f"blocks {sorted(set(after_blocks) - found)} are not top-level loop "
+                            "nests of the kernel")
+    groups = [g for g in groups if g]
+    params = [p for p in func.params if getattr(p, "shape", None) is not None]
+    num_inputs = len(params) - num_outputs
+    key_of = {p: ("in", i) if i < num_inputs else ("out", i - num_inputs)
+              for i, p in enumerate(params)}
+    for i, buf in enumerate(root.block.alloc_buffers):
+        key_of[buf] = ("tmp", i)
+    writer = {}
+    for block in _blocks_in(body):
+        _, written = _buffers_touched(block.body)
+        for buf in written:
+            writer[key_of.get(buf)] = block.name_hint
+    touched = [_buffers_touched(tirx.SeqStmt(g) if len(g) > 1 else g[0]) for g in groups]
+    parts = []
+    for i, g in enumerate(groups):
+        reads, writes = touched[i]
+        later_reads = set().union(*(r for r, _ in touched[i + 1:])) if i + 1 < len(groups) \
+            else set()
+        earlier_writes = set().union(*(w for _, w in touched[:i])) if i else set()
+        ins = [p for p in params if p in reads and (key_of[p][0] == "in" or
+                                                    p in earlier_writes)]
+        ins += [b for b in root.block.alloc_buffers if b in reads and b in earlier_writes]
+        outs = [b for b in root.block.alloc_buffers if b in writes and b in later_reads]
+        outs += [p for p in params if key_of[p][0] == "out" and p in writes]
+        local = [b for b in root.block.alloc_buffers if (b in reads or b in writes) and
+                 b not in ins and b not in outs]
+        block = SBlock([], [], [], "root", tirx.SeqStmt(g) if len(g) > 1 else g[0],
+                       alloc_buffers=local)
+        part = tirx.PrimFunc([*ins, *outs], SBlockRealize([], True, block), func.ret_type,
+                             func.attrs)
+        parts.append(KernelPart(part, [key_of[b] for b in ins], [key_of[b] for b in outs],
+                                {key_of[b]: writer.get(key_of[b], "") for b in outs}))
+    return parts

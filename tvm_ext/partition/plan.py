@@ -337,7 +337,7 @@ def _transient(model: PartitionModel, op_id: int, strategy, layouts,
     levels = model.levels
     unused = set(model.specs[op_id].unused_inputs)
     uses: dict[int, int] = {}
-    for pos, t in enumerate(op.inputs):
+    for t in op.inputs:
         uses[t] = uses.get(t, 0) + 1
     ins = []  # (converted sizes, source bytes freed after its first step)
     for pos, t in enumerate(op.inputs):
@@ -375,7 +375,7 @@ def _transient(model: PartitionModel, op_id: int, strategy, layouts,
     pending = sum(produced for produced, _, _ in outs)
     phases.append(held - freed + pending - stored_converted)
     done = 0.0
-    for produced, sizes, t in outs:
+    for produced, sizes, _ in outs:
         phases.append(done + pending + _chain_peak(sizes) - stored_converted - dead_after)
         done += sizes[-1]
         pending -= produced
