@@ -70,6 +70,19 @@ def build_parser() -> argparse.ArgumentParser:
                       help="time budget of the SwapAdvisor search")
     swap.add_argument("--plot", metavar="PATH",
                       help="write the plan's device-memory and stream timeline as a PNG")
+    part = p.add_argument_group("partitioning over devices (PartitionOperators)")
+    part.add_argument("--devices", type=int, metavar="K",
+                      help="partition over K devices (Tofu plan, explicit collectives); --run "
+                           "runs it on K cpu workers (Disco) and --check compares with the "
+                           "single-device module; with --device-memory the budget is per device")
+    part.add_argument("--strategy", default="tofu",
+                      choices=["tofu", "data_parallel", "megatron", "exact"],
+                      help="partitioning strategy (default tofu)")
+    part.add_argument("--link", default="nvlink",
+                      help="link between devices for planning (nvlink, pcie, ...)")
+    part.add_argument("--partition-plan", metavar="PATH",
+                      help="apply a saved plan (JSON, e.g. the plan of a --report or of the "
+                           "sidecar of --output) instead of planning")
     return p
 
 
@@ -118,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     failed, tune_db = _tune(args, model, target, report)
     if failed:
         return failed
+    if args.devices is not None or args.partition_plan:
+        from tvm_ext.cli_partition import main_partitioned
+
+        return main_partitioned(args, report, model, target, tune_db)
 
     plan = None
     if args.device_memory:
