@@ -135,7 +135,8 @@ def _report_plan(report: dict, build, k: int) -> None:
              f", {build.unrestricted['iteration_time_s'] * 1e6:.1f} us)"
              if build.unrestricted else ""))
     for f in chosen:
-        print(f"  fallback {f['kernel']} split on {f['dim']} ({', '.join(f['chosen_without_restriction'])}): {f['reason']}")
+        ops = ", ".join(f["chosen_without_restriction"])
+        print(f"  fallback {f['kernel']} split on {f['dim']} ({ops}): {f['reason']}")
     if build.swap_plan is not None:
         sp = build.swap_plan
         report["swap"] = sp.summary()
