@@ -141,7 +141,8 @@ class PartitionLowering:
             parts = [KernelPart(kd.func, [("in", i) for i in range(n_in)],
                                 [("out", i) for i in range(kd.spec.num_outputs)])]
         dims = kd.spec.dims
-        suffix = "_".join(f"{dims[d].name.split('.')[-1]}{f}" for d, f in sorted(factors.items()))
+        suffix = "_".join(f"{dims[d].name.split('.')[-1]}_by{f}"
+                          for d, f in sorted(factors.items()))
         out = []
         for i, part in enumerate(parts):
             shapes = {j: param_shapes[key[1]] for j, key in enumerate(part.inputs)
@@ -187,6 +188,14 @@ def plan_for(
     lowering = PartitionLowering(mod, graph, problem)
     return _plan(problem, lowering, num_devices, hardware, strategy, link, topology,
                  compare_unrestricted)
+
+
+def check_plan(mod: tvm.IRModule, plan: PartitionPlan, function: str = "main") -> None:
+    """Raise PartitionError unless `plan` is a plan of this legalized, fused module that the
+    pass can lower (what PartitionOperators checks, outside a pass, so the error keeps its
+    type)."""
+    mod, graph, _, _, problem = _analyze(mod, function)
+    _validate(plan, graph, problem, PartitionLowering(mod, graph, problem))
 
 
 def _plan(problem, lowering, num_devices, hardware, strategy, link, topology, compare):
@@ -458,7 +467,10 @@ class _Emitter:
                     len(outputs) != 1 else outputs[0]
                 result = self.bb.emit_output(result)
             self.bb.emit_func_output(result)
-        return self.bb.get()["__partitioned_main"]
+        # Without the alias bindings the builder leaves between the last op and the outputs.
+        mod = relax.transform.CanonicalizeBindings()(
+            tvm.IRModule({"__partitioned_main": self.bb.get()["__partitioned_main"]}))
+        return mod["__partitioned_main"]
 
     # ------------------------------------------------------------------ schemes
     def _required(self, spec, pos: int, strategy: list[int]) -> list[int]:

@@ -109,7 +109,7 @@ def _new_buffer(buf, shape: Sequence[int]):
         [tirx.IntImm(str(s.ty), v) for s, v in zip(ty.shape, shape, strict=True)],
         ty.dtype, buf.name, elem_offset=ty.elem_offset, scope=ty.storage_scope,
         data_alignment=ty.data_alignment,
-        offset_factor=ty.offset_factor)
+        offset_factor=ty.offset_factor, layout=ty.layout)
 
 
 def local_kernel(

@@ -91,10 +91,12 @@ def build_partitioned(
     `device_memory`, and compile with the tvm_ext pipeline."""
     from .passes.partition_operators import (
         PartitionOperators,
+        check_plan,
         layouts_of,
         partition_layout,
         plan_for,
     )
+    from .passes.partition_operators import PartitionError
     from .passes.swap_offload import plan_problem
 
     if isinstance(plan, str):
@@ -102,7 +104,12 @@ def build_partitioned(
     fused = fuse(model, target)
     with target:
         given = plan is not None
-        if not given:
+        if given:
+            if plan.num_devices != num_devices:
+                raise PartitionError(f"the plan partitions over {plan.num_devices} devices, "
+                                     f"not {num_devices}")
+            check_plan(fused, plan)
+        else:
             plan, fallbacks, unrestricted = plan_for(fused, num_devices, hardware=hardware,
                                                      strategy=strategy, link=link)
         part = PartitionOperators(num_devices, plan=plan, hardware=hardware)(fused)
