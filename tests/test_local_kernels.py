@@ -109,7 +109,7 @@ def test_obstacles():
     assert reasons["conv2d_nchw.v_ff"] is None  # output channels
     assert "global indices" in reasons["conv2d_nchw.v_yy"] or "halo" in reasons[
         "conv2d_nchw.v_yy"]
-    with pytest.raises(LoweringError, match="conv2d_nchw.v_yy"):
+    with pytest.raises(LoweringError, match=r"conv2d_nchw\.v_yy"):
         local_kernel(kd, {_dim(kd, "conv2d_nchw.v_yy"): 2})
 
 

@@ -166,7 +166,7 @@ def test_megatron_mlp_runs_on_two_workers():
 def test_rejections():
     before = _fused(MLP)
     for k in (0, -1, 1.5):
-        with pytest.raises(PartitionError, match="at least 1|integer >= 1"):
+        with pytest.raises(PartitionError, match=r"at least 1|integer >= 1"):
             PartitionOperators(k)
     plan = _megatron_plan(before)
     with pytest.raises(PartitionError, match="partitions over 2 devices, not 4"):
@@ -185,7 +185,7 @@ def test_rejections():
     conv = _fused(_conv())
     plan = plan_for(conv, 2, compare_unrestricted=False)[0]
     plan.ops[0]["strategy"] = [_dim(conv, "conv2d_nchw.v_yy")]
-    with pytest.raises(PassError, match="cannot lower.*(halo|global)"):
+    with pytest.raises(PassError, match=r"cannot lower.*(halo|global)"):
         PartitionOperators(2, plan=plan)(conv)
 
 

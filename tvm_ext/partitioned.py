@@ -90,13 +90,13 @@ def build_partitioned(
     """Plan (or take `plan`), partition, optionally plan swaps per device under
     `device_memory`, and compile with the tvm_ext pipeline."""
     from .passes.partition_operators import (
+        PartitionError,
         PartitionOperators,
         check_plan,
         layouts_of,
         partition_layout,
         plan_for,
     )
-    from .passes.partition_operators import PartitionError
     from .passes.swap_offload import plan_problem
 
     if isinstance(plan, str):
