@@ -75,3 +75,25 @@ def test_cuda_export_for_four_gpus(tmp_path, capsys):
     assert "compile-only here" in capsys.readouterr().out
     assert main([*argv, "--run"]) == 2
     assert "needs 4 GPUs" in capsys.readouterr().err
+
+
+def test_exported_module_runs_from_its_sidecar(tmp_path, capsys):
+    import tvm
+
+    from tvm_ext import compiler, distributed
+    from tvm_ext.models import get_model
+
+    so = tmp_path / "r.so"
+    argv = ["resnet", "--devices", "2", "--device-memory", "80%", "--swap-time-budget", "1",
+            "--output", str(so)]
+    assert main(argv) == 0
+    model = get_model("resnet", "tiny")
+    args = model.random_arguments(1)
+    ref = compiler.run(compiler.build_reference(model, tvm.target.Target("llvm")), args,
+                       tvm.cpu(0), repeat=0)
+    with distributed.Session(2) as sess:
+        result = distributed.run_exported(sess, so, args)
+    compiler.compare(result.outputs, ref.outputs, rtol=1e-5, atol=1e-5)
+    with pytest.raises(FileNotFoundError, match="partition.json"):
+        with distributed.Session(2) as sess:
+            distributed.run_exported(sess, tmp_path / "missing.so", args)

@@ -17,6 +17,11 @@ each CPU worker's bytes are counted apart: `Session.memory_stats()` reads them o
         out = mod["main"](x, w)
         y = sess.gather(out[0], axis=None)         # worker 0's copy (replicated output)
 
+Modules partitioned by `tvm_ext.passes.PartitionOperators` take each argument as the piece its
+layout names (multi-level meshes included): `run_partitioned(sess, mod, arrays, layout)` places
+them, runs, measures each worker's peak and gathers the outputs whole; `run_exported` does the
+same from an exported module and its `.partition.json` sidecar.
+
 Workers never raise into the controller (an exception in a TVM worker thread ends the process),
 so every worker call goes through ``tvm_ext.disco.call_guarded``; the first failure of any worker
 is raised here as `DistributedError`, and the cpu backend wakes the other workers at once.
@@ -629,3 +634,26 @@ def run_partitioned(
         latencies.append((time.perf_counter() - start) * 1e3)
     session.check(f"running {func}")
     return DistributedRunResult(outputs, peaks, arg_bytes, latencies, host_peaks)
+
+
+def run_exported(
+    session: Session,
+    path: str | os.PathLike,
+    arguments: Sequence[np.ndarray],
+    *,
+    repeat: int = 0,
+) -> DistributedRunResult:
+    """Run a partitioned module exported by `compile.py --devices K --output PATH`: its
+    sidecar `PATH.partition.json` says how to place each argument (and which ones a per-device
+    swap plan keeps on the host). On a machine with K GPUs: `Session(K, "nccl")`."""
+    path = os.fspath(path)
+    side = path + ".partition.json"
+    if not os.path.isfile(side):
+        raise FileNotFoundError(f"no {side}: export partitioned modules with compile.py "
+                                "--devices K --output PATH, which writes it beside the module")
+    with open(side) as f:
+        info = json.load(f)
+    arg_devices = info.get("arg_devices")
+    module = session.load_module(path, separate_host=bool(arg_devices and any(arg_devices)))
+    return run_partitioned(session, module, arguments, info["layout"], repeat=repeat,
+                           arg_devices=arg_devices)
