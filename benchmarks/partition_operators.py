@@ -85,7 +85,7 @@ def _table(rows: list[dict]) -> str:
     for r in rows:
         label = f"{r['model']}-{r['size']}" + ("-train" if r["training"] else "")
         lines.append(
-            f"{label:<18}{r['k']:>2} {str(r['mesh']):<7}{r['bytes_per_device']:>10.0f} "
+            f"{label:<18}{r['k']:>2} {r['mesh']!s:<7}{r['bytes_per_device']:>10.0f} "
             f"{sum(r['collectives'].values()):>5}{r['fallbacks_chosen']:>3}"
             f"{r['predicted_peak']:>11}{max(r['measured_peaks']):>11}{r['ratio']:>7.3f}"
             f"{r['single_device_peak']:>11}{r['max_abs_error']:>9.1e}"
