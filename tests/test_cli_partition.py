@@ -94,6 +94,6 @@ def test_exported_module_runs_from_its_sidecar(tmp_path, capsys):
     with distributed.Session(2) as sess:
         result = distributed.run_exported(sess, so, args)
     compiler.compare(result.outputs, ref.outputs, rtol=1e-5, atol=1e-5)
-    with pytest.raises(FileNotFoundError, match="partition.json"):
+    with pytest.raises(FileNotFoundError, match=r"partition\.json"):
         with distributed.Session(2) as sess:
             distributed.run_exported(sess, tmp_path / "missing.so", args)
