@@ -14,7 +14,7 @@ def _fmt_bytes(n: float) -> str:
     return fmt(n)
 
 
-def _load_plan(path: str):
+def load_plan(path: str):
     """A plan from a JSON file: a plan, a --report of a partitioned build, or an --output
     sidecar."""
     from tvm_ext.partition import PartitionPlan
@@ -41,7 +41,7 @@ def main_partitioned(args, report: dict, model, target, tune_db) -> int:
     plan = None
     try:
         if args.partition_plan:
-            plan = _load_plan(args.partition_plan)
+            plan = load_plan(args.partition_plan)
     except (OSError, ValueError) as err:
         print(f"error: --partition-plan: {err}", file=sys.stderr)
         return 2
