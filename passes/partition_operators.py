@@ -46,6 +46,7 @@ from tvm_ext.graph_builder import build_graph_with_ir
 from tvm_ext.local_kernels import (
     KernelPart,
     LoweringError,
+    chunk_params,
     inner_blocks,
     local_kernel,
     lowering_obstacle,
@@ -150,7 +151,8 @@ class PartitionLowering:
             if not factors and not shapes and len(parts) == 1:
                 out.append((self.mod.get_global_var(kernel), part))
                 continue
-            func = local_kernel(kd, factors, shapes, func=part.func)
+            func = local_kernel(kd, factors, shapes, func=part.func,
+                                num_outputs=len(part.outputs))
             name = kernel + (f"_{suffix}" if suffix else "_local") + \
                 (f"_part{i}" if len(parts) > 1 else "")
             out.append((bb.add_func(func, name),
@@ -440,6 +442,7 @@ class _Emitter:
         self.layout = {t["id"]: [int(s) for s in t["layout"]] for t in plan.tensors}
         self.strategy = {o["id"]: [int(d) for d in o["strategy"]] for o in plan.ops}
         self.val: dict[int, relax.Expr] = {}
+        self.worker = None  # the worker id as a symbolic int, once a kernel needs it
         # Vars of the original function that name one tensor (for packed-call arguments).
         self.var_tensor = {b.var: op.outputs[0] for op, b in zip(graph.ops, bindings,
                                                                  strict=True)
@@ -550,7 +553,11 @@ class _Emitter:
             params = [p for p in part.func.params if getattr(p, "shape", None) is not None]
             out_ty = [relax.TensorType([int(s) for s in p.shape], str(p.dtype))
                       for p in params[len(part.inputs):]]
-            call = relax.call_tir(gv, relax.Tuple([values[key] for key in part.inputs]),
+            # Chunk indices of dims the kernel needs global indices of (after the inputs).
+            chunks = [relax.prim_value(self._chunk(d, strategy))
+                      for d in chunk_params(part.func)]
+            call = relax.call_tir(gv, relax.Tuple([*(values[key] for key in part.inputs),
+                                                   *chunks]),
                                   out_ty if len(out_ty) > 1 else out_ty[0])
             name = binding.var.name if i == len(parts) - 1 else f"{binding.var.name}_part{i}"
             result = self.bb.emit(call, name)
@@ -563,6 +570,20 @@ class _Emitter:
             schemes, combiners = produced[pos]
             self.val[tid] = self.convert(values[("out", pos)], self.g.tensors[tid], schemes,
                                          self.layout[tid], combiners)
+
+    def _chunk(self, dim: int, strategy: Sequence[int]):
+        """The index of this worker's chunk of a dim split at the outermost levels (the
+        contiguous chunks a kernel needing global indices gets), from the worker id."""
+        levels = [lvl for lvl, d in enumerate(strategy) if d == dim]
+        if levels != list(range(len(levels))):
+            raise PartitionError(f"dim {dim} needs global indices but is split at levels "
+                                 f"{levels}, not at the outermost ones (contiguous chunks)")
+        if self.worker is None:
+            self.worker = tvm.tirx.Var("worker_id", "int64")
+            wid = self.bb.emit(relax.op.call_pure_packed(
+                "runtime.disco.worker_id", ty_args=[relax.ShapeType(None)]))
+            self.bb.match_cast(wid, relax.ShapeType([self.worker]))
+        return tvm.tirx.floordiv(self.worker, level_stride(self.mesh, levels[-1]))
 
     def _allreduce_levels(self, value, levels: list[tuple[int, str]]) -> relax.Var:
         """Allreduce an intermediate of a split kernel over the levels its dim is split at."""

@@ -326,7 +326,12 @@ class _Rewriter:
             self.emit(relax.Call(value.args[0], [*args, *outs]))
         elif name == "relax.call_tir":
             callee = value.args[0]
-            args = [self.value_of(t) for t in op.inputs]
+            inputs = iter(op.inputs)
+            packed = value.args[1]
+            fields = packed.fields if isinstance(packed, relax.Tuple) else [packed]
+            # Tensors by their values now; scalars (PrimValue) stay before the outputs.
+            args = [self.value_of(next(inputs)) if isinstance(f.ty, relax.TensorType) else f
+                    for f in fields]
             extra = list(value.args[2:3])
             self.emit(relax.Call(callee, [*args, *outs, *extra]))
         else:

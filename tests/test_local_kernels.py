@@ -10,6 +10,7 @@ from tvm import relax, tirx
 
 from tvm_ext.local_kernels import (
     LoweringError,
+    chunk_params,
     inner_blocks,
     local_kernel,
     lowering_obstacle,
@@ -118,3 +119,25 @@ def test_reshape_obstacle():
     assert reshape_obstacle((4, 8, 16), (4, 8, 2, 8), 2, 2) is None  # split heads
     assert reshape_obstacle((4, 8), (32,), 1, 0) is not None  # pieces interleave
     assert reshape_obstacle((4, 8), (32,), None, 0) is not None  # a slice, not a view
+
+
+def test_global_indices_through_a_chunk_argument():
+    """out[i, j] = x[i, j] + j: split on j, each chunk takes its index and sees global j."""
+    from tvm import te
+
+    x = te.placeholder((4, 8), "float32", name="x")
+    out = te.compute((4, 8), lambda i, j: x[i, j] + j.astype("float32"), name="out")
+    kd = kernel_dims(te.create_prim_func([x, out]), 1, "add_index")
+    d = _dim(kd, "out.v_j")
+    assert kd.spec.dims[d].global_index and d in kd.value_dims
+    assert lowering_obstacle(kd, d) is None
+    local = local_kernel(kd, {d: 2})
+    assert chunk_params(local) == [d]
+    f = tvm.compile(tvm.IRModule({"main": local.with_attr("global_symbol", "main")}), LLVM)
+    full = A[:, :8]
+    for chunk in range(2):
+        res = tvm.runtime.empty((4, 4), "float32")
+        f["main"](tvm.runtime.tensor(np.ascontiguousarray(full[:, chunk * 4:(chunk + 1) * 4])),
+                  chunk, res)
+        np.testing.assert_allclose(res.numpy(), (full + np.arange(8))[:, chunk * 4:
+                                                                    (chunk + 1) * 4])

@@ -7,7 +7,10 @@ f, every iteration domain of d, the loop that binds it, and every buffer axis it
 reads exactly the chunk of each axis (`semantics` checked that `X[16 * b + t]` or `X[h // 16]`
 line up). This is exact only when nothing reads the dim's global position:
 
-* a dim used as a value (padding tests, one-hot, iota) needs global indices;
+* a dim used as a value (one-hot, iota, flattened argmax positions) must see global indices:
+  the kernel then takes the index of its chunk (`chunk_<dim>`, a scalar argument) and every use
+  of the variable as a value becomes `v + chunk * local extent` (uses as buffer indices stay
+  local); a dim that only feeds a computed index (`x[i, labels[i]]`) needs nothing;
 * a dim read through a window (`x[yy + ry - 1]`: a convolution's halo) reads beyond its chunk;
 * a dim reduced into an intermediate that the kernel reads again (softmax's max and sum, layer
   norm's mean, a matmul followed by its bias) needs an allreduce in the middle of the kernel:
@@ -39,12 +42,10 @@ def lowering_obstacle(kdims: KernelDims, dim: int, allow_inner: bool = True) -> 
     spec = kdims.spec.dims[dim]
     if not spec.valid:
         return spec.reason
-    if spec.global_index:
-        return "the kernel uses the dim's index as a value (needs global indices)"
     if any(c is not None and c.halo for c in spec.inputs):
-        return "a window reads beyond the chunk (halo exchange)"
+        return "a window reads beyond the chunk (a halo exchange, not lowered)"
     if dim in kdims.window_dims:
-        return "a window variable reads the dim at an offset"
+        return "a window variable reads the dim at an offset (a halo exchange, not lowered)"
     if spec.inner:
         if not allow_inner:
             return "an allreduce inside the kernel (" + ", ".join(r.buffer for r in spec.inner) \
@@ -117,12 +118,16 @@ def local_kernel(
     factors: Mapping[int, int],
     param_shapes: Mapping[int, Sequence[int]] | None = None,
     func: tirx.PrimFunc | None = None,
+    num_outputs: int | None = None,
 ) -> tirx.PrimFunc:
     """The kernel of `kdims` with each dim d of `factors` cut to 1/factors[d] of its extent.
 
     `param_shapes` gives the shape of buffer parameters by position explicitly (inputs the
     kernel never reads keep whatever piece the device holds). `func` is a part of the kernel
-    (`split_kernel`) to shrink instead of the whole.
+    (`split_kernel`) to shrink instead of the whole. A split dim whose index the kernel uses as
+    a value adds a scalar parameter `chunk_<d>` (int64, after the inputs, before the
+    `num_outputs` outputs, default the kernel's): the index of the device's chunk of dim d
+    (`chunk_params` names them).
     """
     func = func if func is not None else kdims.func
     factors = {d: f for d, f in factors.items() if f > 1}
@@ -131,6 +136,14 @@ def local_kernel(
         if why is not None:
             raise LoweringError(f"dim {kdims.spec.dims[d].name}: {why}")
     loops = _loop_factors(kdims, factors, func)
+    chunks = {d: tirx.Var(f"chunk_{d}", "int64") for d in factors if d in kdims.value_dims}
+    shift: dict = {}  # block variable -> its global value
+    for block in _blocks_in(func.body):
+        for iv in block.iter_vars:
+            d = kdims.var_dims.get(iv.var, -1)
+            if d in chunks:
+                local = _int(iv.dom.extent) // factors[d]
+                shift[iv.var] = iv.var + chunks[d] * tirx.IntImm(str(iv.var.ty), local)
     remap: dict = {}
     shapes: dict = {}  # new buffer var -> (old shape, new shape)
     params = [p for p in func.params if getattr(p, "shape", None) is not None]
@@ -188,11 +201,40 @@ def local_kernel(
             ranges.append(r)
         return tvm.ir.expr.TensorRegion(region.source, ranges, region.ty)
 
+    def global_values(expr):
+        """`expr` with the split variables used as values shifted to their global value (not
+        inside buffer indices, which address the local piece)."""
+        return tvm_ffi.structural_mutate(expr, [
+            (tvm.ir.TensorLoad, lambda load, m: load),
+            (tvm.ir.expr.Var, lambda v, m: shift.get(v, v))])
+
+    def on_store(store, m):
+        store = m.default_mutate(store)
+        if not shift:
+            return store
+        return tirx.BufferStore(store.buffer, global_values(store.value), store.indices)
+
+    def on_bind(bind, m):
+        bind = m.default_mutate(bind)
+        return tirx.Bind(bind.var, global_values(bind.value)) if shift else bind
+
     out = tvm_ffi.structural_mutate(func, [
         (tirx.PrimFunc, on_func), (tirx.For, on_for), (tirx.IterVar, on_iter_var),
-        (tvm.ir.expr.TensorRegion, on_region)])
+        (tvm.ir.expr.TensorRegion, on_region), (tirx.BufferStore, on_store),
+        (tirx.Bind, on_bind)])
+    used: set = set()
+    tvm_ffi.structural_walk(out.body, [(tvm.ir.expr.Var, used.add)])
+    scalars = [v for d, v in sorted(chunks.items()) if v in used]
+    n_out = kdims.spec.num_outputs if num_outputs is None else num_outputs
+    ins, outs = out.params[:len(out.params) - n_out], out.params[len(out.params) - n_out:]
     # Rebuilt so that the function's type (what Relax checks calls against) has the new shapes.
-    return tirx.PrimFunc(out.params, out.body, out.ret_type, out.attrs)
+    return tirx.PrimFunc([*ins, *scalars, *outs], out.body, out.ret_type, out.attrs)
+
+
+def chunk_params(func: tirx.PrimFunc) -> list[int]:
+    """The dims whose chunk index `func` (a `local_kernel`) takes, in parameter order."""
+    return [int(p.name.split("_")[1]) for p in func.params
+            if getattr(p, "shape", None) is None and p.name.startswith("chunk_")]
 
 
 def _is_const(expr, value: int) -> bool:

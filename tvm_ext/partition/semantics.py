@@ -549,6 +549,10 @@ class KernelDims:
     var_dims: dict  # block iteration Var -> dim
     buffer_dims: dict  # buffer Var (parameter or allocated) -> dim per axis
     window_dims: set[int]  # dims some window variable's window reads (a halo or an offset)
+    # Dims whose index is used as a value (padding tests, one-hot): a chunk must be told where
+    # it starts. A dim flagged `global_index` but not here only feeds computed indices
+    # (`x[i, labels[i]]`), whose values a chunk reads from its own piece.
+    value_dims: set[int] = dataclasses.field(default_factory=set)
 
 
 def kernel_dims(func: tirx.PrimFunc, num_outputs: int, kernel: str = "kernel") -> KernelDims:
@@ -592,7 +596,16 @@ def kernel_dims(func: tirx.PrimFunc, num_outputs: int, kernel: str = "kernel") -
             window_dims.update(range(len(spec.dims)))
             continue
         window_dims.update(d for u in form.coeffs if (d := dim_of(u)) >= 0)
-    return KernelDims(func, spec, var_dims, buffer_dims, window_dims)
+    value_dims: set[int] = set()
+    for block in reader.blocks:
+        for v in block.value_vars:
+            if v in derived:
+                form = analysis.resolve(_Form({v: 1}))
+                value_dims.update(range(len(spec.dims)) if form is None else
+                                  {d for u in form.coeffs if (d := dim_of(u)) >= 0})
+            elif (d := dim_of(v)) >= 0:
+                value_dims.add(d)
+    return KernelDims(func, spec, var_dims, buffer_dims, window_dims, value_dims)
 
 
 def _iter_blocks(func: tirx.PrimFunc) -> list:
