@@ -13,7 +13,14 @@ fused), before dataflow lowering. The pass
    before an op, each input converted from its stored layout to the scheme the op's strategy
    requires; the op itself on the local pieces (a kernel shrunk along its split dims,
    `tvm_ext.local_kernels.local_kernel`; a reshape of the local piece); after it, each output
-   converted from the produced scheme (PARTIAL after a split reduction) to its stored layout;
+   converted from the produced scheme (PARTIAL after a split reduction) to its stored layout.
+   A kernel that reduces over a split dim and reads the result again (a matmul with its bias,
+   softmax, layer norm, batch statistics) is cut after each such block (`split_kernel`) with an
+   allreduce between the parts; a kernel that uses a split dim's index as a value (one-hot,
+   argmax positions) takes the index of its chunk, computed from `runtime.disco.worker_id`.
+   Not lowered (so never planned, and reported): windows reading across chunks (a
+   convolution or pooling split on height or width needs a halo exchange), reshapes whose
+   pieces are not reshapes of each other, loops that do not bind a split variable directly;
 3. conversions per mesh level, in the plan's order (slices and reduce-scatters, then
    all-to-alls and allreduces, then allgathers, deepest level first): TVM's
    `R.ccl.allreduce` / `R.ccl.allgather` (legalized) when a collective spans every device, else
