@@ -1,5 +1,6 @@
 """tvm_ext.passes: Relax passes, one per file, each consuming a plan made by a planner."""
 
+from .partition_operators import PartitionError, PartitionOperators
 from .swap_offload import SwapOffload, SwapOffloadError
 
-__all__ = ["SwapOffload", "SwapOffloadError"]
+__all__ = ["PartitionError", "PartitionOperators", "SwapOffload", "SwapOffloadError"]

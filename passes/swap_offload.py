@@ -315,10 +315,24 @@ class _Rewriter:
                                        f"its producer {op.name}")
             outs.append(self.place(outs_by_tensor[tid]))
         name = value.op.name if isinstance(value.op, tvm.ir.Op) else ""
-        if name in ("relax.call_tir", "relax.call_dps_packed"):
+        if name == "relax.call_dps_packed":
+            # Tensor arguments by their values now; others (shapes, flags: the arguments of
+            # collectives) kept in place.
+            inputs = iter(op.inputs)
+            packed = value.args[1]
+            fields = packed.fields if isinstance(packed, relax.Tuple) else [packed]
+            args = [self.value_of(next(inputs)) if isinstance(f.ty, relax.TensorType) else f
+                    for f in fields]
+            self.emit(relax.Call(value.args[0], [*args, *outs]))
+        elif name == "relax.call_tir":
             callee = value.args[0]
-            args = [self.value_of(t) for t in op.inputs]
-            extra = list(value.args[2:3]) if name == "relax.call_tir" else []
+            inputs = iter(op.inputs)
+            packed = value.args[1]
+            fields = packed.fields if isinstance(packed, relax.Tuple) else [packed]
+            # Tensors by their values now; scalars (PrimValue) stay before the outputs.
+            args = [self.value_of(next(inputs)) if isinstance(f.ty, relax.TensorType) else f
+                    for f in fields]
+            extra = list(value.args[2:3])
             self.emit(relax.Call(callee, [*args, *outs, *extra]))
         else:
             raise SwapOffloadError(f"{op.name}: SwapOffload cannot place the outputs of "

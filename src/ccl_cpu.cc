@@ -626,6 +626,36 @@ void AbortCpuCommunicatorOfThisWorker(const std::string& reason) {
   if (ctx.comm) ctx.comm->Abort(reason);
 }
 
+void CpuWorldExchange(const char* op, WorldPost mine,
+                      const std::function<void(const std::vector<WorldPost>&)>& work) {
+  WorkerContext& ctx = Ctx(op);
+  Participants p = Locate(ctx.worker, /*in_group=*/false);
+  Post post;
+  post.op = op;
+  post.send = mine.send;
+  post.recv = mine.recv;
+  post.send_desc = mine.signature;
+  post.error = mine.error;
+  const auto& posts =
+      ctx.comm->Exchange(p, ctx.worker->worker_id, std::move(post), [](const Rendezvous& rv) {
+        const auto& ps = rv.posts;
+        for (int r = 1; r < rv.size; ++r) {
+          if (ps[r].send_desc != ps[0].send_desc) {
+            return Mismatch(rv, r, "calls", ps[r].send_desc, ps[0].send_desc);
+          }
+        }
+        return std::string();
+      });
+  std::vector<WorldPost> all(posts.size());
+  for (size_t r = 0; r < posts.size(); ++r) {
+    all[r].send = posts[r].send;
+    all[r].recv = posts[r].recv;
+    all[r].signature = posts[r].send_desc;
+  }
+  work(all);
+  ctx.comm->Finish(p, ctx.worker->worker_id, op);
+}
+
 bool IsAbortEcho(const std::string& message) {
   return message.rfind(kAbortPrefix, 0) == 0;
 }

@@ -6,9 +6,14 @@
  * Every function here runs on a Disco worker and works on that worker's default device (set by
  * the collective backend's init_ccl: cpu(i) or cuda(i)), so one broadcast call does the right
  * thing on every worker:
- *   tvm_ext.disco.load_vm_module(path, allocator)  a Relax VM on the worker's device, with the
- *                                                  allocator asked for (naive: exact peaks)
+ *   tvm_ext.disco.load_vm_module(path, allocator, host_offset)
+ *                                                  a Relax VM on the worker's device, with the
+ *                                                  allocator asked for (naive: exact peaks);
+ *                                                  host_offset > 0 gives a CPU worker i the host
+ *                                                  cpu(i + host_offset) (a swapped module's host
+ *                                                  memory, counted apart from its device)
  *   tvm_ext.disco.empty(shape, dtype)              a tensor from the tracked allocator
+ *   tvm_ext.disco.host_empty(shape, dtype, host_offset)  the same on the worker's host device
  *   tvm_ext.disco.memory_stats() / reset_peak()    tvm_ext.memory.* of the worker's device
  *   tvm_ext.disco.describe(value) / leaf(value, i) the tensors inside a (nested) VM result
  *   tvm_ext.disco.call_guarded(func, args...)      call, and keep an error instead of throwing
@@ -66,7 +71,15 @@ tvm::ffi::Module OpenLibrary(const std::string& path) {
   return lib;
 }
 
-tvm::ffi::Module LoadVMModule(const String& path, int allocator) {
+/*! \brief The host device of a worker: cpu(i + host_offset) for CPU worker i when
+ * host_offset > 0, else its own device (CPU) or cpu(0) (GPU), as TVM does. */
+DLDevice WorkerHost(DLDevice dev, int64_t host_offset) {
+  if (dev.device_type != kDLCPU) return DLDevice{kDLCPU, 0};
+  if (host_offset > 0) return DLDevice{kDLCPU, static_cast<int32_t>(dev.device_id + host_offset)};
+  return dev;
+}
+
+tvm::ffi::Module LoadVMModule(const String& path, int allocator, int64_t host_offset) {
   DiscoWorker* worker = ccl::CurrentWorker("tvm_ext.disco.load_vm_module");
   if (allocator != tvm::runtime::memory::kNaive && allocator != tvm::runtime::memory::kPooled) {
     TVM_FFI_THROW(ValueError) << "tvm_ext.disco.load_vm_module: allocator " << allocator
@@ -81,8 +94,8 @@ tvm::ffi::Module LoadVMModule(const String& path, int allocator) {
   tvm::ffi::Module vm = (*load)().cast<tvm::ffi::Module>();
   DLDevice dev = worker->default_device;
   // Host-side tensors (shapes, ...) of a CPU worker stay on its own cpu(i), so that its counters
-  // hold everything it allocates; GPU workers use cpu(0) as TVM does.
-  DLDevice host = dev.device_type == kDLCPU ? dev : DLDevice{kDLCPU, 0};
+  // hold everything it allocates, unless a separate host is asked for; GPU workers use cpu(0).
+  DLDevice host = WorkerHost(dev, host_offset);
   auto init = vm->GetFunction("vm_initialization");
   if (!init.has_value()) TVM_FFI_THROW(ValueError) << path << ": not built by the Relax VM";
   (*init)(static_cast<int>(dev.device_type), dev.device_id, allocator,
@@ -219,6 +232,13 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("tvm_ext.disco.empty",
            [](Shape shape, DLDataType dtype) {
              DLDevice dev = WorkerDevice("tvm_ext.disco.empty");
+             Allocator* alloc =
+                 MemoryManager::GetOrCreateAllocator(dev, tvm::runtime::memory::kNaive);
+             return alloc->Empty(shape, dtype, dev);
+           })
+      .def("tvm_ext.disco.host_empty",
+           [](Shape shape, DLDataType dtype, int64_t host_offset) {
+             DLDevice dev = WorkerHost(WorkerDevice("tvm_ext.disco.host_empty"), host_offset);
              Allocator* alloc =
                  MemoryManager::GetOrCreateAllocator(dev, tvm::runtime::memory::kNaive);
              return alloc->Empty(shape, dtype, dev);

@@ -106,3 +106,27 @@ def test_memory_weight_trades_traffic_for_memory():
     dear = plan_partition(problem, 2, memory_weight=1 / 25e9)
     assert dear.peak_bytes_per_device < free.peak_bytes_per_device
     assert dear.bytes_per_device > 0
+
+
+def test_disallowed_dims_are_never_split(mlp):
+    """`disallow` restricts the plan to what a lowering expresses; the reasons show."""
+    free = plan_partition(mlp, 2)
+    split = {(mlp.op_spec[o["id"]], d) for o in free.ops for d in o["strategy"] if d >= 0}
+    assert split
+    disallow: dict = {}
+    for key, d in split:
+        disallow.setdefault(key, {})[d] = "not lowered here"
+    plan = plan_partition(mlp, 2, disallow=disallow)
+    assert not {(mlp.op_spec[o["id"]], d) for o in plan.ops for d in o["strategy"]
+                if d >= 0} & split
+    assert any("not lowered here" in reason for _, reason in plan.unsupported)
+
+
+def test_memory_timeline_by_kind(mlp):
+    plan = plan_partition(mlp, 4)
+    everything = plan.memory_timeline(mlp.graph)
+    assert int(everything.max()) == plan.peak_bytes_per_device
+    tracked = plan.peak_memory(mlp.graph, ("parameter", "input", "activation", "gradient"))
+    assert 0 < tracked <= plan.peak_bytes_per_device
+    with pytest.raises(ValueError, match="graph"):
+        plan.memory_timeline(analyze(get_model("gpt", "tiny")).graph)

@@ -74,6 +74,6 @@ def test_a_missing_database_applies_nothing_and_creates_nothing(tmp_path):
 
 
 def test_run_phases_rejects_an_unknown_phase():
-    with pytest.raises(ValueError, match="no phase 'partition'"):
+    with pytest.raises(ValueError, match="no phase 'quantize'"):
         schedules.run_phases(get_model("mlp", "tiny").mod, compiler.resolve_target("llvm"),
-                             through="partition")
+                             through="quantize")

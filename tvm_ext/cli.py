@@ -70,6 +70,19 @@ def build_parser() -> argparse.ArgumentParser:
                       help="time budget of the SwapAdvisor search")
     swap.add_argument("--plot", metavar="PATH",
                       help="write the plan's device-memory and stream timeline as a PNG")
+    part = p.add_argument_group("partitioning over devices (PartitionOperators)")
+    part.add_argument("--devices", type=int, metavar="K",
+                      help="partition over K devices (Tofu plan, explicit collectives); --run "
+                           "runs it on K cpu workers (Disco) and --check compares with the "
+                           "single-device module; with --device-memory the budget is per device")
+    part.add_argument("--strategy", default="tofu",
+                      choices=["tofu", "data_parallel", "megatron", "exact"],
+                      help="partitioning strategy (default tofu)")
+    part.add_argument("--link", default="nvlink",
+                      help="link between devices for planning (nvlink, pcie, ...)")
+    part.add_argument("--partition-plan", metavar="PATH",
+                      help="apply a saved plan (JSON, e.g. the plan of a --report or of the "
+                           "sidecar of --output) instead of planning")
     return p
 
 
@@ -118,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     failed, tune_db = _tune(args, model, target, report)
     if failed:
         return failed
+    if args.devices is not None or args.partition_plan:
+        from tvm_ext.cli_partition import main_partitioned
+
+        return main_partitioned(args, report, model, target, tune_db)
 
     plan = None
     if args.device_memory:
@@ -196,9 +213,23 @@ def _tune(args, model, target, report: dict) -> tuple[int, str | None]:
     if args.tune_trials < 0:
         print("error: --tune-trials takes a number of trials >= 0", file=sys.stderr)
         return 2, None
+    # With --devices, tune the kernels each device runs (the partitioned module's).
+    popts = {}
+    hardware = args.hardware or ("cpu" if target.kind.name in ("llvm", "c") else "h100")
+    if args.partition_plan:
+        from tvm_ext.cli_partition import load_plan
+
+        try:
+            popts = {"partition_plan": load_plan(args.partition_plan),
+                     "partition_options": {"hardware": hardware}}
+        except (OSError, ValueError):
+            popts = {}  # reported when the plan is applied
+    elif args.devices is not None and args.devices >= 1:
+        popts = {"num_devices": args.devices, "partition_options": {
+            "hardware": hardware, "strategy": args.strategy, "link": args.link}}
     if args.tune_trials:
         try:
-            tuning = schedules.tune(model.mod, target, work_dir, args.tune_trials)
+            tuning = schedules.tune(model.mod, target, work_dir, args.tune_trials, **popts)
         except KeyboardInterrupt:
             print("tuning interrupted: the records so far are kept; run the same command "
                   "again to resume", file=sys.stderr)
@@ -208,7 +239,7 @@ def _tune(args, model, target, report: dict) -> tuple[int, str | None]:
         print(f"error: no tuning work dir {work_dir}: create one with --tune-trials N",
               file=sys.stderr)
         return 2, None
-    staged = schedules.module_at_schedule_phase(model.mod, target)
+    staged = schedules.module_at_schedule_phase(model.mod, target, **popts)
     tuned, default = schedules.coverage(staged, target, work_dir)
     report.setdefault("tuning", {}).update(kernels_tuned=tuned, kernels_default=default)
     print(f"tuning  {len(tuned)} of {len(tuned) + len(default)} kernels scheduled from "

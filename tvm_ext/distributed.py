@@ -17,6 +17,11 @@ each CPU worker's bytes are counted apart: `Session.memory_stats()` reads them o
         out = mod["main"](x, w)
         y = sess.gather(out[0], axis=None)         # worker 0's copy (replicated output)
 
+Modules partitioned by `tvm_ext.passes.PartitionOperators` take each argument as the piece its
+layout names (multi-level meshes included): `run_partitioned(sess, mod, arrays, layout)` places
+them, runs, measures each worker's peak and gathers the outputs whole; `run_exported` does the
+same from an exported module and its `.partition.json` sidecar.
+
 Workers never raise into the controller (an exception in a TVM worker thread ends the process),
 so every worker call goes through ``tvm_ext.disco.call_guarded``; the first failure of any worker
 is raised here as `DistributedError`, and the cpu backend wakes the other workers at once.
@@ -224,9 +229,12 @@ class Session:
 
     # -- modules ---------------------------------------------------------------------------------
 
-    def load_module(self, module: str | os.PathLike | Any, allocator: str = "naive") -> DModule:
+    def load_module(self, module: str | os.PathLike | Any, allocator: str = "naive", *,
+                    separate_host: bool = False) -> DModule:
         """Load an exported module (path to a .so, or an Executable, exported here) on every
-        worker, as a Relax VM on the worker's device. `allocator` "naive" gives exact peaks."""
+        worker, as a Relax VM on the worker's device. `allocator` "naive" gives exact peaks.
+        `separate_host`: a CPU worker i gets cpu(i + host_offset) as its host device (VM device
+        1, where a swapped module keeps what it swaps out), counted apart from its device."""
         if allocator not in _ALLOCATORS:
             raise ValueError(f"allocator must be one of {list(_ALLOCATORS)}, got {allocator!r}")
         if not isinstance(module, (str, os.PathLike)):
@@ -234,27 +242,43 @@ class Session:
             with tempfile.TemporaryDirectory(prefix="tvm_ext_dist_") as tmp:
                 path = os.path.join(tmp, "module.so")
                 module.export_library(path)
-                return self.load_module(path, allocator)
+                return self.load_module(path, allocator, separate_host=separate_host)
         path = os.path.abspath(os.fspath(module))
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no module at {path}")
-        ref = self.call("tvm_ext.disco.load_vm_module", path, _ALLOCATORS[allocator])
+        offset = self.host_offset if separate_host else 0
+        ref = self.call("tvm_ext.disco.load_vm_module", path, _ALLOCATORS[allocator], offset)
         self.check(f"loading {path}")
         return DModule(self, ref, path)
 
+    @property
+    def host_offset(self) -> int:
+        """CPU worker i's separate host device is cpu(device_ids[i] + host_offset)."""
+        return max(self.device_ids) + 1
+
+    def host_devices(self) -> list[tvm.runtime.Device]:
+        """Each worker's host device under `load_module(..., separate_host=True)`."""
+        if self.backend != "cpu":
+            return [tvm.cpu(0)] * self.num_workers
+        return [tvm.cpu(i + self.host_offset) for i in self.device_ids]
+
     # -- placing arrays --------------------------------------------------------------------------
 
-    def empty(self, shape: Sequence[int], dtype: str) -> DArray:
-        """An uninitialised array of `shape` on every worker (tracked allocator)."""
+    def empty(self, shape: Sequence[int], dtype: str, *, on_host: bool = False) -> DArray:
+        """An uninitialised array of `shape` on every worker (tracked allocator), on its device
+        or on its separate host device (`load_module(..., separate_host=True)`)."""
         shape = tuple(int(s) for s in shape)
-        ref = self.call("tvm_ext.disco.empty", Shape(shape), dtype)
+        if on_host:
+            ref = self.call("tvm_ext.disco.host_empty", Shape(shape), dtype, self.host_offset)
+        else:
+            ref = self.call("tvm_ext.disco.empty", Shape(shape), dtype)
         self.check("allocating")
         return DArray(self, ref, shape, str(dtype))
 
-    def replicate(self, array: np.ndarray) -> DArray:
+    def replicate(self, array: np.ndarray, *, on_host: bool = False) -> DArray:
         """The whole array on every worker (copied to worker 0, broadcast from there)."""
         array = np.ascontiguousarray(array)
-        out = self.empty(array.shape, str(array.dtype))
+        out = self.empty(array.shape, str(array.dtype), on_host=on_host)
         self._sess.copy_to_worker_0(tvm.runtime.tensor(array), out.ref)
         self.call("runtime.disco.broadcast_from_worker0", out.ref, False, out.ref)
         self.check("broadcast_from_worker0")
@@ -271,7 +295,7 @@ class Session:
         parts = np.split(array, k, axis=axis)
         return self.per_worker(parts)
 
-    def per_worker(self, arrays: Sequence[np.ndarray]) -> DArray:
+    def per_worker(self, arrays: Sequence[np.ndarray], *, on_host: bool = False) -> DArray:
         """Worker i gets `arrays[i]` (all of one shape and dtype), through scatter_from_worker0."""
         if len(arrays) != self.num_workers:
             raise ValueError(f"{len(arrays)} arrays for {self.num_workers} workers")
@@ -279,7 +303,7 @@ class Session:
         if len(shapes) != 1:
             raise ValueError(f"per-worker arrays differ in shape or dtype: {sorted(shapes)}")
         stacked = np.ascontiguousarray(np.stack([np.asarray(a) for a in arrays]))
-        out = self.empty(stacked.shape[1:], str(stacked.dtype))
+        out = self.empty(stacked.shape[1:], str(stacked.dtype), on_host=on_host)
         staging = self._sess.empty(stacked.shape, str(stacked.dtype), worker0_only=True,
                                    in_group=False)
         self._sess.copy_to_worker_0(tvm.runtime.tensor(stacked), staging)
@@ -472,6 +496,7 @@ class DistributedRunResult:
     peak_bytes: list[int]  # per worker, arguments included, above what it held before
     argument_bytes: list[int]  # per worker
     latencies_ms: list[float]
+    host_peak_bytes: list[int] = dataclasses.field(default_factory=list)  # separate hosts
 
 
 def run(
@@ -512,3 +537,117 @@ def run(
         latencies.append((time.perf_counter() - start) * 1e3)
     session.check(f"running {func}")
     return DistributedRunResult(outputs, peaks, arg_bytes, latencies)
+
+
+def place_sharded(session: Session, array: np.ndarray, mesh: Sequence[int],
+                  layout: Sequence[int], *, on_host: bool = False) -> DArray:
+    """Each worker gets its piece of `array` under a partition layout (one scheme per mesh
+    level, see `tvm_ext.partition.sharding`): replicated arrays are broadcast, others
+    scattered piece by piece."""
+    from .partition.sharding import shards
+
+    if all(s < 0 for s in layout):
+        return session.replicate(np.asarray(array), on_host=on_host)
+    return session.per_worker(shards(np.asarray(array), mesh, layout), on_host=on_host)
+
+
+def gather_sharded(session: Session, darray: DArray, mesh: Sequence[int],
+                   layout: Sequence[int], shape: Sequence[int]) -> np.ndarray:
+    """The whole array of `shape` from every worker's piece under a partition layout."""
+    from .partition.sharding import unshard
+
+    if all(s < 0 for s in layout):
+        return session.gather(darray)
+    return unshard(session.worker_values(darray), mesh, layout, shape)
+
+
+def run_partitioned(
+    session: Session,
+    module: DModule,
+    arguments: Sequence[np.ndarray],
+    layout: dict,
+    *,
+    func: str = "main",
+    repeat: int = 0,
+    arg_devices: Sequence[int] | None = None,
+) -> DistributedRunResult:
+    """Run a module partitioned by `tvm_ext.passes.PartitionOperators` on the session's k
+    workers: place each argument's pieces as `layout` says (the record of
+    `partition_layout(mod)` or `layouts_of(plan, graph)`: mesh, per argument and output its
+    shape and layout), run `func` once measuring each worker's peak memory, then `repeat` times
+    for time, and gather every output whole.
+
+    A module swapped per device after partitioning (SwapOffload) keeps some arguments on the
+    host: `arg_devices` gives 0 (device) or 1 (host) per argument (see
+    `tvm_ext.passes.swap_offload.argument_devices`); load it with `separate_host=True`; the
+    host peaks are reported apart."""
+    k = int(layout["num_devices"])
+    if session.num_workers != k:
+        raise ValueError(f"the module is partitioned for {k} devices; the session has "
+                         f"{session.num_workers} workers (start a Session({k}))")
+    specs = layout["arguments"]
+    if len(arguments) != len(specs):
+        raise ValueError(f"{len(arguments)} arguments; the module takes {len(specs)}")
+    for a, spec in zip(arguments, specs, strict=True):
+        if tuple(np.shape(a)) != tuple(spec["shape"]) or str(np.asarray(a).dtype) != \
+                spec["dtype"]:
+            raise ValueError(f"argument {spec['name']}: {np.shape(a)} {np.asarray(a).dtype}, "
+                             f"the module takes {tuple(spec['shape'])} {spec['dtype']}")
+    mesh = layout["mesh"]
+    arg_devices = list(arg_devices) if arg_devices is not None else [0] * len(arguments)
+    if len(arg_devices) != len(arguments):
+        raise ValueError(f"{len(arg_devices)} argument devices for {len(arguments)} arguments")
+    hosts = session.host_devices() if any(arg_devices) else []
+    session.sync()
+    before = [s.in_use for s in session.memory_stats()]
+    host_before = [runtime.memory_stats(h).in_use for h in hosts]
+    args = [place_sharded(session, a, mesh, spec["layout"], on_host=bool(d))
+            for a, spec, d in zip(arguments, specs, arg_devices, strict=True)]
+    arg_bytes = [s.in_use - b for s, b in zip(session.memory_stats(), before, strict=True)]
+    function = module[func]
+    session.reset_peak()
+    for h in hosts:
+        runtime.reset_peak(h)
+    outs = function(*args)
+    session.sync()
+    peaks = [s.peak_in_use - b for s, b in zip(session.memory_stats(), before, strict=True)]
+    host_peaks = [runtime.memory_stats(h).peak_in_use - b
+                  for h, b in zip(hosts, host_before, strict=True)]
+    if len(outs) != len(layout["outputs"]):
+        raise DistributedError(f"{func} returned {len(outs)} values; the layout lists "
+                               f"{len(layout['outputs'])} outputs")
+    outputs = [gather_sharded(session, o, mesh, spec["layout"], spec["shape"])
+               if isinstance(o, DArray) else o
+               for o, spec in zip(outs, layout["outputs"], strict=True)]
+    del outs
+    latencies = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        function.invoke(*args)
+        session.sync()
+        latencies.append((time.perf_counter() - start) * 1e3)
+    session.check(f"running {func}")
+    return DistributedRunResult(outputs, peaks, arg_bytes, latencies, host_peaks)
+
+
+def run_exported(
+    session: Session,
+    path: str | os.PathLike,
+    arguments: Sequence[np.ndarray],
+    *,
+    repeat: int = 0,
+) -> DistributedRunResult:
+    """Run a partitioned module exported by `compile.py --devices K --output PATH`: its
+    sidecar `PATH.partition.json` says how to place each argument (and which ones a per-device
+    swap plan keeps on the host). On a machine with K GPUs: `Session(K, "nccl")`."""
+    path = os.fspath(path)
+    side = path + ".partition.json"
+    if not os.path.isfile(side):
+        raise FileNotFoundError(f"no {side}: export partitioned modules with compile.py "
+                                "--devices K --output PATH, which writes it beside the module")
+    with open(side) as f:
+        info = json.load(f)
+    arg_devices = info.get("arg_devices")
+    module = session.load_module(path, separate_host=bool(arg_devices and any(arg_devices)))
+    return run_partitioned(session, module, arguments, info["layout"], repeat=repeat,
+                           arg_devices=arg_devices)

@@ -57,6 +57,8 @@ class _Builder:
         return self.new_tensor(name, ty, "activation", producer)
 
     def lookup(self, expr) -> object:
+        if isinstance(getattr(expr, "ty", None), tvm.ir.PrimType):
+            return []  # scalars (a kernel's chunk index, a symbolic shape variable)
         if isinstance(expr, relax.Var):
             if expr not in self.values:
                 raise GraphBuildError(f"variable {expr.name} used before it is bound")

@@ -5,16 +5,21 @@ Phases, in order (each a list of passes, so a caller can rebuild the pipeline fr
 1. `library_dispatch_passes`  target-specific library dispatch (sort, sampling).
 2. `legalize_passes`          LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR:
                               after this phase the module is what `tvm_ext.graph` reads.
-3. `swap_passes`              with a device budget: SwapOffload (tvm_ext.passes) plans swaps
-                              and rewrites `main` into explicit pools, copies and waits. It
-                              reads the module as `tvm_ext.graph` does, so it runs before the
-                              kernels are scheduled (scheduling changes their scratch buffers).
-4. `schedule_passes`          kernels tuned with MetaSchedule (records of a `tune_db` work dir,
+3. `partition_passes`         with `num_devices`: PartitionOperators (tvm_ext.passes) plans a
+                              Tofu partition and rewrites `main` into the code each of the k
+                              devices runs, with explicit collectives (before scheduling, so
+                              kernels are tuned at the shapes each device runs).
+4. `swap_passes`              with a device budget: SwapOffload (tvm_ext.passes) plans swaps
+                              and rewrites `main` into explicit pools, copies and waits (per
+                              device after partitioning). It reads the module as
+                              `tvm_ext.graph` does, so it runs before the kernels are scheduled
+                              (scheduling changes their scratch buffers).
+5. `schedule_passes`          kernels tuned with MetaSchedule (records of a `tune_db` work dir,
                               see tvm_ext.schedules), then default GPU schedules (dlight) for
                               kernels without one.
-5. `dataflow_lower_passes`    RewriteDataflowReshape, ToNonDataflow, RemovePurityChecking,
+6. `dataflow_lower_passes`    RewriteDataflowReshape, ToNonDataflow, RemovePurityChecking,
                               CallTIRRewrite.
-6. `finalize_passes`          memory planning, builtin lowering, VM shape lowering.
+7. `finalize_passes`          memory planning, builtin lowering, VM shape lowering.
 
 With `dump_dir`, the module is written after each phase as `NN_<phase>.py` (TVMScript).
 """
@@ -45,6 +50,23 @@ def legalize_passes(target: tvm.target.Target) -> list:
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
     ]
+
+
+def partition_passes(target: tvm.target.Target, num_devices: int | None = None,
+                     partition_plan=None, **partition_options) -> list:
+    """PartitionOperators over `num_devices` devices (or applying `partition_plan`); nothing
+    without either. `partition_options` go to PartitionOperators (hardware, strategy, link,
+    topology)."""
+    if num_devices is None and partition_plan is None:
+        return []
+    from tvm_ext.partition import PartitionPlan
+    from tvm_ext.passes import PartitionOperators
+
+    if isinstance(partition_plan, str):
+        partition_plan = PartitionPlan.from_json(partition_plan)
+    if num_devices is None:
+        num_devices = partition_plan.num_devices
+    return [PartitionOperators(num_devices, plan=partition_plan, **partition_options)]
 
 
 def schedule_passes(target: tvm.target.Target, tune_db: str | None = None) -> list:
@@ -108,11 +130,14 @@ def _dump(dump_dir: str | None, index: int, phase: str, mod: tvm.IRModule) -> No
 def phases(
     target: tvm.target.Target, *, memory_planning: bool = True, tune_db: str | None = None,
     device_memory=None, swap_plan=None, swap_options: dict | None = None,
+    num_devices: int | None = None, partition_plan=None, partition_options: dict | None = None,
 ) -> list[tuple[str, list]]:
     """The pipeline as (phase name, passes) pairs."""
     return [
         ("library_dispatch", library_dispatch_passes(target)),
         ("legalize", legalize_passes(target)),
+        ("partition", partition_passes(target, num_devices, partition_plan,
+                                       **(partition_options or {}))),
         ("swap", swap_passes(target, device_memory, swap_plan, **(swap_options or {}))),
         ("schedule", schedule_passes(target, tune_db)),
         ("dataflow_lower", dataflow_lower_passes(target)),
@@ -130,6 +155,9 @@ def tvm_ext_pipeline(
     device_memory: int | str | None = None,
     swap_plan=None,
     swap_options: dict | None = None,
+    num_devices: int | None = None,
+    partition_plan=None,
+    partition_options: dict | None = None,
 ) -> tvm.transform.Pass:
     """The tvm_ext pipeline for `tvm.compile(mod, target, relax_pipeline=...)`.
 
@@ -143,6 +171,12 @@ def tvm_ext_pipeline(
             SwapOffload makes `main` run within it.
         swap_plan: a `tvm_ext.swap.SwapPlan` (or its JSON) to apply instead of planning.
         swap_options: more SwapOffload arguments (hardware, planner, time_budget_s, seed).
+        num_devices: partition over k devices (PartitionOperators): `main` becomes the code
+            every worker of a `tvm_ext.distributed.Session(k)` runs. With `device_memory`, the
+            budget is per device: each worker's code is swapped after partitioning.
+        partition_plan: a `tvm_ext.partition.PartitionPlan` (or its JSON) to apply.
+        partition_options: more PartitionOperators arguments (hardware, strategy, link,
+            topology).
     """
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_ext_pipeline")
@@ -155,7 +189,9 @@ def tvm_ext_pipeline(
             _dump(dump_dir, 0, "input", mod)
             stages = phases(tgt, memory_planning=memory_planning, tune_db=tune_db,
                             device_memory=device_memory, swap_plan=swap_plan,
-                            swap_options=swap_options)
+                            swap_options=swap_options, num_devices=num_devices,
+                            partition_plan=partition_plan,
+                            partition_options=partition_options)
             for i, (name, passes) in enumerate(stages):
                 mod = tvm.transform.Sequential(passes, name=name)(mod)
                 _dump(dump_dir, i + 1, name, mod)

@@ -17,6 +17,10 @@
  * with max for sum/max and min for prod/min). Data movement is byte-wise, so it takes any dtype.
  * Arguments are checked on each worker (device, contiguity, sizes); NCCL cannot check that the
  * workers agree with each other, so a mismatch between workers fails inside NCCL or hangs.
+ *
+ * The mesh collectives of partitioned modules (`tvm_ext.ccl.nccl.mesh_*`, see ccl_mesh.h) run on
+ * one communicator per mesh level (ncclCommSplit of the global one) and rearrange pieces of a
+ * cut axis with strided device copies through a scratch buffer.
  */
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -30,8 +34,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <string>
+#include <utility>
 
+#include "../ccl_mesh.h"
 #include "../ccl_util.h"
 
 namespace tvm_ext {
@@ -70,10 +77,20 @@ struct Context {
   cudaStream_t own_stream = nullptr;
   ncclComm_t global_comm = nullptr;
   ncclComm_t group_comm = nullptr;  // == global_comm when there is one group
+  // Mesh collectives: one communicator per mesh level (stride, size), made on first use, and a
+  // device scratch buffer for rearranging pieces (grown as needed, reused in stream order).
+  std::map<std::pair<int, int>, ncclComm_t> level_comms;
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
 
   ~Context() { Clear(); }
 
   void Clear() {
+    for (auto& kv : level_comms) ncclCommDestroy(kv.second);
+    level_comms.clear();
+    if (scratch != nullptr) cudaFree(scratch);
+    scratch = nullptr;
+    scratch_bytes = 0;
     if (group_comm != nullptr && group_comm != global_comm) ncclCommDestroy(group_comm);
     if (global_comm != nullptr) ncclCommDestroy(global_comm);
     if (own_stream != nullptr) cudaStreamDestroy(own_stream);
@@ -372,6 +389,180 @@ void InitCCLPerWorker(Shape device_ids, Bytes unique_id) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Mesh collectives (ccl_mesh.h): one mesh level at a time, any axis
+// ---------------------------------------------------------------------------------------------
+
+/*! \brief The communicator of this worker's group at a mesh level (every worker calls this at
+ * the same collective the first time, as ncclCommSplit requires). */
+ncclComm_t LevelComm(Context& ctx, const MeshGroup& g) {
+  if (g.size == ctx.worker->num_workers) return ctx.global_comm;
+  auto key = std::make_pair(g.stride, g.size);
+  auto it = ctx.level_comms.find(key);
+  if (it != ctx.level_comms.end()) return it->second;
+  ncclComm_t comm = nullptr;
+  TVM_EXT_NCCL_CALL(ncclCommSplit(ctx.global_comm, g.base, g.rank, &comm, nullptr));
+  ctx.level_comms[key] = comm;
+  return comm;
+}
+
+char* Scratch(Context& ctx, size_t nbytes) {
+  if (nbytes > ctx.scratch_bytes) {
+    TVM_EXT_CUDA_CALL(cudaStreamSynchronize(ctx.Stream()));
+    if (ctx.scratch != nullptr) TVM_EXT_CUDA_CALL(cudaFree(ctx.scratch));
+    ctx.scratch = nullptr;
+    TVM_EXT_CUDA_CALL(cudaMalloc(&ctx.scratch, nbytes));
+    ctx.scratch_bytes = nbytes;
+  }
+  return static_cast<char*>(ctx.scratch);
+}
+
+int64_t ElemBytes(const Tensor& t) {
+  return (static_cast<int64_t>(t.dtype().bits) * t.dtype().lanes + 7) / 8;
+}
+
+/*! \brief Copy `parts` runs of `rows` x `run` bytes between a [rows][parts][run] layout
+ * (`strided`) and `parts` contiguous [rows][run] pieces (`packed`), on the stream. */
+void Rearrange(char* packed, char* strided, int64_t rows, int64_t parts, int64_t run_bytes,
+               bool to_packed, cudaStream_t stream) {
+  for (int64_t j = 0; j < parts; ++j) {
+    char* piece = packed + j * rows * run_bytes;
+    char* slot = strided + j * run_bytes;
+    if (to_packed) {
+      TVM_EXT_CUDA_CALL(cudaMemcpy2DAsync(piece, run_bytes, slot, parts * run_bytes, run_bytes,
+                                          rows, cudaMemcpyDeviceToDevice, stream));
+    } else {
+      TVM_EXT_CUDA_CALL(cudaMemcpy2DAsync(slot, parts * run_bytes, piece, run_bytes, run_bytes,
+                                          rows, cudaMemcpyDeviceToDevice, stream));
+    }
+  }
+}
+
+void MeshCheck(const Context& ctx, const Tensor& send, const Tensor& recv, const Shape& want,
+               const char* fn) {
+  CheckBuffer(ctx, send, fn, "send");
+  CheckBuffer(ctx, recv, fn, "recv");
+  if (!SameDType(send.dtype(), recv.dtype()) || !SameShape(recv.shape(), want)) {
+    TVM_FFI_THROW(ValueError) << fn << ": recv " << Describe(recv) << " must be "
+                              << DTypeName(send.dtype()) << ShapeText(want) << " for send "
+                              << Describe(send);
+  }
+}
+
+void MeshAllReduce(Tensor send, Shape args, Tensor recv) {
+  const char* fn = "tvm_ext.ccl.nccl.mesh_allreduce";
+  auto a = MeshArgs(args, 3, fn, "stride, size, kind");
+  Context& ctx = Ctx(fn);
+  MeshGroup g = LocateMeshGroup(ctx.worker, a[0], a[1], fn);
+  MeshCheck(ctx, send, recv, send.shape(), fn);
+  ncclDataType_t type;
+  if (!NcclType(send.dtype(), &type)) {
+    TVM_FFI_THROW(ValueError) << fn << ": NCCL cannot reduce " << DTypeName(send.dtype());
+  }
+  TVM_EXT_NCCL_CALL(ncclAllReduce(DataPtr(send), DataPtr(recv), NumElements(send), type,
+                                  NcclOp(static_cast<int>(a[2]), send.dtype(), fn),
+                                  LevelComm(ctx, g), ctx.Stream()));
+}
+
+void MeshAllGather(Tensor send, Shape args, Tensor recv) {
+  const char* fn = "tvm_ext.ccl.nccl.mesh_allgather";
+  auto a = MeshArgs(args, 4, fn, "stride, size, axis, A");
+  Context& ctx = Ctx(fn);
+  MeshGroup g = LocateMeshGroup(ctx.worker, a[0], a[1], fn);
+  Shape whole = GrowAxis(send.shape(), a[2], g.size);
+  MeshCheck(ctx, send, recv, whole, fn);
+  AxisBlocks b = MakeAxisBlocks(whole, a[2], a[3], g.size, fn);
+  int64_t es = ElemBytes(send);
+  ncclComm_t comm = LevelComm(ctx, g);
+  cudaStream_t stream = ctx.Stream();
+  if (b.rows == 1) {
+    TVM_EXT_NCCL_CALL(ncclAllGather(DataPtr(send), DataPtr(recv), NumBytes(send), ncclUint8,
+                                    comm, stream));
+    return;
+  }
+  char* staged = Scratch(ctx, NumBytes(recv));
+  TVM_EXT_NCCL_CALL(ncclAllGather(DataPtr(send), staged, NumBytes(send), ncclUint8, comm,
+                                  stream));
+  Rearrange(staged, DataPtr(recv), b.rows, g.size, b.RunBytes(es), false, stream);
+}
+
+void MeshReduceScatter(Tensor send, Shape args, Tensor recv) {
+  const char* fn = "tvm_ext.ccl.nccl.mesh_reduce_scatter";
+  auto a = MeshArgs(args, 5, fn, "stride, size, kind, axis, A");
+  Context& ctx = Ctx(fn);
+  MeshGroup g = LocateMeshGroup(ctx.worker, a[0], a[1], fn);
+  AxisBlocks b = MakeAxisBlocks(send.shape(), a[3], a[4], g.size, fn);
+  std::vector<int64_t> piece(send.shape().begin(), send.shape().end());
+  piece[a[3]] /= g.size;
+  MeshCheck(ctx, send, recv, Shape(piece), fn);
+  ncclDataType_t type;
+  if (!NcclType(send.dtype(), &type)) {
+    TVM_FFI_THROW(ValueError) << fn << ": NCCL cannot reduce " << DTypeName(send.dtype());
+  }
+  int64_t es = ElemBytes(send);
+  ncclComm_t comm = LevelComm(ctx, g);
+  cudaStream_t stream = ctx.Stream();
+  const char* src = DataPtr(send);
+  if (b.rows > 1) {
+    char* staged = Scratch(ctx, NumBytes(send));
+    Rearrange(staged, DataPtr(send), b.rows, g.size, b.RunBytes(es), true, stream);
+    src = staged;
+  }
+  TVM_EXT_NCCL_CALL(ncclReduceScatter(src, DataPtr(recv), NumElements(recv), type,
+                                      NcclOp(static_cast<int>(a[2]), send.dtype(), fn), comm,
+                                      stream));
+}
+
+void MeshAllToAll(Tensor send, Shape args, Tensor recv) {
+  const char* fn = "tvm_ext.ccl.nccl.mesh_all_to_all";
+  auto a = MeshArgs(args, 6, fn, "stride, size, axis_in, A_in, axis_out, A_out");
+  Context& ctx = Ctx(fn);
+  MeshGroup g = LocateMeshGroup(ctx.worker, a[0], a[1], fn);
+  Shape s = send.shape();
+  std::vector<int64_t> out(s.begin(), s.end());
+  if (a[2] == a[4] || a[2] < 0 || a[4] < 0 || a[2] >= static_cast<int64_t>(out.size()) ||
+      a[4] >= static_cast<int64_t>(out.size())) {
+    TVM_FFI_THROW(ValueError) << fn << ": axes " << a[2] << " -> " << a[4] << " of "
+                              << Describe(send);
+  }
+  out[a[2]] *= g.size;
+  out[a[4]] /= g.size;
+  MeshCheck(ctx, send, recv, Shape(out), fn);
+  AxisBlocks cut = MakeAxisBlocks(s, a[4], a[5], g.size, fn);   // send, sliced along axis_out
+  AxisBlocks put = MakeAxisBlocks(Shape(out), a[2], a[3], g.size, fn);  // recv, along axis_in
+  int64_t es = ElemBytes(send);
+  int64_t piece_bytes = NumBytes(send) / g.size;
+  char* outgoing = Scratch(ctx, 2 * NumBytes(send));
+  char* incoming = outgoing + NumBytes(send);
+  cudaStream_t stream = ctx.Stream();
+  Rearrange(outgoing, DataPtr(send), cut.rows, g.size, cut.RunBytes(es), true, stream);
+  ncclComm_t comm = LevelComm(ctx, g);
+  TVM_EXT_NCCL_CALL(ncclGroupStart());
+  for (int j = 0; j < g.size; ++j) {
+    TVM_EXT_NCCL_CALL(ncclSend(outgoing + j * piece_bytes, piece_bytes, ncclUint8, j, comm,
+                               stream));
+    TVM_EXT_NCCL_CALL(ncclRecv(incoming + j * piece_bytes, piece_bytes, ncclUint8, j, comm,
+                               stream));
+  }
+  TVM_EXT_NCCL_CALL(ncclGroupEnd());
+  Rearrange(incoming, DataPtr(recv), put.rows, g.size, put.RunBytes(es), false, stream);
+}
+
+void MeshSlice(Tensor send, Shape args, Tensor recv) {
+  const char* fn = "tvm_ext.ccl.nccl.mesh_slice";
+  auto a = MeshArgs(args, 4, fn, "stride, size, axis, A");
+  Context& ctx = Ctx(fn);
+  MeshGroup g = LocateMeshGroup(ctx.worker, a[0], a[1], fn);
+  AxisBlocks b = MakeAxisBlocks(send.shape(), a[2], a[3], g.size, fn);
+  std::vector<int64_t> piece(send.shape().begin(), send.shape().end());
+  piece[a[2]] /= g.size;
+  MeshCheck(ctx, send, recv, Shape(piece), fn);
+  int64_t run = b.RunBytes(ElemBytes(send));
+  TVM_EXT_CUDA_CALL(cudaMemcpy2DAsync(DataPtr(recv), run, DataPtr(send) + g.rank * run,
+                                      g.size * run, run, b.rows, cudaMemcpyDeviceToDevice,
+                                      ctx.Stream()));
+}
+
 void SyncWorker() {
   Context& ctx = Ctx("runtime.disco.nccl.sync_worker");
   TVM_EXT_CUDA_CALL(cudaStreamSynchronize(ctx.Stream()));
@@ -417,7 +608,12 @@ TVM_FFI_STATIC_INIT_BLOCK() {
            [](Tensor buffer, int sender) {
              RecvFrom(buffer, sender, "runtime.disco.nccl.recv_from_worker");
            })
-      .def("runtime.disco.nccl.sync_worker", SyncWorker);
+      .def("runtime.disco.nccl.sync_worker", SyncWorker)
+      .def("tvm_ext.ccl.nccl.mesh_allreduce", MeshAllReduce)
+      .def("tvm_ext.ccl.nccl.mesh_allgather", MeshAllGather)
+      .def("tvm_ext.ccl.nccl.mesh_reduce_scatter", MeshReduceScatter)
+      .def("tvm_ext.ccl.nccl.mesh_all_to_all", MeshAllToAll)
+      .def("tvm_ext.ccl.nccl.mesh_slice", MeshSlice);
 }
 
 }  // namespace ccl

@@ -17,7 +17,7 @@ Strategies: "tofu" (coarsening + dynamic programming per mesh level, the default
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..cost.hardware import Hardware, Link
 from .baselines import data_parallel_layouts, megatron_layouts
@@ -104,8 +104,14 @@ def plan_partition(
     topology: Sequence[tuple[int, str | Link]] | None = None,
     coarsen: bool = True,
     memory_weight: float = MEMORY_TIE_BREAK,
+    disallow: Mapping[str, Mapping[int, str]] | None = None,
 ) -> PartitionPlan:
     """Partition `problem` over `num_devices` devices with one of `STRATEGIES`.
+
+    `disallow[spec key][dim] = reason` restricts the choices to what a lowering can express
+    (`tvm_ext.passes.PartitionOperators` passes the dims it cannot lower): those dims are never
+    split, so the plan's traffic and memory are those of the code that runs; the plan's
+    `unsupported` lists them with their reasons.
 
     Raises `NotApplicable` when a baseline does not fit (the batch does not divide by k for
     data parallelism; no block whose weights split k ways for Megatron) and `TableTooLarge`
@@ -116,6 +122,8 @@ def plan_partition(
     if not isinstance(problem, PartitionProblem):
         raise TypeError("plan_partition takes a PartitionProblem: build one with "
                         "tvm_ext.partition.analyze(model)")
+    if disallow:
+        problem = problem.restricted(disallow)
     if num_devices == 1:
         model = PartitionModel(problem, [], [], hardware)
         state = State(model)

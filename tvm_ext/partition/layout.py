@@ -166,6 +166,45 @@ def edge_steps(
     return steps
 
 
+@dataclasses.dataclass(frozen=True)
+class Conversion:
+    """One collective (or local slice) of a conversion, as a lowering runs it."""
+
+    level: int | None  # None: one collective over every device (each level does the same)
+    kind: str  # slice, reduce_scatter, all_to_all, allreduce, allgather
+    before: tuple[int, ...]  # the scheme of every level before the step
+    after: tuple[int, ...]  # and after it
+
+
+def conversion_sequence(src: Sequence[int], dst: Sequence[int],
+                        combiners: Sequence[str] | None = None) -> list[Conversion]:
+    """The steps turning schemes `src` into `dst` (one per level; `dst` without PARTIAL), in
+    the execution order of `edge_steps` (shrinking, size-preserving, growing; deepest level
+    first). When every level does the same allreduce (one combiner) or gathers the same axis,
+    one collective over all devices does it. This is the order
+    `tvm_ext.passes.PartitionOperators` emits, and what the plan's memory accounting counts."""
+    levels = len(src)
+    kinds = {lvl: k for lvl in range(levels)
+             if (k := conversion_kind(src[lvl], dst[lvl])) is not None}
+    if not kinds:
+        return []
+    before = tuple(int(s) for s in src)
+    after = tuple(int(d) for d in dst)
+    if levels > 0 and len(kinds) == levels and len(set(kinds.values())) == 1:
+        kind = kinds[0]
+        same = combiners is None or len(set(combiners)) == 1
+        if (kind == "allreduce" and same) or (kind == "allgather" and len(set(before)) == 1):
+            return [Conversion(None, kind, before, after)]
+    steps = []
+    cur = list(before)
+    for lvl in sorted(kinds, key=lambda m: (_PHASE[kinds[m]], -m)):
+        nxt = list(cur)
+        nxt[lvl] = after[lvl]
+        steps.append(Conversion(lvl, kinds[lvl], tuple(cur), tuple(nxt)))
+        cur = nxt
+    return steps
+
+
 def local_shape(shape: Sequence[int], mesh: Sequence[int], layout: Sequence[int]) -> tuple:
     """The shape of one device's piece of a tensor stored with `layout`."""
     out = list(shape)

@@ -25,11 +25,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
+from collections.abc import Sequence
 
 import numpy as np
 
-from ..graph import DataflowGraph
-from .layout import PARTIAL, REP, Step, local_shape
+from ..graph import TENSOR_KINDS, DataflowGraph
+from .layout import PARTIAL, REP, Step, conversion_sequence, local_shape
 from .model import PartitionModel
 from .search import State, objective
 
@@ -86,6 +87,37 @@ class PartitionPlan:
         """Peak per device over `memory_bound` (at most 1: the peak is 1/k of the live tensors
         at that step, which the single-device peak bounds, plus the replicated bytes)."""
         return self.peak_bytes_per_device / max(self.memory_bound, 1.0)
+
+    def memory_timeline(self, graph: DataflowGraph,
+                        kinds: Sequence[str] = TENSOR_KINDS) -> np.ndarray:
+        """Bytes one device holds at each op of `graph` (the graph this plan was made for):
+        the stored pieces of the tensors of `kinds` plus the transient converted copies of each
+        op. With every kind it peaks at `peak_bytes_per_device`; with the kinds a runtime
+        allocator sees (no kernel workspace, no module constants) it predicts what a device
+        measures in an unplanned build."""
+        if len(graph.tensors) != len(self.tensors) or len(graph.ops) != len(self.ops):
+            raise ValueError("the graph is not the one this plan was made for")
+        splits = [int(np.prod([p for p, d in zip(self.mesh, o["strategy"], strict=True)
+                               if d >= 0])) for o in self.ops]
+        local = []
+        for t, info in zip(graph.tensors, self.tensors, strict=True):
+            if t.kind == "workspace":
+                size = t.nbytes // splits[t.producer]
+            else:
+                size = int(info["bytes_per_device"])
+            if info.get("materialized"):
+                t = dataclasses.replace(t, alias_of=None)
+            local.append(dataclasses.replace(t, nbytes=size))
+        transient = np.array([o.get("transient_bytes", 0.0) for o in self.ops])
+        order = np.asarray(graph.order)
+        return DataflowGraph(graph.ops, local, graph.outputs, graph.function, graph.num_input) \
+            .memory_timeline(kinds=kinds).astype(np.float64) + transient[order]
+
+    def peak_memory(self, graph: DataflowGraph, kinds: Sequence[str] = TENSOR_KINDS) -> int:
+        """The peak of `memory_timeline`."""
+        if not graph.ops:
+            return 0
+        return int(self.memory_timeline(graph, kinds).max())
 
     def tensor_layouts(self) -> dict[str, list[int]]:
         return {t["name"]: t["layout"] for t in self.tensors}
@@ -152,6 +184,8 @@ def build_plan(model: PartitionModel, state: State, strategy: str,
     sent: Counter = Counter()
     comm = compute = latency = 0.0
     transient = np.zeros(len(g.ops))
+    materialized: set[int] = set()
+    dying = _dying(g)
     for op in g.ops:
         strategy_l = [int(d) for d in state.strategy[op.id]]
         spec = model.specs[op.id]
@@ -166,15 +200,15 @@ def build_plan(model: PartitionModel, state: State, strategy: str,
                 produced = [model.produced(op.id, e.position, d) for d in strategy_l]
                 outputs.append({"tensor": e.tensor, "position": e.position,
                                 "produced": produced, "steps": _ordered(steps)})
-                grow = _local_bytes(model, e.tensor, produced)
             else:
                 required = [model.required(op.id, e.position, d) for d in strategy_l]
                 inputs.append({"tensor": e.tensor, "position": e.position,
                                "required": [[r.axis, r.halo_lo, r.halo_hi] for r in required],
                                "steps": _ordered(steps)})
-                grow = _local_bytes(model, e.tensor, [r.axis for r in required])
-            if steps:
-                transient[op.id] += max(0.0, grow - model.stored_bytes(e.tensor, layout))
+        transient[op.id], view_copy = _transient(model, op.id, strategy_l, state.layout,
+                                                 dying.get(op.id, set()))
+        if view_copy:
+            materialized.add(op.outputs[0])
         inner = model.inner_steps(op.id, strategy_l)
         op_steps += inner
         op_compute = model.compute_time(op.id, strategy_l)
@@ -192,8 +226,12 @@ def build_plan(model: PartitionModel, state: State, strategy: str,
             "inner": [dict(s.to_dict(), buffer=b) for s, b in _inner_names(spec, strategy_l,
                                                                          inner)],
             "compute_time": op_compute, "global_index": global_index,
+            "transient_bytes": float(transient[op.id]),
         })
-    peak, replicated = _memory(model, state, transient)
+    for t in materialized:
+        tensors[t]["materialized"] = True
+        tensors[t]["bytes_per_device"] = _local_bytes(model, t, state.layout[t])
+    peak, replicated = _memory(model, state, transient, materialized)
     single = int(g.peak_memory())
     collectives = {kind: {"count": counts[kind], "bytes_per_device": sent[kind]}
                    for kind in sorted(counts)}
@@ -226,7 +264,8 @@ def _local_bytes(model: PartitionModel, tensor: int, schemes) -> float:
     return size
 
 
-def _memory(model: PartitionModel, state: State, transient: np.ndarray) -> tuple[int, int]:
+def _memory(model: PartitionModel, state: State, transient: np.ndarray,
+            materialized: set[int]) -> tuple[int, int]:
     """Per-device peak (stored pieces + transient converted copies, over the graph's order) and
     the replicated bytes at that peak: what devices hold beyond 1/k of each live tensor."""
     g = model.graph
@@ -239,10 +278,14 @@ def _memory(model: PartitionModel, state: State, transient: np.ndarray) -> tuple
     for t in g.tensors:
         if t.kind == "workspace":
             size = t.nbytes // split_ops[t.producer]
+        elif t.id in materialized:
+            size = int(_local_bytes(model, t.id, state.layout[t.id]))
+            t = dataclasses.replace(t, alias_of=None)
         else:
             size = int(model.stored_bytes(t.id, state.layout[t.id]))
+        whole = model.nbytes[t.id] if t.id in materialized else t.nbytes
         local.append(dataclasses.replace(t, nbytes=size))
-        excess.append(dataclasses.replace(t, nbytes=max(0, size - t.nbytes // k)))
+        excess.append(dataclasses.replace(t, nbytes=max(0, size - whole // k)))
     order = np.asarray(g.order)
     per_device = DataflowGraph(g.ops, local, g.outputs, g.function, g.num_input) \
         .memory_timeline().astype(np.float64) + transient[order]
@@ -250,6 +293,93 @@ def _memory(model: PartitionModel, state: State, transient: np.ndarray) -> tuple
         .memory_timeline().astype(np.float64) + transient[order]
     step = int(np.argmax(per_device))
     return int(per_device[step]), int(replicated[step])
+
+
+def _dying(g: DataflowGraph) -> dict[int, set[int]]:
+    """Op -> the tensors (stored ones, not arguments, views or outputs) it uses last."""
+    if not g.ops:
+        return {}
+    _, end = g.lifetimes()
+    order = g.order
+    out: dict[int, set[int]] = {}
+    for t in g.tensors:
+        if t.alias_of is None and t.kind in ("activation", "gradient") and not t.is_output \
+                and 0 <= end[t.id] < len(order) and t.consumers:
+            out.setdefault(order[end[t.id]], set()).add(t.id)
+    return out
+
+
+def _chain(model: PartitionModel, tensor: int, src, dst, combiners=None) -> list[float]:
+    """Bytes of each step's result of one edge's conversion (empty: nothing converted)."""
+    return [_local_bytes(model, tensor, s.after)
+            for s in conversion_sequence(src, dst, combiners)]
+
+
+def _chain_peak(sizes: list[float], source_freed: float = 0.0) -> float:
+    """Peak bytes while converting, beyond the source: a step's result is allocated while its
+    input is alive; the source may be freed after the first step (its last use)."""
+    peak = sizes[0]
+    for i in range(1, len(sizes)):
+        peak = max(peak, sizes[i - 1] + sizes[i] - source_freed)
+    return peak
+
+
+def _transient(model: PartitionModel, op_id: int, strategy, layouts,
+               dying: set[int]) -> tuple[float, bool]:
+    """Bytes an op holds beyond the graph timeline's stored pieces while it runs, in the order
+    a lowering runs it (`conversion_sequence`): inputs converted one by one, the kernel on the
+    converted copies writing its produced outputs, outputs converted one by one; every copy and
+    every tensor freed after its last use (`dying`: the tensors whose last use is this op).
+    Also whether a view's result must be a copy of its own (a converted input or output): it
+    then stores its local bytes for its lifetime."""
+    g = model.graph
+    op = g.ops[op_id]
+    levels = model.levels
+    unused = set(model.specs[op_id].unused_inputs)
+    uses: dict[int, int] = {}
+    for t in op.inputs:
+        uses[t] = uses.get(t, 0) + 1
+    ins = []  # (converted sizes, source bytes freed after its first step)
+    for pos, t in enumerate(op.inputs):
+        if pos in unused:
+            continue
+        src = [REP] * levels if model.free[t] else [int(x) for x in layouts[t]]
+        dst = [model.required(op_id, pos, d).axis for d in strategy]
+        sizes = _chain(model, t, src, dst)
+        if sizes:
+            freed = model.stored_bytes(t, layouts[t]) if t in dying and uses[t] == 1 else 0.0
+            ins.append((sizes, freed))
+    outs = []  # (produced bytes, converted sizes)
+    for pos, t in enumerate(op.outputs):
+        produced = [model.produced(op_id, pos, d) for d in strategy]
+        sizes = _chain(model, t, produced, [int(x) for x in layouts[t]])
+        if sizes:
+            outs.append((_local_bytes(model, t, produced), sizes, t))
+    if op.kind == "view":
+        if not ins and not outs:
+            return 0.0, False
+        stored = _local_bytes(model, op.outputs[0], layouts[op.outputs[0]])
+        phases = [_chain_peak(*ins[0]) - stored] if ins else []
+        if outs:
+            phases.append((ins[0][0][-1] if ins else 0.0) + _chain_peak(outs[0][1]) - stored)
+        return max(0.0, *phases), True
+    stored_all = sum(model.stored_bytes(t, layouts[t]) for t in op.outputs)
+    stored_converted = sum(model.stored_bytes(t, layouts[t]) for _, _, t in outs)
+    dead_after = sum(model.stored_bytes(t, layouts[t]) for t in set(op.inputs) if t in dying)
+    phases = []
+    held = freed = 0.0
+    for sizes, source in ins:
+        phases.append(held - freed + _chain_peak(sizes, source) - stored_all)
+        held += sizes[-1]
+        freed += source
+    pending = sum(produced for produced, _, _ in outs)
+    phases.append(held - freed + pending - stored_converted)
+    done = 0.0
+    for produced, sizes, _ in outs:
+        phases.append(done + pending + _chain_peak(sizes) - stored_converted - dead_after)
+        done += sizes[-1]
+        pending -= produced
+    return max(0.0, *phases), False
 
 
 def layout_name(scheme: int) -> str:

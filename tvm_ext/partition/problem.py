@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 
 from ..graph import DataflowGraph
 from .spec import KernelSpec, replicated_spec
@@ -56,6 +57,21 @@ class PartitionProblem:
             out += [(spec.kernel, note) for note in spec.notes]
             out += [(spec.kernel, f"dim {d.name}: {d.reason}") for d in spec.dims if d.reason]
         return out
+
+    def restricted(self, disallow: Mapping[str, Mapping[int, str]]) -> PartitionProblem:
+        """The same problem with some dims made unsplittable: `disallow[spec key][dim] = reason`
+        (what a lowering cannot express). The reasons show in `unsupported()`."""
+        specs = dict(self.specs)
+        for key, dims in disallow.items():
+            if key not in specs or not dims:
+                continue
+            spec = specs[key]
+            new_dims = list(spec.dims)
+            for d, reason in dims.items():
+                if new_dims[d].reason is None:
+                    new_dims[d] = dataclasses.replace(new_dims[d], reason=reason)
+            specs[key] = dataclasses.replace(spec, dims=new_dims)
+        return PartitionProblem(self.graph, specs, list(self.op_spec))
 
     def to_dict(self) -> dict:
         return {

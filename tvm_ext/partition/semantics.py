@@ -535,6 +535,90 @@ def kernel_spec(func: tirx.PrimFunc, num_outputs: int, kernel: str = "kernel") -
         return replicated_spec(kernel, num_inputs, num_outputs, str(err))
 
 
+@dataclasses.dataclass
+class KernelDims:
+    """Where each dim of a kernel's `KernelSpec` lives in its TIR: what a pass needs to run the
+    kernel on one device's chunk of a dim (see `tvm_ext.passes.partition_operators`).
+
+    Dims are numbered as in `spec.dims`; -1 means no dim (not split by any), -2 a window variable
+    (read through `yy + ry`, replaced by its window in the analysis).
+    """
+
+    func: tirx.PrimFunc
+    spec: KernelSpec
+    var_dims: dict  # block iteration Var -> dim
+    buffer_dims: dict  # buffer Var (parameter or allocated) -> dim per axis
+    window_dims: set[int]  # dims some window variable's window reads (a halo or an offset)
+    # Dims whose index is used as a value (padding tests, one-hot): a chunk must be told where
+    # it starts. A dim flagged `global_index` but not here only feeds computed indices
+    # (`x[i, labels[i]]`), whose values a chunk reads from its own piece.
+    value_dims: set[int] = dataclasses.field(default_factory=set)
+
+
+def kernel_dims(func: tirx.PrimFunc, num_outputs: int, kernel: str = "kernel") -> KernelDims:
+    """The `KernelSpec` of a PrimFunc (as `kernel_spec`) and where its dims live in the TIR."""
+    spec = kernel_spec(func, num_outputs, kernel)
+    if not spec.dims:
+        return KernelDims(func, spec, {}, {}, set())
+    reader = _KernelReader(func, num_outputs)
+    analysis = _KernelAnalysis(reader, num_outputs, kernel)
+    analysis.spec()
+    uf, derived = analysis.uf, analysis.derived
+
+    def dim_of(v: int) -> int:
+        return -2 if v in derived else analysis.dim_index.get(uf.find(v), -1)
+
+    var_dims: dict = {}
+    for r_block in _iter_blocks(func):
+        for iv in r_block.iter_vars:
+            var_dims[iv.var] = -1
+    variables = _block_vars(func)
+    for v, var in enumerate(variables):
+        var_dims[var] = dim_of(v)
+    buffer_dims: dict = {}
+    for buf, key in reader.keys.items():
+        ndim = len(reader.shapes[key])
+        if key[0] == "tmp":
+            ids = analysis.writer.get(key)
+            buffer_dims[buf] = [dim_of(w) for w in ids] if ids else [-1] * ndim
+            continue
+        axes = [-1] * ndim
+        for d, dim in enumerate(spec.dims):
+            cut = dim.inputs[key[1]] if key[0] == "in" else dim.outputs[key[1]]
+            axis = cut.axis if isinstance(cut, AxisCut) else cut
+            if isinstance(axis, int) and not isinstance(axis, bool):
+                axes[axis] = d
+        buffer_dims[buf] = axes
+    window_dims: set[int] = set()
+    for w in derived:
+        form = analysis.resolve(_Form({w: 1}))
+        if form is None:
+            window_dims.update(range(len(spec.dims)))
+            continue
+        window_dims.update(d for u in form.coeffs if (d := dim_of(u)) >= 0)
+    value_dims: set[int] = set()
+    for block in reader.blocks:
+        for v in block.value_vars:
+            if v in derived:
+                form = analysis.resolve(_Form({v: 1}))
+                value_dims.update(range(len(spec.dims)) if form is None else
+                                  {d for u in form.coeffs if (d := dim_of(u)) >= 0})
+            elif (d := dim_of(v)) >= 0:
+                value_dims.add(d)
+    return KernelDims(func, spec, var_dims, buffer_dims, window_dims, value_dims)
+
+
+def _iter_blocks(func: tirx.PrimFunc) -> list:
+    realizes: list = []
+    tvm_ffi.structural_walk(func.body, [(SBlockRealize, realizes.append)])
+    return [r.block for r in realizes if r.block.iter_vars]
+
+
+def _block_vars(func: tirx.PrimFunc) -> list:
+    """Block iteration Vars in the order `_KernelReader` numbers them."""
+    return [iv.var for block in _iter_blocks(func) for iv in block.iter_vars]
+
+
 def reshape_spec(in_shape: Sequence[int], out_shape: Sequence[int], dtype: str = "float32",
                  kernel: str = "relax.reshape") -> KernelSpec:
     """The `KernelSpec` of a reshape view, read from the TIR of the same reshape."""
