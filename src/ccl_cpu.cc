@@ -382,6 +382,28 @@ std::string Mismatch(const Rendezvous& rv, int r, const char* what, const std::s
   return os.str();
 }
 
+// Agreement checks run once all posts are in: every worker must send (or receive into) buffers
+// of the root's dtype and size.
+std::string SendsAgree(const Rendezvous& rv) {
+  const auto& ps = rv.posts;
+  for (int r = 1; r < rv.size; ++r) {
+    if (!SameDType(ps[r].dtype, ps[0].dtype) || ps[r].send_bytes != ps[0].send_bytes) {
+      return Mismatch(rv, r, "sends", ps[r].send_desc, ps[0].send_desc);
+    }
+  }
+  return std::string();
+}
+
+std::string ReceivesAgree(const Rendezvous& rv) {
+  const auto& ps = rv.posts;
+  for (int r = 1; r < rv.size; ++r) {
+    if (!SameDType(ps[r].dtype, ps[0].dtype) || ps[r].recv_bytes != ps[0].recv_bytes) {
+      return Mismatch(rv, r, "receives into", ps[r].recv_desc, ps[0].recv_desc);
+    }
+  }
+  return std::string();
+}
+
 void AllReduce(Tensor send, int kind, bool in_group, Tensor recv) {
   const char* fn = "runtime.disco.cpu.allreduce";
   WorkerContext& ctx = Ctx(fn);
@@ -402,11 +424,8 @@ void AllReduce(Tensor send, int kind, bool in_group, Tensor recv) {
             return Mismatch(rv, r, "reduces with", ReduceKindName(ps[r].kind),
                             ReduceKindName(ps[0].kind));
           }
-          if (!SameDType(ps[r].dtype, ps[0].dtype) || ps[r].send_bytes != ps[0].send_bytes) {
-            return Mismatch(rv, r, "sends", ps[r].send_desc, ps[0].send_desc);
-          }
         }
-        return std::string();
+        return SendsAgree(rv);
       });
   int64_t numel = NumElements(send);
   int64_t lo = numel * p.rank / p.size;
@@ -431,15 +450,7 @@ void AllGather(Tensor send, bool in_group, Tensor recv) {
                  " times the elements of send " + mine.send_desc;
   }
   const auto& posts =
-      ctx.comm->Exchange(p, ctx.worker->worker_id, std::move(mine), [](const Rendezvous& rv) {
-        const auto& ps = rv.posts;
-        for (int r = 1; r < rv.size; ++r) {
-          if (!SameDType(ps[r].dtype, ps[0].dtype) || ps[r].send_bytes != ps[0].send_bytes) {
-            return Mismatch(rv, r, "sends", ps[r].send_desc, ps[0].send_desc);
-          }
-        }
-        return std::string();
-      });
+      ctx.comm->Exchange(p, ctx.worker->worker_id, std::move(mine), SendsAgree);
   int64_t nbytes = posts[p.rank].send_bytes;
   const char* src = static_cast<const char*>(posts[p.rank].send);
   for (int r = 0; r < p.size; ++r) {
@@ -461,15 +472,7 @@ void BroadcastFromWorker0(Optional<Tensor> send, bool in_group, Tensor recv) {
     mine.error = "send " + mine.send_desc + " and recv " + mine.recv_desc + " differ in size";
   }
   const auto& posts =
-      ctx.comm->Exchange(p, ctx.worker->worker_id, std::move(mine), [](const Rendezvous& rv) {
-        const auto& ps = rv.posts;
-        for (int r = 1; r < rv.size; ++r) {
-          if (!SameDType(ps[r].dtype, ps[0].dtype) || ps[r].recv_bytes != ps[0].recv_bytes) {
-            return Mismatch(rv, r, "receives into", ps[r].recv_desc, ps[0].recv_desc);
-          }
-        }
-        return std::string();
-      });
+      ctx.comm->Exchange(p, ctx.worker->worker_id, std::move(mine), ReceivesAgree);
   const void* src = posts[0].send;
   void* dst = posts[p.rank].recv;
   if (dst != src) std::memmove(dst, src, posts[p.rank].recv_bytes);
@@ -491,15 +494,7 @@ void ScatterFromWorker0(Optional<Tensor> send, bool in_group, Tensor recv) {
                  " (scattering splits evenly over the workers)";
   }
   const auto& posts =
-      ctx.comm->Exchange(p, ctx.worker->worker_id, std::move(mine), [](const Rendezvous& rv) {
-        const auto& ps = rv.posts;
-        for (int r = 1; r < rv.size; ++r) {
-          if (!SameDType(ps[r].dtype, ps[0].dtype) || ps[r].recv_bytes != ps[0].recv_bytes) {
-            return Mismatch(rv, r, "receives into", ps[r].recv_desc, ps[0].recv_desc);
-          }
-        }
-        return std::string();
-      });
+      ctx.comm->Exchange(p, ctx.worker->worker_id, std::move(mine), ReceivesAgree);
   int64_t nbytes = posts[p.rank].recv_bytes;
   std::memcpy(posts[p.rank].recv, static_cast<const char*>(posts[0].send) + nbytes * p.rank,
               nbytes);
@@ -519,15 +514,7 @@ void GatherToWorker0(Tensor send, bool in_group, Optional<Tensor> recv) {
                  " times the elements of send " + mine.send_desc;
   }
   const auto& posts =
-      ctx.comm->Exchange(p, ctx.worker->worker_id, std::move(mine), [](const Rendezvous& rv) {
-        const auto& ps = rv.posts;
-        for (int r = 1; r < rv.size; ++r) {
-          if (!SameDType(ps[r].dtype, ps[0].dtype) || ps[r].send_bytes != ps[0].send_bytes) {
-            return Mismatch(rv, r, "sends", ps[r].send_desc, ps[0].send_desc);
-          }
-        }
-        return std::string();
-      });
+      ctx.comm->Exchange(p, ctx.worker->worker_id, std::move(mine), SendsAgree);
   int64_t nbytes = posts[p.rank].send_bytes;
   char* dst = static_cast<char*>(posts[0].recv) + nbytes * p.rank;
   if (dst != posts[p.rank].send) std::memmove(dst, posts[p.rank].send, nbytes);

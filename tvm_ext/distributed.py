@@ -499,6 +499,17 @@ class DistributedRunResult:
     host_peak_bytes: list[int] = dataclasses.field(default_factory=list)  # separate hosts
 
 
+def _time_calls(session, function, args, repeat: int) -> list[float]:
+    """Milliseconds per call of `function` over `repeat` synchronised calls."""
+    latencies = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        function.invoke(*args)
+        session.sync()
+        latencies.append((time.perf_counter() - start) * 1e3)
+    return latencies
+
+
 def run(
     session: Session,
     module: DModule,
@@ -529,12 +540,7 @@ def run(
     outputs = [session.gather(o, ax) if isinstance(o, DArray) else o
                for o, ax in zip(outs, axes, strict=True)]
     del outs
-    latencies = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        function.invoke(*args)
-        session.sync()
-        latencies.append((time.perf_counter() - start) * 1e3)
+    latencies = _time_calls(session, function, args, repeat)
     session.check(f"running {func}")
     return DistributedRunResult(outputs, peaks, arg_bytes, latencies)
 
@@ -620,12 +626,7 @@ def run_partitioned(
                if isinstance(o, DArray) else o
                for o, spec in zip(outs, layout["outputs"], strict=True)]
     del outs
-    latencies = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        function.invoke(*args)
-        session.sync()
-        latencies.append((time.perf_counter() - start) * 1e3)
+    latencies = _time_calls(session, function, args, repeat)
     session.check(f"running {func}")
     return DistributedRunResult(outputs, peaks, arg_bytes, latencies, host_peaks)
 
