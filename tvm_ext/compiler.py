@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tvm
@@ -101,6 +101,18 @@ def _place(array: np.ndarray, where: tvm.runtime.Device, device: tvm.runtime.Dev
     return out
 
 
+def time_calls(call: Callable[[], object], sync: Callable[[], object],
+               repeat: int) -> list[float]:
+    """Milliseconds of each of `repeat` calls of `call`, each waited for with `sync`."""
+    latencies = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        call()
+        sync()
+        latencies.append((time.perf_counter() - start) * 1e3)
+    return latencies
+
+
 def run(
     executable: relax.VMExecutable,
     arguments: Sequence[np.ndarray],
@@ -137,12 +149,8 @@ def run(
     host_peak = runtime.memory_stats(host).peak_in_use - before[1] if host is not None else 0
     outputs = flatten_outputs(out)
     del out
-    latencies = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        vm["main"](*args)
-        device.sync()
-        latencies.append((time.perf_counter() - start) * 1e3)
+    main = vm["main"]
+    latencies = time_calls(lambda: main(*args), device.sync, repeat)
     return RunResult(outputs, latencies, int(peak), int(arg_bytes), int(host_peak))
 
 

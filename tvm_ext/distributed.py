@@ -35,7 +35,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
@@ -46,6 +45,7 @@ import tvm
 from tvm_ffi import Shape
 
 from . import runtime
+from .compiler import time_calls
 from .runtime import PeakMeasurement
 
 BACKENDS = ("cpu", "nccl")
@@ -499,17 +499,6 @@ class DistributedRunResult:
     host_peak_bytes: list[int] = dataclasses.field(default_factory=list)  # separate hosts
 
 
-def _time_calls(session, function, args, repeat: int) -> list[float]:
-    """Milliseconds per call of `function` over `repeat` synchronised calls."""
-    latencies = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        function.invoke(*args)
-        session.sync()
-        latencies.append((time.perf_counter() - start) * 1e3)
-    return latencies
-
-
 def run(
     session: Session,
     module: DModule,
@@ -540,7 +529,7 @@ def run(
     outputs = [session.gather(o, ax) if isinstance(o, DArray) else o
                for o, ax in zip(outs, axes, strict=True)]
     del outs
-    latencies = _time_calls(session, function, args, repeat)
+    latencies = time_calls(lambda: function.invoke(*args), session.sync, repeat)
     session.check(f"running {func}")
     return DistributedRunResult(outputs, peaks, arg_bytes, latencies)
 
@@ -626,7 +615,7 @@ def run_partitioned(
                if isinstance(o, DArray) else o
                for o, spec in zip(outs, layout["outputs"], strict=True)]
     del outs
-    latencies = _time_calls(session, function, args, repeat)
+    latencies = time_calls(lambda: function.invoke(*args), session.sync, repeat)
     session.check(f"running {func}")
     return DistributedRunResult(outputs, peaks, arg_bytes, latencies, host_peaks)
 
