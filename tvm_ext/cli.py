@@ -165,39 +165,58 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         arguments = model.random_arguments(args.seed)
         if plan is not None:
-            return _run_swapped(args, report, model, graph, plan, executable, target,
-                                arguments, tune_db)
+            status = _run_swapped(args, report, model, graph, plan, executable, target,
+                                  arguments, tune_db)
+            write_report(args, report)
+            return status
         result = compiler.run(executable, arguments, device, repeat=args.repeat)
-        predicted = graph.peak_memory(
-            kinds=("parameter", "input", "constant", "activation", "gradient"))
         report["run"] = {
             "latency_ms_median": result.median_ms,
             "latencies_ms": result.latencies_ms,
             "measured_peak_bytes": result.peak_bytes,
             "argument_bytes": result.argument_bytes,
-            "predicted_unplanned_peak_bytes": predicted,
+            "predicted_unplanned_peak_bytes": live,
         }
         print(f"run     {result.median_ms:.3f} ms (median of {args.repeat}), measured peak "
               f"{_fmt_bytes(result.peak_bytes)} on {device} (arguments "
               f"{_fmt_bytes(result.argument_bytes)})")
         if args.check:
-            reference = compiler.build_reference(model, target)
-            ref = compiler.run(reference, arguments, device, repeat=0)
-            try:
-                check = compiler.compare(result.outputs, ref.outputs, args.rtol, args.atol)
-            except compiler.CheckError as err:
-                report["check"] = {"ok": False, "error": str(err)}
-                print(f"check   FAILED: {err}", file=sys.stderr)
-                status = 1
-            else:
-                report["check"] = {"ok": True, **vars(check)}
-                print(f"check   OK: {check.outputs} outputs match the plain TVM build "
-                      f"(max abs error {check.max_abs_error:.2e})")
+            status = check_against_reference(args, report, model, target, device, arguments,
+                                             result.outputs, "the plain TVM build")
+    write_report(args, report)
+    return status
+
+
+def check_against_reference(args, report: dict, model, target, device, arguments, outputs,
+                            what: str) -> int:
+    """--check: `outputs` against a plain `tvm.compile` of the model run on `device` with the
+    same `arguments`; the verdict goes into `report["check"]`. Returns the exit status."""
+    from tvm_ext import compiler
+
+    reference = compiler.build_reference(model, target)
+    ref = compiler.run(reference, arguments, device, repeat=0)
+    try:
+        check = compiler.compare(outputs, ref.outputs, args.rtol, args.atol)
+    except compiler.CheckError as err:
+        report["check"] = {"ok": False, "error": str(err)}
+        print(f"check   FAILED: {err}", file=sys.stderr)
+        return 1
+    report["check"] = {"ok": True, **vars(check)}
+    print(f"check   OK: {check.outputs} outputs match {what} (max abs error "
+          f"{check.max_abs_error:.2e}, max rel error {check.max_rel_error:.2e}, rtol {args.rtol})")
+    return 0
+
+
+def write_report(args, report: dict) -> None:
     if args.report:
         with open(args.report, "w") as f:
             json.dump(report, f, indent=2, default=_json_default)
         print(f"report  {args.report}")
-    return status
+
+
+def default_hardware(args, target) -> str:
+    """--hardware, else the preset of the target's kind (cpu for CPU targets, h100 for GPUs)."""
+    return args.hardware or ("cpu" if target.kind.name in ("llvm", "c") else "h100")
 
 
 def _tune(args, model, target, report: dict) -> tuple[int, str | None]:
@@ -215,7 +234,7 @@ def _tune(args, model, target, report: dict) -> tuple[int, str | None]:
         return 2, None
     # With --devices, tune the kernels each device runs (the partitioned module's).
     popts = {}
-    hardware = args.hardware or ("cpu" if target.kind.name in ("llvm", "c") else "h100")
+    hardware = default_hardware(args, target)
     if args.partition_plan:
         from tvm_ext.cli_partition import load_plan
 
@@ -254,7 +273,7 @@ def _plan_swaps(args, graph, target):
     from tvm_ext.swap import InfeasibleBudgetError, plan_swaps
     from tvm_ext.swap.timeline_plot import plot_plan
 
-    hardware = args.hardware or ("cpu" if target.kind.name in ("llvm", "c") else "h100")
+    hardware = default_hardware(args, target)
     try:
         problem = plan_problem(graph, args.device_memory, hardware)
         plan = plan_swaps(problem, args.planner, time_budget_s=args.swap_time_budget,
@@ -329,10 +348,6 @@ def _run_swapped(args, report, model, graph, plan, executable, target, arguments
         if status == 0:
             print(f"check   OK: {len(swapped.outputs)} outputs equal the unswapped build "
                   "exactly, and the measured peak fits the budget")
-    if args.report:
-        with open(args.report, "w") as f:
-            json.dump(report, f, indent=2, default=_json_default)
-        print(f"report  {args.report}")
     return status
 
 

@@ -7,11 +7,7 @@ import json
 import sys
 import time
 
-
-def _fmt_bytes(n: float) -> str:
-    from tvm_ext.cli import _fmt_bytes as fmt
-
-    return fmt(n)
+from tvm_ext.cli import _fmt_bytes, check_against_reference, default_hardware, write_report
 
 
 def load_plan(path: str):
@@ -32,6 +28,8 @@ def load_plan(path: str):
 
 
 def main_partitioned(args, report: dict, model, target, tune_db) -> int:
+    import tvm
+
     from tvm_ext import compiler, distributed
     from tvm_ext.partition import NotApplicable
     from tvm_ext.partitioned import build_partitioned, run_partitioned_build
@@ -55,7 +53,7 @@ def main_partitioned(args, report: dict, model, target, tune_db) -> int:
               file=sys.stderr)
         return 2
     cpu = target.kind.name in ("llvm", "c")
-    hardware = args.hardware or ("cpu" if cpu else "h100")
+    hardware = default_hardware(args, target)
     # The plan predicts the peak of an unplanned build (each tensor allocated at its producer,
     # freed after its last use): build so when the result is measured.
     measure = args.run or args.check
@@ -102,13 +100,11 @@ def main_partitioned(args, report: dict, model, target, tune_db) -> int:
             result = run_partitioned_build(sess, build, arguments, repeat=args.repeat)
         status = _report_run(args, report, build, result, k)
         if args.check:
-            status = max(status, _check(args, report, model, target, arguments, result))
-    if args.report:
-        from tvm_ext.cli import _json_default
-
-        with open(args.report, "w") as f:
-            json.dump(report, f, indent=2, default=_json_default)
-        print(f"report  {args.report}")
+            checked = check_against_reference(args, report, model, target, tvm.cpu(0),
+                                              arguments, result.outputs,
+                                              "the single-device TVM build")
+            status = max(status, checked)
+    write_report(args, report)
     return status
 
 
@@ -172,22 +168,3 @@ def _report_run(args, report: dict, build, result, k: int) -> int:
         if over and args.check:
             status = 1
     return status
-
-
-def _check(args, report: dict, model, target, arguments, result) -> int:
-    import tvm
-
-    from tvm_ext import compiler
-
-    reference = compiler.build_reference(model, target)
-    ref = compiler.run(reference, arguments, tvm.cpu(0), repeat=0)
-    try:
-        check = compiler.compare(result.outputs, ref.outputs, args.rtol, args.atol)
-    except compiler.CheckError as err:
-        report["check"] = {"ok": False, "error": str(err)}
-        print(f"check   FAILED: {err}", file=sys.stderr)
-        return 1
-    report["check"] = {"ok": True, **vars(check)}
-    print(f"check   OK: {check.outputs} outputs match the single-device TVM build "
-          f"(max rel error {check.max_rel_error:.2e}, rtol {args.rtol})")
-    return 0
