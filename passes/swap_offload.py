@@ -226,11 +226,10 @@ class _Rewriter:
     def rewrite(self, func: relax.Function) -> relax.Function:
         g, plan = self.g, self.plan
         on_host = set(plan.host_start)
-        params = []
-        for p in func.params:
-            tid = next(t.id for t in g.tensors if t.arg_index == len(params))
-            vdev = self.host if tid in on_host else self.device
-            params.append(relax.Var(p.name, relax.TensorType(p.ty.shape, p.ty.dtype, vdev)))
+        where = argument_devices(g, plan)
+        params = [relax.Var(p.name, relax.TensorType(
+                      p.ty.shape, p.ty.dtype, self.host if w == HOST else self.device))
+                  for p, w in zip(func.params, where, strict=True)]
         for t in g.tensors:
             if t.arg_index is not None:
                 (self.host_val if t.id in on_host else self.cur)[t.id] = params[t.arg_index]
@@ -252,9 +251,7 @@ class _Rewriter:
 
         attrs = {"num_input": g.num_input, "relax.force_pure": True,
                  PLAN_ATTR: json.dumps(plan.summary()),
-                 ARGS_ATTR: ["host" if t.id in on_host else "device"
-                             for t in sorted((t for t in g.tensors if t.arg_index is not None),
-                                             key=lambda t: t.arg_index)]}
+                 ARGS_ATTR: ["host" if w == HOST else "device" for w in where]}
         # Pure from the outside (force_pure): the impure copies and waits stay inside.
         with self.bb.function("main", params, attrs=attrs, pure=True):
             self.pools = [self.emit(relax.op.memory.alloc_storage(
@@ -315,28 +312,19 @@ class _Rewriter:
                                        f"its producer {op.name}")
             outs.append(self.place(outs_by_tensor[tid]))
         name = value.op.name if isinstance(value.op, tvm.ir.Op) else ""
-        if name == "relax.call_dps_packed":
-            # Tensor arguments by their values now; others (shapes, flags: the arguments of
-            # collectives) kept in place.
-            inputs = iter(op.inputs)
-            packed = value.args[1]
-            fields = packed.fields if isinstance(packed, relax.Tuple) else [packed]
-            args = [self.value_of(next(inputs)) if isinstance(f.ty, relax.TensorType) else f
-                    for f in fields]
-            self.emit(relax.Call(value.args[0], [*args, *outs]))
-        elif name == "relax.call_tir":
-            callee = value.args[0]
-            inputs = iter(op.inputs)
-            packed = value.args[1]
-            fields = packed.fields if isinstance(packed, relax.Tuple) else [packed]
-            # Tensors by their values now; scalars (PrimValue) stay before the outputs.
-            args = [self.value_of(next(inputs)) if isinstance(f.ty, relax.TensorType) else f
-                    for f in fields]
-            extra = list(value.args[2:3])
-            self.emit(relax.Call(callee, [*args, *outs, *extra]))
-        else:
+        if name not in ("relax.call_dps_packed", "relax.call_tir"):
             raise SwapOffloadError(f"{op.name}: SwapOffload cannot place the outputs of "
                                    f"{op.kernel} (not a destination-passing kernel)")
+        # Tensor arguments by their values now; the others (scalars of kernels; shapes and
+        # flags of collectives) stay in place, before the outputs.
+        inputs = iter(op.inputs)
+        packed = value.args[1]
+        fields = packed.fields if isinstance(packed, relax.Tuple) else [packed]
+        args = [self.value_of(next(inputs)) if isinstance(f.ty, relax.TensorType) else f
+                for f in fields]
+        # call_tir's third argument (symbolic shape values) follows the outputs.
+        extra = list(value.args[2:3]) if name == "relax.call_tir" else []
+        self.emit(relax.Call(value.args[0], [*args, *outs, *extra]))
 
     def _swap_outs(self, indices: list[int]) -> None:
         for k in indices:
