@@ -39,10 +39,11 @@ def _arith_ops(expr) -> int:
         return 0
     if isinstance(expr, pe.Cast):
         return _arith_ops(expr.value)
-    if isinstance(expr, (pe.BinaryOpExpr, pe.CmpExpr, pe.LogicalExpr)):
-        return 1 + _arith_ops(expr.a) + _arith_ops(expr.b)
+    # Not subclasses LogicalExpr but has no `.b`: test it first.
     if isinstance(expr, pe.Not):
         return _arith_ops(expr.a)
+    if isinstance(expr, (pe.BinaryOpExpr, pe.CmpExpr, pe.LogicalExpr)):
+        return 1 + _arith_ops(expr.a) + _arith_ops(expr.b)
     if isinstance(expr, pe.Select):
         return 1 + _arith_ops(expr.condition) + _arith_ops(expr.true_value) + _arith_ops(
             expr.false_value)

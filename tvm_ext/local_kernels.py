@@ -204,9 +204,18 @@ def local_kernel(
     def global_values(expr):
         """`expr` with the split variables used as values shifted to their global value (not
         inside buffer indices, which address the local piece)."""
-        return tvm_ffi.structural_mutate(expr, [
-            (tvm.ir.TensorLoad, lambda load, m: load),
-            (tvm.ir.expr.Var, lambda v, m: shift.get(v, v))])
+        return _substitute_direct(expr, shift)
+
+    def on_load(load, m):
+        """Indices of an axis not cut by a split dim take that dim's global value."""
+        axes = kdims.buffer_dims.get(load.source)
+        load = m.default_mutate(load)
+        if not shift or axes is None:
+            return load
+        indices = [idx if axis_dim == -2 else _substitute_direct(idx, {
+            v: g for v, g in shift.items() if kdims.var_dims.get(v) != axis_dim})
+            for idx, axis_dim in zip(load.indices, axes, strict=True)]
+        return tirx.BufferLoad(load.source, indices)
 
     def on_store(store, m):
         store = m.default_mutate(store)
@@ -221,6 +230,7 @@ def local_kernel(
     out = tvm_ffi.structural_mutate(func, [
         (tirx.PrimFunc, on_func), (tirx.For, on_for), (tirx.IterVar, on_iter_var),
         (tvm.ir.expr.TensorRegion, on_region), (tirx.BufferStore, on_store),
+        (tvm.ir.TensorLoad, on_load),
         (tirx.Bind, on_bind)])
     used: set = set()
     tvm_ffi.structural_walk(out.body, [(tvm.ir.expr.Var, used.add)])
@@ -229,6 +239,15 @@ def local_kernel(
     ins, outs = out.params[:len(out.params) - n_out], out.params[len(out.params) - n_out:]
     # Rebuilt so that the function's type (what Relax checks calls against) has the new shapes.
     return tirx.PrimFunc([*ins, *scalars, *outs], out.body, out.ret_type, out.attrs)
+
+
+def _substitute_direct(expr, values: Mapping) -> object:
+    """`expr` with variables replaced by `values`, except inside nested loads."""
+    if not values:
+        return expr
+    return tvm_ffi.structural_mutate(expr, [
+        (tvm.ir.TensorLoad, lambda load, m: load),
+        (tvm.ir.expr.Var, lambda v, m: values.get(v, v))])
 
 
 def chunk_params(func: tirx.PrimFunc) -> list[int]:

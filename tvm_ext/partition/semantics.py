@@ -196,10 +196,11 @@ class _KernelReader:
             return
         if isinstance(expr, _LEAVES):
             return
-        if isinstance(expr, (pe.BinaryOpExpr, pe.CmpExpr, pe.LogicalExpr)):
-            children = (expr.a, expr.b)
-        elif isinstance(expr, pe.Not):
+        # Not subclasses LogicalExpr but has no `.b`: test it first.
+        if isinstance(expr, pe.Not):
             children = (expr.a,)
+        elif isinstance(expr, (pe.BinaryOpExpr, pe.CmpExpr, pe.LogicalExpr)):
+            children = (expr.a, expr.b)
         elif isinstance(expr, pe.Select):
             children = (expr.condition, expr.true_value, expr.false_value)
         elif isinstance(expr, pe.Cast):
@@ -502,6 +503,9 @@ class _KernelAnalysis:
             axes = {c.axis for c in found if c is not None}
             if not found or None in found or len(axes) != 1:
                 cuts.append(None)
+                # Read whole: a chunk's indices into it must be global, and chunks contiguous.
+                computed = computed or any(self._touches(index, members)
+                                           for acc in accesses for index in acc.indices)
             else:
                 cuts.append(AxisCut(axes.pop(), max(c.halo_lo for c in found),
                                     max(c.halo_hi for c in found)))
@@ -549,9 +553,10 @@ class KernelDims:
     var_dims: dict  # block iteration Var -> dim
     buffer_dims: dict  # buffer Var (parameter or allocated) -> dim per axis
     window_dims: set[int]  # dims some window variable's window reads (a halo or an offset)
-    # Dims whose index is used as a value (padding tests, one-hot): a chunk must be told where
-    # it starts. A dim flagged `global_index` but not here only feeds computed indices
-    # (`x[i, labels[i]]`), whose values a chunk reads from its own piece.
+    # Dims whose index is used as a value (padding tests, one-hot) or in the index of an axis it
+    # does not cut (a resize reading its input whole): a chunk must be told where it starts. A
+    # dim flagged `global_index` but not here only feeds indices through loads of its own piece
+    # (`x[i, labels[i]]`).
     value_dims: set[int] = dataclasses.field(default_factory=set)
 
 
@@ -597,6 +602,17 @@ def kernel_dims(func: tirx.PrimFunc, num_outputs: int, kernel: str = "kernel") -
             continue
         window_dims.update(d for u in form.coeffs if (d := dim_of(u)) >= 0)
     value_dims: set[int] = set()
+    # A dim's variable in the index of an axis not cut by that dim (an input read whole, a
+    # computed or offset index) must take its global value there.
+    by_key = {key: buf for buf, key in reader.keys.items()}
+    for block in reader.blocks:
+        for acc in block.loads:
+            axes = buffer_dims[by_key[acc.buffer]]
+            for a, index in enumerate(acc.indices):
+                for v in index.direct:
+                    d = dim_of(v)
+                    if d >= 0 and axes[a] != d and axes[a] != -2:
+                        value_dims.add(d)
     for block in reader.blocks:
         for v in block.value_vars:
             if v in derived:
