@@ -70,9 +70,11 @@ def plan_problem(
     hardware: str | Hardware = "h100",
     op_times: Sequence[float] | None = None,
 ) -> SwapProblem:
-    """The swap problem of `graph` under `device_memory` (bytes, "512MiB", or "25%" of the
-    no-swap peak)."""
+    """The swap problem of `graph` under `device_memory` (bytes, "512MiB", "25%" of the
+    no-swap peak, or "min": the smallest budget any plan can run in)."""
     problem = SwapProblem.from_graph(graph, 1, hardware, op_times)
+    if isinstance(device_memory, str) and device_memory.strip().lower() == "min":
+        return problem.with_budget(problem.min_budget()[0])
     budget = parse_size(device_memory, reference=problem.no_swap_peak())
     return problem.with_budget(budget)
 

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tvm_ext.cli import main
@@ -132,3 +133,241 @@ def test_cuda_swapped_export(tmp_path):
     assert b".nv.info" in data and b"tvm_ext.swap.copy_async" in data
     side = json.loads((tmp_path / "gpt.so.swap.json").read_text())
     assert set(side["argument_devices"]) <= {0, 1} and side["plan"]["budget"] > 0
+
+
+# --------------------------------------------------------------------------------------------
+# --check against PyTorch eager for .pt2 models
+# --------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pt2_file(tmp_path_factory):
+    """An exported program whose parameters are not in submodule order (a top-level
+    parameter registered first), with two outputs."""
+    torch = pytest.importorskip("torch")
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.linspace(0.5, 2.0, 4))
+            self.fc1 = torch.nn.Linear(8, 16)
+            self.fc2 = torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            h = torch.nn.functional.gelu(self.fc1(x))
+            return self.fc2(h) * self.scale, h.mean(dim=0)
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("pt2") / "net.pt2"
+    torch.export.save(torch.export.export(Net(), (torch.randn(3, 8),)), str(path))
+    return path
+
+
+def test_pt2_check_against_torch(pt2_file, tmp_path, capsys):
+    report = tmp_path / "r.json"
+    assert main([str(pt2_file), "--check", "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "2 outputs match the plain TVM build" in out and "rtol 1e-05, atol 1e-05" in out
+    assert "2 outputs match PyTorch eager (net.pt2)" in out
+    assert "float32 rtol 0.0001, atol 1e-05" in out
+    data = json.loads(report.read_text())
+    assert data["check"]["ok"] and data["check"]["torch"]["ok"]
+    assert data["check"]["torch"]["tolerances"] == {"float32": [1e-4, 1e-5]}
+
+
+def test_pt2_training_check_against_torch(pt2_file, capsys):
+    assert main([str(pt2_file), "--training", "--check"]) == 0
+    assert "6 outputs match PyTorch eager (net.pt2)" in capsys.readouterr().out
+
+
+def test_pt2_check_fails_on_torch_mismatch(pt2_file, monkeypatch, capsys):
+    from tvm_ext.models import reference
+
+    real = reference.torch_reference
+
+    def off(*args, **kwargs):
+        outputs = real(*args, **kwargs)
+        outputs[1] = outputs[1] + 1e-3
+        return outputs
+
+    monkeypatch.setattr(reference, "torch_reference", off)
+    assert main([str(pt2_file), "--check"]) == 1
+    captured = capsys.readouterr()
+    assert "match the plain TVM build" in captured.out
+    assert "FAILED against PyTorch eager (net.pt2) (float32 rtol 0.0001, atol 1e-05): " \
+           "output 1 differs" in captured.err
+
+
+def test_pt2_with_random_ops_is_not_compared_with_torch(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    net = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Dropout(0.5)).train()
+    path = tmp_path / "drop.pt2"
+    torch.export.save(torch.export.export(net, (torch.randn(2, 8),)), str(path))
+    assert main([str(path), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "match the plain TVM build" in out
+    assert "not compared with PyTorch eager (drop.pt2): PyTorch draws random numbers in " \
+           "dropout" in out
+
+
+def test_torch_reference_matches_parameters_by_name(pt2_file):
+    """The weights fed to torch are the ones given under each Relax argument name, and a
+    parameter attached to the wrong argument is reported by its state-dict key."""
+    torch = pytest.importorskip("torch")
+    from tvm_ext.models import load_model
+    from tvm_ext.models.reference import file_weight_mismatches, torch_reference
+
+    model = load_model(str(pt2_file))
+    names = [p.name for p in model.params]
+    assert names[0] == "p_scale"
+    args = model.random_arguments(0)
+    x, params = args[0], args[1:]
+    assert file_weight_mismatches(str(pt2_file), params, names) == []
+    doubled = [p * 2 for p in params]
+    out, _ = torch_reference(str(pt2_file), [x], doubled, names)
+    fc2_w, fc2_b, scale = doubled[3], doubled[4], doubled[0]
+    h = torch.nn.functional.gelu(torch.from_numpy(x @ doubled[1].T + doubled[2]))
+    np.testing.assert_allclose(out, (h.numpy() @ fc2_w.T + fc2_b) * scale, rtol=1e-5,
+                               atol=1e-6)
+    swapped = [params[0], params[3], params[4], params[1], params[2]]
+    bad = file_weight_mismatches(str(pt2_file), swapped, names)
+    assert bad == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+
+
+# --------------------------------------------------------------------------------------------
+# Output paths: checked before compiling, replaced atomically, stale sidecars removed
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("option", ["--output", "--report"])
+def test_output_path_errors_before_compiling(option, tmp_path, capsys):
+    assert main(["mlp", option, str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert f"{option} {tmp_path} is a directory" in captured.err
+    assert "compile" not in captured.out and "model" not in captured.out
+    assert main(["mlp", option, str(tmp_path / "missing" / "m.so")]) == 2
+    assert f"directory {tmp_path / 'missing'} does not exist" in capsys.readouterr().err
+
+
+def test_output_path_clashes(tmp_path, capsys):
+    path = str(tmp_path / "m.so")
+    assert main(["mlp", "--output", path, "--report", path]) == 2
+    assert "--report" in capsys.readouterr().err
+    (tmp_path / "m.so.swap.json").mkdir()
+    argv = ["mlp", "--output", path, "--device-memory", "90%"]
+    assert main(argv) == 2
+    assert "m.so.swap.json is a directory" in capsys.readouterr().err
+
+
+def test_failed_export_keeps_the_existing_file(tmp_path, monkeypatch):
+    from tvm_ext import compiler
+
+    so = tmp_path / "m.so"
+    so.write_bytes(b"the module of yesterday")
+
+    def broken(executable, path):
+        with open(path, "wb") as f:
+            f.write(b"half a module")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(compiler, "export", broken)
+    with pytest.raises(OSError, match="disk full"):
+        main(["mlp", "--output", str(so)])
+    assert so.read_bytes() == b"the module of yesterday"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.so"]
+
+
+def test_export_removes_stale_sidecars(tmp_path, capsys):
+    so = tmp_path / "m.so"
+    for suffix in (".swap.json", ".partition.json"):
+        (tmp_path / f"m.so{suffix}").write_text("{}")
+    assert main(["mlp", "--output", str(so)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.so"]
+    assert "removed" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------------------
+# Arguments refused before any work
+# --------------------------------------------------------------------------------------------
+
+BAD_PY = """
+def helper(width):
+    raise ValueError(f"width {width} is odd")
+
+def get_model(width=3):
+    return helper(width)
+"""
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["mlp", "--set", "layers=abc"], "--set layers=abc: layers takes an integer >= 1"),
+    (["mlp", "--set", "layers=2.5"], "layers takes an integer >= 1"),
+    (["mlp", "--set", "hidden=-4"], "--set hidden=-4: hidden takes an integer >= 1"),
+    (["gpt", "--set", "batch=0"], "batch takes an integer >= 1"),
+    (["resnet", "--set", "widths=8,x"], "widths takes integers >= 1 separated by commas"),
+    (["mlp", "--set", "=4"], "FIELD=VALUE"),
+    (["model.onnx", "--set", "layers=2"], "--set applies to zoo models and to .py files"),
+    (["{tmp}"], "is a directory"),
+    (["{tmp}/bad.py"], "bad.py raised ValueError: width 3 is odd at {tmp}/bad.py:3 in helper"),
+    (["mlp", "--tune-db", "{tmp}/bad.py"], "--tune-db {tmp}/bad.py is a file"),
+    (["mlp", "--dump-dir", "{tmp}/bad.py"], "--dump-dir {tmp}/bad.py is a file"),
+])
+def test_bad_values_exit_2(argv, message, tmp_path, capsys):
+    (tmp_path / "bad.py").write_text(BAD_PY)
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert message.replace("{tmp}", str(tmp_path)) in captured.err
+    assert "compile" not in captured.out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["mlp", "--plot", "p.png"], "--plot draws the swap plan: it needs --device-memory"),
+    (["mlp", "--device-memory", "50%", "--devices", "2", "--plot", "p.png"],
+     "--plot draws a single-device swap plan: not with --devices"),
+    (["mlp", "--arch", "sm_80"], "--arch applies to --target cuda only, not llvm"),
+    (["mlp", "--target", "cuda", "--arch", "sm_1"], "--arch sm_1: expected sm_NN"),
+    (["mlp", "--target", "cuda", "--arch", "90"], "--arch 90: expected sm_NN"),
+    (["mlp", "--link", "pcie"], "--link applies to a partitioned build: it needs --devices"),
+    (["mlp", "--strategy", "megatron"], "--strategy applies to a partitioned build"),
+    (["mlp", "--partition-plan", "p.json"], "--partition-plan applies to a partitioned build"),
+    (["mlp", "--devices", "2", "--partition-plan", "p.json", "--link", "pcie"],
+     "--link does nothing with --partition-plan"),
+    (["mlp", "--planner", "lru"], "--planner applies to swap planning: it needs --device-memory"),
+    (["mlp", "--swap-time-budget", "2"], "--swap-time-budget applies to swap planning"),
+    (["mlp", "--hardware", "h100"], "--hardware is the cost model of swap and partition "
+     "planning: it needs --device-memory or --devices"),
+    (["mlp", "--device-memory", "50%", "--planner", "vdnn", "--swap-time-budget", "2"],
+     "--swap-time-budget bounds the SwapAdvisor search; --planner vdnn does not search"),
+    (["mlp", "--rtol", "1e-3"], "--rtol is a tolerance of --check: it needs --check"),
+    (["model.pt2", "--size", "small"], "--size picks a zoo model size"),
+])
+def test_idle_options_are_refused(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: compile.py") and f"compile.py: error: {message}" in err
+
+
+def test_arch_nvcc_rejects(capsys):
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH")
+    from tvm_ext.cli import arch_problem
+
+    codes = subprocess.run(["nvcc", "--list-gpu-code"], capture_output=True,
+                           text=True).stdout.split()
+    if "sm_52" in codes:
+        pytest.skip("this nvcc compiles for sm_52")
+    assert "this nvcc does not compile for it" in arch_problem("sm_52")
+    assert arch_problem(codes[-1]) is None
+
+
+def test_cuda_without_output_or_run_warns(capsys):
+    from tvm_ext.cli import build_parser, refuse_idle_options
+
+    parser = build_parser()
+    for argv, warned in ((["mlp", "--target", "cuda"], True),
+                         (["mlp", "--target", "cuda", "--output", "m.so"], False),
+                         (["mlp", "--target", "cuda", "--run"], False)):
+        refuse_idle_options(parser, parser.parse_args(argv))
+        err = capsys.readouterr().err
+        assert ("compiles the module and discards it" in err) == warned

@@ -46,6 +46,10 @@ def test_saved_plan_is_applied(gpt_report, capsys):
      "partitions over 2 devices, not 4"),
     (["mlp", "--devices", "2", "--partition-plan", "{report}"], "another model"),
     (["mlp", "--devices", "2", "--partition-plan", "/nonexistent.json"], "--partition-plan"),
+    (["gpt", "--devices", "1000"], "--devices 1000: no tensor of this model has a dimension "
+     "longer than 128"),
+    (["gpt", "--set", "vocab=2000", "--devices", "100", "--run"],
+     "--devices 100 with --run/--check runs 100 worker threads"),
 ])
 def test_bad_input_exits_2(argv, message, gpt_report, capsys):
     argv = [a.replace("{report}", str(gpt_report)) for a in argv]
@@ -84,9 +88,11 @@ def test_exported_module_runs_from_its_sidecar(tmp_path, capsys):
     from tvm_ext.models import get_model
 
     so = tmp_path / "r.so"
+    (tmp_path / "r.so.swap.json").write_text("{}")  # of an earlier single-device export
     argv = ["resnet", "--devices", "2", "--device-memory", "80%", "--swap-time-budget", "1",
             "--output", str(so)]
     assert main(argv) == 0
+    assert not (tmp_path / "r.so.swap.json").exists()
     model = get_model("resnet", "tiny")
     args = model.random_arguments(1)
     ref = compiler.run(compiler.build_reference(model, tvm.target.Target("llvm")), args,
@@ -97,3 +103,15 @@ def test_exported_module_runs_from_its_sidecar(tmp_path, capsys):
     with pytest.raises(FileNotFoundError, match=r"partition\.json"):
         with distributed.Session(2) as sess:
             distributed.run_exported(sess, tmp_path / "missing.so", args)
+
+
+def test_pt2_partitioned_check_against_torch(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    path = tmp_path / "mlp.pt2"
+    torch.export.save(torch.export.export(net, (torch.randn(4, 8),)), str(path))
+    assert main([str(path), "--devices", "2", "--check", "--repeat", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "1 outputs match the single-device TVM build" in out
+    assert "1 outputs match PyTorch eager (mlp.pt2)" in out and "float32 rtol 0.0001" in out

@@ -56,3 +56,186 @@ def test_gradient_matches_finite_differences(name, op_fn, domain):
         fd[idx] = (f(plus) - f(minus)) / (2 * eps)
     np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-8, err_msg=name)
     assert float(loss.numpy()) == pytest.approx(f(x))
+
+
+def _adjoint_vm(build, shapes, wrt):
+    """The compiled adjoint of `build(*vars) -> scalar` over float64 arguments of `shapes`."""
+    bb = relax.BlockBuilder()
+    args = [relax.Var(f"a{i}", relax.TensorType(s, "float64")) for i, s in enumerate(shapes)]
+    with bb.function("main", args):
+        with bb.dataflow():
+            out = bb.emit_output(build(bb, *args))
+        bb.emit_func_output(out)
+    mod = relax.transform.Gradient("main", require_grads=[args[i] for i in wrt])(bb.get())
+    mod = tvm.IRModule({"main": mod["main_adjoint"].with_attr("global_symbol", "main")})
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
+    return lambda *arrays: vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
+
+
+@pytest.mark.parametrize(
+    "cin, cout, kernel, stride, padding, output_padding, dilation, groups",
+    [
+        (3, 4, 3, 1, 0, 0, 1, 1),
+        (3, 4, 3, 2, 1, 1, 1, 1),
+        (4, 6, 3, 2, 1, 0, 2, 2),
+        (2, 2, 3, (2, 1), (1, 0), (1, 0), (1, 2), 1),
+    ],
+)
+def test_conv2d_transpose_gradient_matches_torch(
+    cin, cout, kernel, stride, padding, output_padding, dilation, groups
+):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, cin, 5, 4))
+    w = rng.standard_normal((cin, cout // groups, kernel, kernel))
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    y = torch.nn.functional.conv_transpose2d(tx, tw, None, stride, padding, output_padding,
+                                             groups, dilation)
+    r = rng.standard_normal(tuple(y.shape))
+    (y * torch.tensor(r)).sum().backward()
+
+    def build(bb, vx, vw, vr):
+        out = bb.emit(relax.op.nn.conv2d_transpose(vx, vw, stride, padding, output_padding,
+                                                   dilation, groups))
+        return relax.op.sum(relax.op.multiply(out, vr))
+
+    step = _adjoint_vm(build, [x.shape, w.shape, r.shape], wrt=[0, 1])
+    loss, (gx, gw) = step(x, w, r)
+    assert float(loss.numpy()) == pytest.approx(float((y * torch.tensor(r)).sum()))
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(gw.numpy(), tw.grad.numpy(), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "axes, begin, end, strides",
+    [([1], [1], [9], None), ([1, 2], [1, -5], [9, 100], [3, 1]), ([0, 2], [0, 1], [4, 6], [2, 2])],
+)
+def test_strided_slice_and_squeeze_gradients_scatter(axes, begin, end, strides):
+    """Both are linear: the gradient of sum(f(x) * r) is r put back where f took it from."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 10, 6))
+    index = [slice(None)] * 3
+    for i, axis in enumerate(axes):
+        index[axis] = slice(begin[i], end[i], strides[i] if strides else 1)
+    sliced = x[tuple(index)]
+    r = rng.standard_normal((1, *sliced.shape))
+
+    def build(bb, vx, vr):
+        out = bb.emit(relax.op.strided_slice(vx, axes, begin, end, strides))
+        return relax.op.sum(relax.op.multiply(out, relax.op.squeeze(vr, [0])))
+
+    loss, (grad,) = _adjoint_vm(build, [x.shape, r.shape], wrt=[0])(x, r)
+    expected = np.zeros_like(x)
+    expected[tuple(index)] = r[0]
+    np.testing.assert_allclose(grad.numpy(), expected, rtol=0, atol=0)
+    assert float(loss.numpy()) == pytest.approx(float((sliced * r[0]).sum()))
+
+
+@pytest.mark.parametrize(
+    "method, mode, rounding, size",
+    [
+        ("nearest_neighbor", "half_pixel", "round", (10, 8)),
+        ("nearest_neighbor", "asymmetric", "floor", (7, 9)),
+        ("linear", "half_pixel", "", (10, 8)),
+        ("linear", "align_corners", "", (7, 9)),
+        ("linear", "pytorch_half_pixel", "", (3, 2)),
+        ("cubic", "half_pixel", "", (7, 9)),
+    ],
+)
+def test_resize2d_gradient_matches_differences(method, mode, rounding, size):
+    """resize2d is linear, so unit differences are exact (TVM interpolates with float32
+    weights even in float64, which rules out small steps)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 2, 5, 4))
+    r = rng.standard_normal((1, 2, *size))
+
+    def build(bb, vx, vr):
+        out = bb.emit(relax.op.image.resize2d(vx, size, method=method,
+                                              coordinate_transformation_mode=mode,
+                                              rounding_method=rounding))
+        return relax.op.sum(relax.op.multiply(out, vr))
+
+    step = _adjoint_vm(build, [x.shape, r.shape], wrt=[0])
+    _, (grad,) = step(x, r)
+    diff = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        plus, minus = x.copy(), x.copy()
+        plus[idx] += 1.0
+        minus[idx] -= 1.0
+        diff[idx] = (float(step(plus, r)[0].numpy()) - float(step(minus, r)[0].numpy())) / 2
+    np.testing.assert_allclose(grad.numpy(), diff, rtol=1e-5, atol=1e-5)
+
+
+def _torch_case(torch, kind):
+    """(module in eval mode, input) for one op the training step of a .pt2 file goes through."""
+    functional = torch.nn.functional
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(4, 8, 3, padding=1)
+            if kind == "conv_transpose2d":
+                self.up = torch.nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1)
+            if kind == "group_norm":
+                self.norm = torch.nn.GroupNorm(2, 8)
+
+        def forward(self, x):
+            y = self.conv(x)
+            if kind == "conv_transpose2d":
+                y = self.up(y)
+            elif kind == "group_norm":
+                y = self.norm(y)
+            elif kind == "pixel_shuffle":
+                y = functional.pixel_shuffle(y, 2)
+            elif kind == "interpolate_nearest":
+                y = functional.interpolate(y, scale_factor=2, mode="nearest")
+            elif kind == "interpolate_bilinear":
+                y = functional.interpolate(y, scale_factor=2, mode="bilinear")
+            elif kind == "avg_pool2d":
+                y = functional.avg_pool2d(y, 2)
+            elif kind == "max_pool2d":
+                y = functional.max_pool2d(y, 2)
+            return y.flatten(1)
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(16, 48)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(x).view(b, t, 3, 2, 8).permute(2, 0, 3, 1, 4)
+            return functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    if kind == "sdpa":
+        return Attention().eval(), torch.randn(2, 8, 16)
+    return Net().eval(), torch.randn(2, 4, 6, 6)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["conv_transpose2d", "group_norm", "pixel_shuffle", "interpolate_nearest",
+     "interpolate_bilinear", "avg_pool2d", "max_pool2d", "sdpa"],
+)
+def test_pt2_training_step_matches_torch_autograd(tmp_path, kind):
+    torch = pytest.importorskip("torch")
+    from tvm_ext import compiler
+    from tvm_ext.models import load_model
+
+    net, x = _torch_case(torch, kind)
+    path = str(tmp_path / f"{kind}.pt2")
+    torch.export.save(torch.export.export(net, (x,)), path)
+    step = load_model(path, training=True)
+    target = torch.randn(net(x).shape)
+    executable = compiler.build(step, tvm.target.Target("llvm"))
+    arguments = [x.numpy(), target.numpy(), *step.random_params()]
+    loss, *grads = compiler.run(executable, arguments, tvm.cpu(), repeat=0).outputs
+
+    expected = ((net(x) - target) ** 2).mean()
+    expected.backward()
+    assert float(loss) == pytest.approx(expected.item(), rel=1e-5)
+    params = dict(net.named_parameters())
+    for name, grad in zip(step.config["gradients"], grads, strict=True):
+        ref = params[name.removeprefix("p_").replace("_", ".")].grad.numpy()
+        np.testing.assert_allclose(grad, ref, rtol=1e-4, atol=1e-6, err_msg=name)

@@ -111,3 +111,185 @@ def test_bad_python_and_unknown_files(tmp_path):
     other.write_text("1 2 3")
     with pytest.raises(ModelLoadError, match="unknown model file kind"):
         load_model(str(other))
+
+
+# --------------------------------------------------------------------------------------------
+# Third-party models: transformers GPT-2, attention, reduced precision, train/eval semantics
+# --------------------------------------------------------------------------------------------
+
+
+def _export(torch, module, args, path):
+    torch.export.save(torch.export.export(module, args), str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("dtype, atol", [("float32", 1e-5), ("bfloat16", 2e-2)])
+def test_transformers_gpt2_sdpa_matches_torch(tmp_path, dtype, atol):
+    """GPT-2's Conv1D views the sdpa output, which the decomposition gives other strides; in
+    bfloat16 its layer norms and power (gelu_new) have no bfloat16 lowering in TVM."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1,
+                                     n_head=2, attn_implementation="sdpa")
+    lm = transformers.GPT2LMHeadModel(config).eval().to(getattr(torch, dtype))
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, ids):
+            return self.lm(input_ids=ids, use_cache=False).logits
+
+    net = Logits().eval()
+    ids = torch.randint(0, 64, (2, 8))
+    model = load_model(_export(torch, net, (ids,), tmp_path / "gpt2.pt2"))
+    (out,) = _run(model, [ids.numpy(), *model.random_params()])
+    expected = net(ids).float().detach().numpy()
+    np.testing.assert_allclose(out.astype("float32"), expected, rtol=1e-4, atol=atol)
+
+
+def test_sdpa_masks_match_torch(tmp_path):
+    torch = pytest.importorskip("torch")
+    functional = torch.nn.functional
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(16, 48)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(x).view(b, t, 3, 2, 8).permute(2, 0, 3, 1, 4)
+            additive = torch.triu(torch.full((t, t), -1e4), 1)
+            keep = torch.tril(torch.ones(t, t, dtype=torch.bool))
+            return (
+                functional.scaled_dot_product_attention(q, k, v),
+                functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+                functional.scaled_dot_product_attention(q, k, v, attn_mask=additive),
+                functional.scaled_dot_product_attention(q, k, v, attn_mask=keep),
+                functional.scaled_dot_product_attention(q, k, v, scale=0.1),
+            )
+
+    torch.manual_seed(0)
+    net = Attention().eval()
+    x = torch.randn(2, 8, 16)
+    model = load_model(_export(torch, net, (x,), tmp_path / "sdpa.pt2"))
+    outputs = _run(model, [x.numpy(), *model.random_params()])
+    expected = net(x)
+    assert len(outputs) == len(expected)
+    for name, out, ref in zip(("plain", "causal", "additive", "bool", "scale"), outputs,
+                              expected, strict=True):
+        np.testing.assert_allclose(out, ref.detach().numpy(), rtol=1e-5, atol=1e-5,
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize("dtype, atol", [("float16", 2e-3), ("bfloat16", 2e-2)])
+def test_reduced_precision_linear_and_conv_match_torch(tmp_path, dtype, atol):
+    """The frontend gives matmuls and convolutions a float32 result: the bias add mixed dtypes."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+        torch.nn.Linear(4 * 6 * 6, 16), torch.nn.GELU(), torch.nn.Linear(16, 4),
+    )
+    net = net.to(getattr(torch, dtype)).eval()
+    x = torch.randn(2, 3, 8, 8).to(getattr(torch, dtype))
+    model = load_model(_export(torch, net, (x,), tmp_path / f"{dtype}.pt2"))
+    assert model.main.ret_ty.dtype == dtype
+    x_np = x.float().numpy().astype(model.inputs[0].dtype)
+    (out,) = _run(model, [x_np, *model.random_params()])
+    expected = net(x).float().detach().numpy()
+    np.testing.assert_allclose(out.astype("float32"), expected, rtol=1e-2, atol=atol)
+
+
+def test_parse_and_import_errors_differ(tmp_path):
+    torch = pytest.importorskip("torch")
+
+    class Special(torch.nn.Module):
+        def forward(self, x):
+            return torch.special.bessel_j0(x)
+
+    path = _export(torch, Special(), (torch.randn(4),), tmp_path / "special.pt2")
+    with pytest.raises(ModelLoadError, match="cannot import this model") as info:
+        load_model(path)
+    assert "special.pt2" in str(info.value) and "does not parse" not in str(info.value)
+
+
+def _batch_norm_cnn(torch):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+        torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 5),
+    )
+    with torch.no_grad():
+        # Running statistics far from any batch's, so the two semantics give different losses.
+        net[1].running_mean.uniform_(-0.5, 0.5)
+        net[1].running_var.uniform_(0.5, 2.0)
+    return net
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_training_step_follows_export_mode(tmp_path, mode):
+    """An eval-mode export trains on running statistics, a train-mode one on batch statistics;
+    loss and gradients as torch.autograd gives them on the module in that mode."""
+    torch = pytest.importorskip("torch")
+    net = _batch_norm_cnn(torch)
+    if mode == "train":
+        net[3].p = 0.0  # the step applies no dropout
+    getattr(net, mode)()
+    x, target = torch.randn(2, 3, 8, 8), torch.randn(2, 5)
+    step = load_model(_export(torch, net, (x,), tmp_path / f"{mode}.pt2"), training=True)
+    assert step.config["training_semantics"] == mode
+    assert step.summary()["training_semantics"] == mode
+    loss, *grads = _run(step, [x.numpy(), target.numpy(), *step.random_params()])
+
+    net.zero_grad()
+    expected = ((net(x) - target) ** 2).mean()
+    expected.backward()
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5)
+    params = dict(net.named_parameters())
+    assert len(grads) == len(params)
+    for name, grad in zip(step.config["gradients"], grads, strict=True):
+        ref = params[name.removeprefix("p_").replace("_", ".")].grad.numpy()
+        np.testing.assert_allclose(grad, ref, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_transformers_llama_training_step_matches_torch(tmp_path):
+    """Llama with its default (empty) key/value cache: torch.cat skips the empty cache, and
+    the rotary tables (arange) meet the parameters in the gradient."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=1, max_position_embeddings=16)
+    lm = transformers.LlamaForCausalLM(config).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, ids):
+            return self.lm(input_ids=ids).logits
+
+    net = Logits().eval()
+    ids = torch.randint(0, 64, (2, 8))
+    path = _export(torch, net, (ids,), tmp_path / "llama.pt2")
+    step = load_model(path, training=True)
+    target = torch.randn(2, 8, 64)
+    # The plain build: this checks the import and the gradients, and compiles faster.
+    executable = compiler.build_reference(step, tvm.target.Target("llvm"))
+    arguments = [ids.numpy(), target.numpy(), *step.random_params()]
+    loss, *grads = compiler.run(executable, arguments, tvm.cpu(), repeat=0).outputs
+
+    expected = ((net(ids) - target) ** 2).mean()
+    expected.backward()
+    assert float(loss) == pytest.approx(expected.item(), rel=1e-5)
+    to_param = torch.export.load(path).graph_signature.inputs_to_parameters
+    params = dict(net.named_parameters())
+    for name, grad in zip(step.config["gradients"], grads, strict=True):
+        np.testing.assert_allclose(grad, params[to_param[name]].grad.numpy(), rtol=1e-4,
+                                   atol=1e-6, err_msg=name)

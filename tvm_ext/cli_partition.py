@@ -7,7 +7,14 @@ import json
 import sys
 import time
 
-from tvm_ext.cli import _fmt_bytes, check_against_reference, default_hardware, write_report
+from tvm_ext.cli import (
+    _fmt_bytes,
+    check_against_reference,
+    default_hardware,
+    remove_stale_sidecars,
+    replacing,
+    write_report,
+)
 
 
 def load_plan(path: str):
@@ -43,10 +50,7 @@ def main_partitioned(args, report: dict, model, target, tune_db) -> int:
     except (OSError, ValueError) as err:
         print(f"error: --partition-plan: {err}", file=sys.stderr)
         return 2
-    k = args.devices if args.devices is not None else plan.num_devices
-    if k < 1:
-        print(f"error: --devices takes a number of devices >= 1, got {k}", file=sys.stderr)
-        return 2
+    k = args.devices
     if plan is not None and plan.num_devices != k:
         print(f"error: the plan in {args.partition_plan} partitions over {plan.num_devices} "
               f"devices, not {k}: plan again with --devices {k} (without --partition-plan)",
@@ -77,10 +81,12 @@ def main_partitioned(args, report: dict, model, target, tune_db) -> int:
           + (" (unplanned memory, as the plan predicts it)" if measure else ""))
 
     if args.output:
-        compiler.export(build.executable, args.output)
         side = args.output + ".partition.json"
-        with open(side, "w") as f:
-            json.dump(build.sidecar(), f)
+        with replacing(args.output, side) as (module_path, side_path):
+            compiler.export(build.executable, module_path)
+            with open(side_path, "w") as f:
+                json.dump(build.sidecar(), f)
+        remove_stale_sidecars(args.output, keep=(".partition.json",))
         report["output"] = args.output
         print(f"export  {args.output}")
         print(f"export  {side} (mesh, each argument's and output's layout, the plan)")

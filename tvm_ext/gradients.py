@@ -1,13 +1,14 @@
 """Gradients that TVM's `relax.transform.Gradient` lacks, registered on `import tvm_ext`.
 
 Each is written from primitives that have gradients and legalizations of their own, and is
-checked against finite differences in tests/test_gradients.py.
+checked against finite differences or torch.autograd in tests/test_gradients.py.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 from tvm import relax
 from tvm.relax.op.base import register_gradient
 
@@ -69,6 +70,223 @@ def _rsqrt_grad(orig_var, orig_call, output_grad, ctx):
     ]
 
 
+def _no_input_grad(orig_var, orig_call, output_grad, ctx):
+    """Ops with no tensor input (arange): Gradient still visits them when their result meets a
+    parameter, e.g. rotary position tables."""
+    return [_op.grad.no_grad(a) for a in orig_call.args]
+
+
+def _squeeze_grad(orig_var, orig_call, output_grad, ctx):
+    """squeeze only drops unit axes: the gradient is dy in x's shape."""
+    return [_op.reshape(output_grad, orig_call.args[0].ty.shape)]
+
+
+def _strided_slice_grad(orig_var, orig_call, output_grad, ctx):
+    """dy scattered back into zeros of x's shape, one sliced axis at a time: a stride s spreads
+    each row over s rows (s - 1 of them zeros), then zeros pad the slice to x's extent."""
+    x, *index_args = orig_call.args
+    shape = list(_dims(x))
+    dtype = str(x.ty.dtype)
+    axes, begins, ends = (_int_tuple(a) for a in index_args[:3])
+    strides = _int_tuple(index_args[3]) if len(index_args) > 3 else [1] * len(axes)
+    grad, cur = output_grad, list(_dims(orig_var))
+    for axis, begin, end, stride in zip(axes, begins, ends, strides, strict=True):
+        axis %= len(shape)
+        if stride <= 0:
+            raise ValueError("strided_slice gradient: only positive strides are supported")
+        start, stop, step = slice(begin, end, stride).indices(shape[axis])
+        rows = len(range(start, stop, step))
+        if step > 1:
+            gaps = [*cur[: axis + 1], step - 1, *cur[axis + 1 :]]
+            grad = _op.concat([_op.expand_dims(grad, axis + 1), _op.zeros(gaps, dtype)], axis + 1)
+            grad = _op.reshape(grad, [*cur[:axis], rows * step, *cur[axis + 1 :]])
+            length = min(rows * step, shape[axis] - start)
+            grad = _op.strided_slice(grad, [axis], [0], [length])
+        else:
+            length = rows
+        parts = []
+        for size in (start, None, shape[axis] - start - length):
+            if size is None:
+                parts.append(grad)
+            elif size > 0:
+                parts.append(_op.zeros([*cur[:axis], size, *cur[axis + 1 :]], dtype))
+        grad = _op.concat(parts, axis) if len(parts) > 1 else grad
+        cur[axis] = shape[axis]
+    return [grad, *(_op.grad.no_grad(a) for a in index_args)]
+
+
+def _int_tuple(expr: relax.Expr) -> list[int]:
+    return [int(getattr(f, "value", f)) for f in expr.fields]
+
+
+def _resize2d_grad(orig_var, orig_call, output_grad, ctx):
+    """resize2d is linear and separable: y = A_h x A_w^T per image, so dx = A_h^T dy A_w. Each
+    A is TVM's own resize of an identity (one axis resized, the other kept), which keeps the
+    gradient exact for every method and coordinate mode whose weights sum to one."""
+    attrs = orig_call.attrs
+    mode = str(attrs.coordinate_transformation_mode)
+    if str(attrs.layout) != "NCHW" or mode == "tf_crop_and_resize":
+        raise ValueError(f"resize2d gradient: layout {attrs.layout} with mode {mode} is not "
+                         "supported")
+    x = orig_call.args[0]
+    dtype = str(x.ty.dtype)
+    h, w = _dims(x)[2:]
+    ho, wo = _dims(orig_var)[2:]
+    # The kept axis maps onto itself: extent 1 does, except under align_corners (0 / 0).
+    keep = 2 if mode == "align_corners" else 1
+
+    def resized_identity(n_in: int, n_out: int, axis: int) -> relax.Expr:
+        """A^T, (n_in, n_out): channel i of the basis is unit vector i along `axis`."""
+        eye = np.eye(n_in, dtype=dtype)
+        if axis == 2:
+            basis, size = np.repeat(eye[None, :, :, None], keep, axis=3), (n_out, keep)
+        else:
+            basis, size = np.repeat(eye[None, :, None, :], keep, axis=2), (keep, n_out)
+        out = _op.image.resize2d(
+            relax.const(basis, dtype), size, [float(r) for r in attrs.roi], "NCHW",
+            str(attrs.method), mode, str(attrs.rounding_method), float(attrs.cubic_alpha),
+            int(attrs.cubic_exclude), float(attrs.extrapolation_value), dtype,
+        )
+        kept = 5 - axis
+        return _op.reshape(_op.strided_slice(out, [kept], [0], [1]), (n_in, n_out))
+
+    a_h_t = resized_identity(h, ho, 2)
+    a_w = _op.permute_dims(resized_identity(w, wo, 3), [1, 0])
+    dx = _op.matmul(_op.matmul(a_h_t, output_grad), a_w)
+    return [dx, _op.grad.no_grad(orig_call.args[1])]
+
+
+def _dims(expr: relax.Expr) -> tuple[int, ...]:
+    return tuple(int(v) for v in expr.ty.shape.values)
+
+
+def _conv2d_transpose_grad(orig_var, orig_call, output_grad, ctx):
+    """y = conv2d_transpose(x, w) is the adjoint of conv2d(., w) with the same strides, padding,
+    dilation and groups, so dx = conv2d(dy, w). dw[i, o, a, b] = sum_{n,h,w} x[n, i, h, w] *
+    dy_pad[n, o, h*s + a*d, w*s + b*d]: a conv2d over the batch axis (as the channel axis) with
+    strides and dilation swapped, as TVM's conv2d gradient computes its weight gradient."""
+    attrs = orig_call.attrs
+    if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCHW", "IOHW", "NCHW"):
+        raise ValueError(
+            "conv2d_transpose gradient: only NCHW data with IOHW kernels, got "
+            f"{attrs.data_layout}/{attrs.kernel_layout}/{attrs.out_layout}"
+        )
+    x, w = orig_call.args
+    n, cin = _dims(x)[:2]
+    _, cout_g, kh, kw = _dims(w)
+    _, cout, ho, wo = _dims(orig_var)
+    groups = int(attrs.groups)
+    dtype = str(x.ty.dtype)
+    strides = [int(v) for v in attrs.strides]
+    dilation = [int(v) for v in attrs.dilation]
+    padding = [int(v) for v in attrs.padding]
+
+    # The output padding is below the stride, so this gives x's own height and width.
+    dx = _op.nn.conv2d(output_grad, w, strides, padding, dilation, groups, out_dtype=dtype)
+
+    dy = output_grad
+    if groups != 1:
+        # Channels of group j become channels j*n .. j*n + n - 1 of a grouped conv2d.
+        dy = _op.reshape(dy, (n, groups, cout // groups, ho, wo))
+        dy = _op.permute_dims(dy, [1, 0, 2, 3, 4])
+        dy = _op.reshape(dy, (groups * n, cout // groups, ho, wo))
+    dw = ctx.normalize(
+        _op.nn.conv2d(
+            dy,
+            x,
+            strides=dilation,
+            padding=padding,
+            dilation=strides,
+            groups=groups,
+            data_layout="CNHW",
+            kernel_layout="IOHW",
+            out_layout="CNHW",
+            out_dtype=dtype,
+        )
+    )
+    if _dims(dw)[2:] != (kh, kw):
+        dw = _op.strided_slice(dw, axes=[0, 1, 2, 3], begin=[0, 0, 0, 0],
+                               end=[cin, cout_g, kh, kw])
+    return [dx, dw]
+
+
+def _conv1d_grad(orig_var, orig_call, output_grad, ctx):
+    """conv2d's gradient in one dimension: dx = conv1d_transpose(dy, w) with the output
+    padding that restores x's width (rows the strides skip get zeros); dw[o, i, k] = sum_{n,t}
+    x_pad[n, i, t*s + k*d] * dy[n, o, t], a conv1d over the batch axis (as the channel axis)
+    with strides and dilation swapped, cut to the kernel width."""
+    attrs = orig_call.attrs
+    if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCW", "OIW", "NCW"):
+        raise ValueError(
+            "conv1d gradient: only NCW data with OIW kernels, got "
+            f"{attrs.data_layout}/{attrs.kernel_layout}/{attrs.out_layout}"
+        )
+    x, w = orig_call.args
+    n, cin, width = _dims(x)
+    cout, cin_g, kw = _dims(w)
+    wo = _dims(orig_var)[2]
+    groups = int(attrs.groups)
+    dtype = str(orig_var.ty.dtype)
+    (stride,) = (int(v) for v in attrs.strides)
+    (dilation,) = (int(v) for v in attrs.dilation)
+    padding = [int(v) for v in attrs.padding]
+
+    covered = (wo - 1) * stride - sum(padding) + (kw - 1) * dilation + 1
+    dx = _op.nn.conv1d_transpose(output_grad, w, stride, padding, width - covered, dilation,
+                                 groups, kernel_layout="IOW", out_dtype=dtype)
+
+    data = x
+    if groups != 1:
+        # Channels of group j become channels j*n .. j*n + n - 1 of a grouped conv1d.
+        data = _op.reshape(data, (n, groups, cin_g, width))
+        data = _op.permute_dims(data, [1, 0, 2, 3])
+        data = _op.reshape(data, (groups * n, cin_g, width))
+    dw = ctx.normalize(
+        _op.nn.conv1d(data, output_grad, strides=dilation, padding=padding, dilation=stride,
+                      groups=groups, data_layout="CNW", kernel_layout="IOW", out_layout="CNW",
+                      out_dtype=dtype)
+    )
+    if _dims(dw)[2] != kw:
+        dw = _op.strided_slice(dw, axes=[2], begin=[0], end=[kw])
+    return [dx, dw]
+
+
+def _conv1d_transpose_grad(orig_var, orig_call, output_grad, ctx):
+    """As for conv2d_transpose: dx = conv1d(dy, w), and dw a conv1d over the batch axis with
+    strides and dilation swapped."""
+    attrs = orig_call.attrs
+    if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCW", "IOW", "NCW"):
+        raise ValueError(
+            "conv1d_transpose gradient: only NCW data with IOW kernels, got "
+            f"{attrs.data_layout}/{attrs.kernel_layout}/{attrs.out_layout}"
+        )
+    x, w = orig_call.args
+    n, cin = _dims(x)[:2]
+    _, cout_g, kw = _dims(w)
+    _, cout, wo = _dims(orig_var)
+    groups = int(attrs.groups)
+    dtype = str(orig_var.ty.dtype)
+    strides = [int(v) for v in attrs.strides]
+    dilation = [int(v) for v in attrs.dilation]
+    padding = [int(v) for v in attrs.padding]
+
+    # The output padding is below the stride, so this gives x's own width.
+    dx = _op.nn.conv1d(output_grad, w, strides, padding, dilation, groups, out_dtype=dtype)
+
+    dy = output_grad
+    if groups != 1:
+        dy = _op.reshape(dy, (n, groups, cout // groups, wo))
+        dy = _op.permute_dims(dy, [1, 0, 2, 3])
+        dy = _op.reshape(dy, (groups * n, cout // groups, wo))
+    dw = ctx.normalize(
+        _op.nn.conv1d(dy, x, strides=dilation, padding=padding, dilation=strides, groups=groups,
+                      data_layout="CNW", kernel_layout="IOW", out_layout="CNW", out_dtype=dtype)
+    )
+    if _dims(dw)[2] != kw:
+        dw = _op.strided_slice(dw, axes=[0, 1, 2], begin=[0, 0, 0], end=[cin, cout_g, kw])
+    return [dx, dw]
+
+
 _REGISTERED = False
 
 
@@ -82,6 +300,13 @@ def register_all() -> None:
         ("relax.nn.gelu_tanh", _gelu_tanh_grad),
         ("relax.erf", _erf_grad),
         ("relax.rsqrt", _rsqrt_grad),
+        ("relax.nn.conv1d", _conv1d_grad),
+        ("relax.nn.conv1d_transpose", _conv1d_transpose_grad),
+        ("relax.nn.conv2d_transpose", _conv2d_transpose_grad),
+        ("relax.squeeze", _squeeze_grad),
+        ("relax.strided_slice", _strided_slice_grad),
+        ("relax.image.resize2d", _resize2d_grad),
+        ("relax.arange", _no_input_grad),
     ):
         register_gradient(op_name, fn, level=11)
     _REGISTERED = True

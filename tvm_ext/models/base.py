@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -99,7 +100,7 @@ class Model:
         return [*self.random_inputs(seed), *self.random_params(seed)]
 
     def summary(self) -> dict:
-        return {
+        summary = {
             "name": self.name,
             "training": self.training,
             "inputs": [(s.name, list(s.shape), s.dtype) for s in self.inputs],
@@ -107,13 +108,16 @@ class Model:
             "param_bytes": self.param_bytes,
             "config": dict(self.config),
         }
+        if self.training:
+            summary["training_semantics"] = self.config.get("training_semantics", "n/a")
+        return summary
 
 
 def default_param_spec(name: str, shape: Sequence[int], dtype: str) -> TensorSpec:
     """A sensible random init for a parameter known only by name and shape."""
     shape = tuple(int(s) for s in shape)
     lowered = name.lower()
-    if not dtype.startswith("float"):
+    if not dtype.startswith(("float", "bfloat")):
         return TensorSpec(name, shape, dtype, init="zeros")
     if "running_var" in lowered or lowered.endswith("_var") or "moving_var" in lowered:
         return TensorSpec(name, shape, dtype, init="ones")
@@ -186,6 +190,14 @@ def make_training_step(
 ) -> Model:
     """The training step of `model`: `main(inputs..., labels, params...) -> (loss, grads...)`.
 
+    The step computes the loss of the forward function as it stands, in the mode it was built or
+    exported in: a batch norm built for inference (a torch module exported after `eval()`)
+    normalizes with its running statistics, which stay fixed and get no gradient, as PyTorch's
+    loss of the eval-mode module does; one built for training uses batch statistics. Dropout
+    is left out in both modes (TVM's torch frontend drops it), so the step is deterministic.
+    `config["training_semantics"]` records which: "eval", "train", "mixed" (both kinds of batch
+    norm), or "n/a" (nothing depends on the mode).
+
     Args:
         model: a forward model; its first output (or only output) feeds the loss.
         loss: "cross_entropy" (labels are class indices over the last output axis) or "mse"
@@ -215,7 +227,7 @@ def make_training_step(
         trainable = [
             p.name
             for p in model.params
-            if p.dtype.startswith("float") and not _is_running_stat(p.name)
+            if p.dtype.startswith(("float", "bfloat")) and not _is_running_stat(p.name)
         ]
     trainable = set(trainable)
 
@@ -235,16 +247,30 @@ def make_training_step(
     mod = relax.transform.InlinePrivateFunctions()(mod)
     mod = relax.transform.DeadCodeElimination(["main"])(mod)
     mod = relax.transform.ConvertToDataflow()(mod)
+    # DecomposeOpsForTraining gives every batch norm batch statistics, whatever its mode.
+    mod = _ForTraining(mod).transform()
     mod = relax.transform.DecomposeOpsForTraining()(mod)
     main = mod["main"]
     wrt = [v for v in main.params[len(inputs) + 1 :] if v.name in trainable]
     if not wrt:
         raise ValueError(f"{model.name}: no trainable parameter to differentiate")
-    mod = relax.transform.Gradient("main", require_grads=wrt)(mod)
+    unsupported = sorted({str(v.ty.dtype) for v in wrt} - {"float16", "float32", "float64"})
+    if unsupported:
+        raise ValueError(f"{model.name}: cannot build the training step: relax.transform.Gradient "
+                         f"differentiates float16/32/64 parameters only, not {unsupported}")
+    try:
+        mod = relax.transform.Gradient("main", require_grads=wrt)(mod)
+    except tvm.error.InternalError as err:
+        missing = re.search(r"FPrimalGradient has not been registered for (\S+)", str(err))
+        if missing is None:
+            raise
+        raise ValueError(f"{model.name}: cannot build the training step: no gradient for "
+                         f"{missing.group(1)}") from err
     step = _flatten_return(mod["main_adjoint"])
     step = step.with_attr("global_symbol", "main").with_attr("num_input", len(inputs) + 1)
     grad_names = [v.name for v in wrt]
-    config = dict(model.config, loss=loss, gradients=grad_names)
+    config = dict(model.config, loss=loss, gradients=grad_names,
+                  training_semantics=training_semantics(model))
     return Model(
         model.name,
         tvm.IRModule({"main": step}),
@@ -254,6 +280,100 @@ def make_training_step(
         config,
         model.weights,
     )
+
+
+def training_semantics(model: Model) -> str:
+    """"eval", "train", "mixed" or "n/a": how the training step of `model` normalizes (see
+    `make_training_step`), from its batch norms and the mode a file was exported in."""
+    modes = {"train" if bool(call.attrs.training) else "eval"
+             for call in _calls_of(model.main, "relax.nn.batch_norm")}
+    if model.config.get("export_mode"):
+        modes.add(model.config["export_mode"])
+    if not modes:
+        return "n/a"
+    return modes.pop() if len(modes) == 1 else "mixed"
+
+
+def _calls_of(func: relax.Function, op_name: str) -> list[relax.Call]:
+    op = tvm.ir.Op.get(op_name)
+    calls: list[relax.Call] = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op.same_as(op):
+            calls.append(expr)
+
+    relax.analysis.post_order_visit(func, visit)
+    return calls
+
+
+@relax.expr_functor.mutator
+class _ForTraining(relax.expr_functor.PyExprMutator):
+    """Ops that `DecomposeOpsForTraining` leaves without a gradient or decomposes wrongly,
+    written out in primitives: a batch norm in inference mode (it would get batch statistics)
+    and a group norm (it has no gradient)."""
+
+    def __init__(self, mod: tvm.IRModule):
+        super().__init__(mod)
+        self.mod_ = mod
+        self.batch_norm_ = tvm.ir.Op.get("relax.nn.batch_norm")
+        self.group_norm_ = tvm.ir.Op.get("relax.nn.group_norm")
+
+    def transform(self) -> tvm.IRModule:
+        for gv, func in self.mod_.functions_items():
+            if isinstance(func, relax.Function):
+                self.builder_.update_func(gv, self.visit_expr(func))
+        return self.builder_.get()
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = self.visit_expr_post_order(call)
+        if call.op.same_as(self.batch_norm_) and not bool(call.attrs.training):
+            return self._inference_batch_norm(call)
+        if call.op.same_as(self.group_norm_):
+            return self._group_norm(call)
+        return call
+
+    def _per_channel(self, v: relax.Expr, ndim: int, axis: int) -> relax.Expr:
+        """A (C,) tensor broadcastable along `axis` of an `ndim`-d tensor."""
+        others = [i for i in range(ndim) if i != axis]
+        return self.builder_.emit(relax.op.expand_dims(v, others)) if others else v
+
+    def _scale_shift(self, out, gamma, beta, attrs, ndim, axis):
+        op = relax.op
+        if attrs.scale:
+            out = self.builder_.emit(op.multiply(out, self._per_channel(gamma, ndim, axis)))
+        if attrs.center:
+            out = self.builder_.emit(op.add(out, self._per_channel(beta, ndim, axis)))
+        return out
+
+    def _inference_batch_norm(self, call: relax.Call) -> relax.Expr:
+        op, attrs, emit = relax.op, call.attrs, self.builder_.emit
+        x, gamma, beta, mean, var = call.args
+        ndim = len(x.ty.shape)
+        axis = int(attrs.axis) % ndim
+        eps = relax.const(float(attrs.epsilon), str(x.ty.dtype))
+        inv_std = emit(op.rsqrt(op.add(var, eps)))
+        centred = emit(op.subtract(x, self._per_channel(mean, ndim, axis)))
+        out = emit(op.multiply(centred, self._per_channel(inv_std, ndim, axis)))
+        out = self._scale_shift(out, gamma, beta, attrs, ndim, axis)
+        return relax.Tuple([out, mean, var])
+
+    def _group_norm(self, call: relax.Call) -> relax.Expr:
+        op, attrs, emit = relax.op, call.attrs, self.builder_.emit
+        x, gamma, beta = call.args
+        shape = [int(d) for d in x.ty.shape.values]
+        ndim = len(shape)
+        axis = int(attrs.channel_axis) % ndim
+        groups = int(attrs.num_groups)
+        grouped = [*shape[:axis], groups, shape[axis] // groups, *shape[axis + 1 :]]
+        spatial = [int(a) % ndim for a in attrs.axes]
+        reduce = [axis + 1] + [a + 1 if a > axis else a for a in spatial]
+        xg = emit(op.reshape(x, grouped))
+        mean = emit(op.mean(xg, reduce, keepdims=True))
+        var = emit(op.variance(xg, reduce, keepdims=True))
+        eps = relax.const(float(attrs.epsilon), str(x.ty.dtype))
+        normed = emit(op.multiply(op.subtract(xg, mean), op.rsqrt(op.add(var, eps))))
+        out = emit(op.reshape(normed, shape))
+        return self._scale_shift(out, gamma, beta, attrs, ndim, axis)
 
 
 def _is_running_stat(name: str) -> bool:

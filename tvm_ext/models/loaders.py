@@ -17,7 +17,8 @@ SUFFIXES = (".pt2", ".onnx", ".py")
 
 
 class ModelLoadError(ValueError):
-    """A model file that is missing, of an unknown kind, or does not parse."""
+    """A model file that is missing, of an unknown kind, does not parse, or parses but the TVM
+    frontend cannot import it (or tvm_ext cannot use what it imports)."""
 
 
 def load_file(path: str, **kwargs) -> Model:
@@ -41,12 +42,21 @@ def load_file(path: str, **kwargs) -> Model:
                              f"{type(err).__name__}: {err}") from err
 
 
-def _with_weights(name: str, mod: tvm.IRModule, path: str) -> Model:
+def _cannot_import(path: str, err: Exception) -> ModelLoadError:
+    return ModelLoadError(f"{path}: the TVM frontend cannot import this model: "
+                          f"{type(err).__name__}: {err}")
+
+
+def _with_weights(name: str, mod: tvm.IRModule, path: str, config: dict | None = None) -> Model:
     """A frontend module whose `main` carries its weights in the `params` attribute."""
     mod, params = relax.frontend.detach_params(mod)
     func = mod["main"]
     num_input = int(func.attrs["num_input"])
-    model = model_from_function(name, func, num_input, config={"file": os.path.abspath(path)})
+    config = {"file": os.path.abspath(path), **(config or {})}
+    try:
+        model = model_from_function(name, func, num_input, config=config)
+    except ValueError as err:  # e.g. a symbolic shape
+        raise ModelLoadError(f"{path}: tvm_ext cannot use this model: {err}") from err
     weights = [np.asarray(w.numpy()) for w in params.get("main", [])]
     if len(weights) != len(model.params):
         raise ModelLoadError(f"{path}: {len(weights)} weights for {len(model.params)} parameters")
@@ -56,21 +66,37 @@ def _with_weights(name: str, mod: tvm.IRModule, path: str) -> Model:
 
 def _load_pt2(path: str, **_) -> Model:
     import torch
-    from tvm.relax.frontend.torch import from_exported_program
 
-    program = torch.export.load(path)
-    mod = from_exported_program(program, keep_params_as_input=True,
-                                unwrap_unit_return_tuple=True)
-    return _with_weights(os.path.basename(path), mod, path)
+    from .torch_import import import_exported_program
+
+    try:
+        program = torch.export.load(path)
+    except Exception as err:
+        raise ModelLoadError(f"{path} does not parse as a .pt2 model: "
+                             f"{type(err).__name__}: {err}") from err
+    try:
+        mod, mode = import_exported_program(program)
+    except Exception as err:
+        raise _cannot_import(path, err) from err
+    # The training step follows the mode the module was exported in.
+    config = {"export_mode": mode} if mode else {}
+    return _with_weights(os.path.basename(path), mod, path, config)
 
 
 def _load_onnx(path: str, **_) -> Model:
     import onnx
     from tvm.relax.frontend.onnx import from_onnx
 
-    proto = onnx.load(path)
-    onnx.checker.check_model(proto)
-    mod = from_onnx(proto, keep_params_in_input=True)
+    try:
+        proto = onnx.load(path)
+        onnx.checker.check_model(proto)
+    except Exception as err:
+        raise ModelLoadError(f"{path} does not parse as a .onnx model: "
+                             f"{type(err).__name__}: {err}") from err
+    try:
+        mod = from_onnx(proto, keep_params_in_input=True)
+    except Exception as err:
+        raise _cannot_import(path, err) from err
     return _with_weights(os.path.basename(path), mod, path)
 
 

@@ -1,0 +1,283 @@
+"""Third-party models for differential testing: `transformers` architectures built from configs
+at tiny sizes (random weights, no downloads) and small torch modules for single operators,
+exported with `torch.export` exactly as a user would (`torch.export.save` to a `.pt2`).
+
+Each entry is a `CorpusModel`: a name, a builder returning `(module, example_inputs)` in eval
+mode, and the modes the sweep runs on it. Sizes are picked so that every dim a partition may
+cut (batch 2 or 4, sequence 16, hidden 32 or 64) divides by 2, 4 and 8.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+BATCH, SEQ, VOCAB = 4, 16, 128
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusModel:
+    name: str
+    build: Callable[[], tuple[object, tuple]]
+    kind: str  # "language", "vision", "audio", "op"
+    # Whether the training step (loss over the first output, gradients) is swept.
+    training: bool = True
+
+
+def _seed():
+    import torch
+
+    torch.manual_seed(0)
+    return torch
+
+
+def _ids(torch, vocab: int = VOCAB, batch: int = BATCH, seq: int = SEQ):
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1))
+
+
+def _padding_mask(torch, batch: int = BATCH, seq: int = SEQ):
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    mask[1, seq - 5:] = 0  # one padded row: masks must reach the attention
+    return mask
+
+
+class _Logits:
+    """Wraps a `transformers` model so that export sees tensors in and one tensor out."""
+
+    @staticmethod
+    def wrap(model, field: str = "logits"):
+        import torch
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.inner = model
+
+            def forward(self, *args):
+                out = self.inner(*args)
+                return getattr(out, field) if not isinstance(out, torch.Tensor) else out
+
+        return Wrapped().eval()
+
+
+def gpt2(attn: str):
+    def build():
+        torch = _seed()
+        import transformers as tf
+
+        cfg = tf.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=4,
+                            attn_implementation=attn)
+        return _Logits.wrap(tf.GPT2LMHeadModel(cfg).eval()), (_ids(torch),)
+    return build
+
+
+def llama(attn: str):
+    """RoPE, RMSNorm, SiLU gates, grouped-query attention (2 KV heads for 4 heads)."""
+    def build():
+        torch = _seed()
+        import transformers as tf
+
+        cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                             max_position_embeddings=SEQ, attn_implementation=attn)
+        return _Logits.wrap(tf.LlamaForCausalLM(cfg).eval()), (_ids(torch),)
+    return build
+
+
+def bert(attn: str):
+    """An encoder with a padding mask."""
+    def build():
+        torch = _seed()
+        import transformers as tf
+
+        cfg = tf.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                            num_attention_heads=4, intermediate_size=64,
+                            max_position_embeddings=SEQ, attn_implementation=attn)
+        model = _Logits.wrap(tf.BertModel(cfg, add_pooling_layer=False).eval(),
+                             "last_hidden_state")
+        return model, (_ids(torch), _padding_mask(torch))
+    return build
+
+
+def t5(attn: str):
+    """Encoder-decoder with relative position bias."""
+    def build():
+        torch = _seed()
+        import transformers as tf
+
+        cfg = tf.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1,
+                          num_decoder_layers=1, num_heads=4, relative_attention_num_buckets=8,
+                          decoder_start_token_id=0, attn_implementation=attn)
+        return (_Logits.wrap(tf.T5ForConditionalGeneration(cfg).eval()),
+                (_ids(torch), _padding_mask(torch), _ids(torch)))
+    return build
+
+
+def vit():
+    def build():
+        torch = _seed()
+        import transformers as tf
+
+        cfg = tf.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32,
+                           num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                           attn_implementation="eager")
+        model = _Logits.wrap(tf.ViTModel(cfg, add_pooling_layer=False).eval(),
+                             "last_hidden_state")
+        return model, (torch.randn(BATCH, 3, 16, 16),)
+    return build
+
+
+def _bn_statistics(model):
+    """Non-trivial BatchNorm running statistics, so eval-mode semantics show."""
+    import torch
+
+    g = torch.Generator().manual_seed(2)
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+            m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+    return model
+
+
+def resnet():
+    def build():
+        torch = _seed()
+        import transformers as tf
+
+        cfg = tf.ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16],
+                              depths=[1, 1], layer_type="basic", num_labels=8)
+        model = _bn_statistics(tf.ResNetForImageClassification(cfg)).eval()
+        return _Logits.wrap(model), (torch.randn(BATCH, 3, 32, 32),)
+    return build
+
+
+def convnext():
+    """Depthwise 7x7 convolutions, LayerNorm over channels."""
+    def build():
+        torch = _seed()
+        import transformers as tf
+
+        cfg = tf.ConvNextConfig(num_channels=3, hidden_sizes=[8, 16], depths=[1, 1],
+                                patch_size=2, num_stages=2, num_labels=8)
+        return (_Logits.wrap(tf.ConvNextForImageClassification(cfg).eval()),
+                (torch.randn(BATCH, 3, 16, 16),))
+    return build
+
+
+def wav2vec2():
+    """An audio front end: strided conv1d feature extractor, then an encoder."""
+    def build():
+        torch = _seed()
+        import transformers as tf
+
+        cfg = tf.Wav2Vec2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                intermediate_size=64, conv_dim=(16, 16), conv_stride=(4, 2),
+                                conv_kernel=(8, 4), num_feat_extract_layers=2,
+                                num_conv_pos_embeddings=4, num_conv_pos_embedding_groups=2,
+                                feat_extract_norm="layer", do_stable_layer_norm=True,
+                                attn_implementation="eager")
+        model = _Logits.wrap(tf.Wav2Vec2Model(cfg).eval(), "last_hidden_state")
+        return model, (torch.randn(BATCH, 520),)
+    return build
+
+
+def segformer():
+    """Segmentation: overlapping patch embeddings, efficient attention, bilinear upsampling."""
+    def build():
+        torch = _seed()
+        import transformers as tf
+
+        cfg = tf.SegformerConfig(num_channels=3, num_encoder_blocks=2, depths=[1, 1],
+                                 sr_ratios=[2, 1], hidden_sizes=[8, 16], patch_sizes=[3, 3],
+                                 strides=[2, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2],
+                                 decoder_hidden_size=16, num_labels=4)
+        return (_Logits.wrap(tf.SegformerForSemanticSegmentation(cfg).eval()),
+                (torch.randn(1, 3, 32, 32),))
+    return build
+
+
+def _op(forward: Callable, *shapes, dtype: str = "float32", init=None):
+    """A one-operator torch module with a submodule built by `init(torch)`, or else a learned
+    scale of its first input (so that the training step has a parameter to differentiate)."""
+    def build():
+        torch = _seed()
+
+        class Op(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.sub = init(torch) if init else None
+                if init is None:
+                    self.scale = torch.nn.Parameter(torch.full(shapes[0][-1:], 1.5))
+
+            def forward(self, *xs):
+                if self.sub is None:
+                    xs = (xs[0] * self.scale, *xs[1:])
+                return forward(torch, self.sub, *xs)
+
+        inputs = tuple(torch.randn(*s).to(getattr(torch, dtype)) for s in shapes)
+        return Op().to(getattr(torch, dtype)).eval(), inputs
+    return build
+
+
+def _gather(torch, _, x):
+    idx = torch.tensor([3, 0, 2, 1, 3, 3, 0, 1])
+    return torch.index_select(x, 1, idx) + torch.gather(x, 1, idx.repeat(x.shape[0], 1))
+
+
+def _masked(torch, _, x):
+    return torch.where(x > 0, x, x * 0.1).masked_fill(x < -1, 0.0)
+
+
+OPS = {
+    "interpolate_nearest": _op(lambda t, _, x: t.nn.functional.interpolate(
+        x, scale_factor=2, mode="nearest"), (1, 1, 16, 16)),
+    "interpolate_bilinear": _op(lambda t, _, x: t.nn.functional.interpolate(
+        x, scale_factor=2, mode="bilinear"), (1, 1, 16, 16)),
+    "conv_transpose2d": _op(lambda t, m, x: m(x), (2, 4, 8, 8),
+                            init=lambda t: t.nn.ConvTranspose2d(4, 8, 3, stride=2, padding=1)),
+    "group_norm": _op(lambda t, m, x: m(x), (2, 8, 8, 8), init=lambda t: t.nn.GroupNorm(4, 8)),
+    "pixel_shuffle": _op(lambda t, _, x: t.nn.functional.pixel_shuffle(x, 2), (2, 8, 4, 4)),
+    "pooling": _op(lambda t, _, x: t.nn.functional.max_pool2d(x, 2)
+                   + t.nn.functional.avg_pool2d(x, 2), (2, 4, 8, 8)),
+    "cumsum": _op(lambda t, _, x: t.cumsum(x, dim=1), (4, 16)),
+    "gather": _op(_gather, (4, 8)),
+    "where_masked_fill": _op(_masked, (4, 16)),
+    "linear_fp16": _op(lambda t, m, x: m(x), (4, 16), dtype="float16",
+                       init=lambda t: t.nn.Linear(16, 8)),
+    "linear_bf16": _op(lambda t, m, x: m(x), (4, 16), dtype="bfloat16",
+                       init=lambda t: t.nn.Linear(16, 8)),
+    "sdpa_causal": _op(lambda t, _, q, k, v: t.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True), (2, 4, 16, 8), (2, 4, 16, 8), (2, 4, 16, 8)),
+}
+
+MODELS: list[CorpusModel] = [
+    *(CorpusModel(f"gpt2_{a}", gpt2(a), "language") for a in ("eager", "sdpa")),
+    *(CorpusModel(f"llama_{a}", llama(a), "language") for a in ("eager", "sdpa")),
+    *(CorpusModel(f"bert_{a}", bert(a), "language") for a in ("eager", "sdpa")),
+    *(CorpusModel(f"t5_{a}", t5(a), "language") for a in ("eager", "sdpa")),
+    CorpusModel("vit", vit(), "vision"),
+    CorpusModel("resnet", resnet(), "vision"),
+    CorpusModel("convnext", convnext(), "vision"),
+    CorpusModel("wav2vec2", wav2vec2(), "audio"),
+    CorpusModel("segformer", segformer(), "vision"),
+    *(CorpusModel(name, build, "op", training=not name.startswith("linear_b"))
+      for name, build in OPS.items()),
+]
+
+BY_NAME = {m.name: m for m in MODELS}
+
+
+def export(model: CorpusModel, directory: str) -> tuple[str, list[np.ndarray]]:
+    """Build, run in PyTorch and export `model`; returns the `.pt2` path and the inputs."""
+    import torch
+
+    module, inputs = model.build()
+    path = os.path.join(directory, f"{model.name}.pt2")
+    if not os.path.exists(path):
+        with torch.no_grad():
+            program = torch.export.export(module, inputs)
+        torch.export.save(program, path)
+    return path, [x.numpy() if x.dtype != torch.bfloat16 else x.float().numpy() for x in inputs]

@@ -1,0 +1,59 @@
+"""Every split the partitioner may choose, kernel by kernel: for each distinct fused kernel of
+the corpus models and every dim (and pair of dims) the lowering accepts, each chunk's local
+kernel equals the matching slice of the global kernel (see tests/kernel_chunks.py)."""
+
+from __future__ import annotations
+
+import pytest
+import tvm
+from kernel_chunks import check_split, lowerable_splits
+
+torch = pytest.importorskip("torch")
+corpus = pytest.importorskip("corpus")
+
+from tvm_ext.graph_builder import build_graph  # noqa: E402
+from tvm_ext.models.loaders import load_file  # noqa: E402
+from tvm_ext.partitioned import fuse  # noqa: E402
+
+# Models whose kernels cover the operators the corpus uses (others repeat these kernels).
+MODELS = ["gpt2_eager", "llama_sdpa", "bert_eager", "t5_eager", "vit", "resnet", "wav2vec2",
+          "segformer", *corpus.OPS]
+
+
+def _kernels(name: str, tmp_path_factory):
+    directory = tmp_path_factory.getbasetemp() / "corpus"
+    directory.mkdir(exist_ok=True)
+    path, _ = corpus.export(corpus.BY_NAME[name], str(directory))
+    target = tvm.target.Target("llvm")
+    fused = fuse(load_file(path), target)
+    graph = build_graph(fused)
+    seen = {}
+    for op in graph.ops:
+        if op.kind == "kernel" and op.kernel not in seen:
+            seen[op.kernel] = (fused[op.kernel], len(op.outputs))
+    return seen
+
+
+def _check(name: str, tmp_path_factory, pairs: bool) -> None:
+    failures, checked = [], 0
+    for kernel, (func, num_outputs) in _kernels(name, tmp_path_factory).items():
+        for factors in lowerable_splits(func, num_outputs, pairs=pairs):
+            result = check_split(func, num_outputs, factors, kernel)
+            checked += 1
+            if result.error:
+                failures.append(f"{kernel} split {result.factors}: {result.error}")
+    assert not failures, "\n".join(failures)
+    if not checked:
+        pytest.skip(f"{name}: no kernel has a split the lowering accepts")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_lowerable_split_equals_the_global_kernel(name, tmp_path_factory):
+    _check(name, tmp_path_factory, pairs=False)
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("name", MODELS)
+def test_every_pair_of_splits_equals_the_global_kernel(name, tmp_path_factory):
+    """Two dims cut at once (a 2x2 mesh): data and reduction splits combined."""
+    _check(name, tmp_path_factory, pairs=True)

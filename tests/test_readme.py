@@ -1,0 +1,74 @@
+"""README.md's examples work as written: every ```python block runs, and every
+`scripts/compile.py` command shown parses (and passes the CLI's option checks)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+
+import pytest
+
+from tvm_ext.cli import build_parser, main, refuse_idle_options
+
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+
+
+def _text() -> str:
+    with open(README) as f:
+        return f.read()
+
+
+def _code_blocks(language: str | None = None) -> list[str]:
+    """Fenced blocks, all of them or those of one language."""
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```", _text(), re.S | re.M)
+    return [body for lang, body in blocks if language is None or lang == language]
+
+
+def _commands() -> list[list[str]]:
+    """The arguments of each `python scripts/compile.py ...` command in a code block (the
+    usage synopsis, with its [OPTIONAL] brackets, is checked separately)."""
+    commands = []
+    for block in _code_blocks():
+        for line in block.splitlines():
+            for part in line.split("&&"):
+                match = re.search(r"python3?\s+scripts/compile\.py\s*(.*)$", part.strip())
+                if match and "[" not in match.group(1):
+                    commands.append(shlex.split(match.group(1)))
+    return commands
+
+
+PYTHON_BLOCKS = _code_blocks("python")
+COMMANDS = _commands()
+
+
+def test_readme_has_examples():
+    assert PYTHON_BLOCKS and len(COMMANDS) >= 2
+
+
+@pytest.mark.parametrize("code", PYTHON_BLOCKS, ids=[f"block{i}" for i in
+                                                      range(len(PYTHON_BLOCKS))])
+def test_python_block_runs(code):
+    exec(compile(code, f"{README} (python block)", "exec"), {"__name__": "readme_example"})
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=[" ".join(c) for c in COMMANDS])
+def test_command_parses(argv):
+    parser = build_parser()
+    refuse_idle_options(parser, parser.parse_args(argv))
+
+
+def test_synopsis_names_only_real_options():
+    synopsis = next(b for b in _code_blocks("") if "scripts/compile.py MODEL" in b)
+    known = set(build_parser()._option_string_actions)
+    named = set(re.findall(r"(--[a-z][a-z-]*)", synopsis))
+    assert named and named <= known, sorted(named - known)
+
+
+def test_quick_start_command_runs(capsys):
+    """The first command of the README, run as shown (the heavier swap example is covered by
+    tests/test_cli.py)."""
+    argv = COMMANDS[0]
+    assert argv[:1] == ["gpt"] and "--check" in argv
+    assert main(argv) == 0
+    assert "check   OK" in capsys.readouterr().out

@@ -1,0 +1,194 @@
+"""PyTorch eager as the reference of a model loaded from a torch `ExportedProgram` (.pt2).
+
+`torch_reference(path, inputs, params, param_names)` runs `torch.export.load(path).module()` on
+the same numpy inputs and parameters the compiled module gets, and returns its tensor outputs
+flattened in order, as numpy arrays; `torch_training_step` does the same for the training step
+`make_training_step` builds (loss of the first output, then the gradients, by autograd).
+
+Parameters are matched by name: the Relax frontend names each parameter argument after the
+exported program's placeholder (`spec.arg.name`, e.g. `p_fc1_weight`) and keeps the graph
+signature's order, which maps each placeholder to its state-dict key (`spec.target`, e.g.
+`fc1.weight`). Buffers and constants are bound into the Relax module from the same file, so
+torch uses its own copies of them.
+
+Tolerances (`tolerance(dtype)`): TVM and PyTorch run different kernels (another summation
+order, other fused multiply-adds), so the comparison allows a few ulps of the result's dtype
+accumulated over a reduction, not bit equality:
+
+    float64            rtol 1e-7   atol 1e-9
+    float32            rtol 1e-4   atol 1e-5
+    float16            rtol 1e-2   atol 1e-3
+    bfloat16           rtol 5e-2   atol 1e-2
+    integers, bool     exact
+
+`compile.py --check --rtol R --atol A` replaces them for every output.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+
+TOLERANCES = {
+    "float64": (1e-7, 1e-9),
+    "float32": (1e-4, 1e-5),
+    "float16": (1e-2, 1e-3),
+    "bfloat16": (5e-2, 1e-2),
+}
+
+
+def tolerance(dtype) -> tuple[float, float]:
+    """(rtol, atol) for comparing an output of `dtype` with PyTorch eager."""
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:  # bfloat16 without ml_dtypes registered
+        name = str(dtype)
+    return TOLERANCES.get(name, (0.0, 0.0))
+
+
+def torch_reference(
+    path: str,
+    inputs: Sequence[np.ndarray],
+    params: Sequence[np.ndarray] = (),
+    param_names: Sequence[str] = (),
+) -> list[np.ndarray]:
+    """Outputs of the exported program in `path`, run eagerly on `inputs` (its user inputs in
+    order) with `params` (named by their Relax argument names) in place of its weights."""
+    import torch
+
+    with torch.no_grad():
+        return [_to_numpy(t) for t in _run(path, inputs, params, param_names)[0]]
+
+
+def torch_training_step(
+    path: str,
+    inputs: Sequence[np.ndarray],
+    labels: np.ndarray,
+    params: Sequence[np.ndarray],
+    param_names: Sequence[str],
+    gradients: Sequence[str],
+    loss: str = "mse",
+) -> list[np.ndarray]:
+    """`[loss, *grads]`: the loss of the first output against `labels` and its gradients with
+    respect to the parameters named in `gradients`, in that order."""
+    import torch
+
+    outputs, weights = _run(path, inputs, params, param_names, requires_grad=gradients)
+    out, target = outputs[0], torch.from_numpy(np.ascontiguousarray(labels))
+    if loss == "mse":
+        value = ((out - target) ** 2).mean()
+    elif loss == "cross_entropy":
+        value = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]),
+                                                  target.reshape(-1))
+    else:
+        raise ValueError(f"unknown loss {loss!r}")
+    grads = torch.autograd.grad(value, [weights[n] for n in gradients])
+    return [_to_numpy(value), *(_to_numpy(g) for g in grads)]
+
+
+def file_weight_mismatches(path: str, params: Sequence[np.ndarray],
+                           param_names: Sequence[str]) -> list[str]:
+    """State-dict keys whose value in `path` differs from the parameter given under that name:
+    a sign that the weights were attached to the wrong arguments."""
+    program = _load(path)
+    targets = _parameter_targets(program, list(param_names), len(params))
+    bad = []
+    for target, p in zip(targets, params, strict=True):
+        own = program.state_dict[target].detach().cpu().numpy()
+        if own.shape != np.shape(p) or not np.array_equal(own, p):
+            bad.append(target)
+    return bad
+
+
+def has_batch_norm(path: str) -> bool:
+    """Whether the program has a batch norm (whose statistics depend on the mode)."""
+    return any("batch_norm" in _op_name(node) for node in _calls(_load(path)))
+
+
+# Ops that draw random numbers when PyTorch runs them; the compiled module leaves dropout out.
+_RANDOM_OPS = {"bernoulli", "bernoulli_", "rand", "rand_like", "randn", "randn_like", "randint",
+               "randint_like", "randperm", "normal", "normal_", "uniform", "uniform_",
+               "multinomial", "exponential_", "geometric_", "poisson"}
+_DROPOUT_OPS = {"dropout", "dropout_", "feature_dropout", "alpha_dropout", "native_dropout"}
+
+
+def random_ops(path: str) -> list[str]:
+    """The ops of the program that are random in eager mode (a dropout exported in train
+    mode, any sampling op): PyTorch's outputs then differ from run to run."""
+    found = []
+    for node in _calls(_load(path)):
+        name = _op_name(node)
+        if name in _DROPOUT_OPS:
+            p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
+            train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
+            if p and train is not False:
+                found.append(name)
+        elif name in _RANDOM_OPS:
+            found.append(name)
+    return sorted(set(found))
+
+
+def _calls(program) -> list:
+    return [node for node in program.graph.nodes if node.op == "call_function"]
+
+
+def _op_name(node) -> str:
+    """`dropout` for `aten.dropout.default`."""
+    name = getattr(node.target, "__name__", str(node.target))
+    return name.split(".")[0]
+
+
+def _load(path: str):
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch's own pytree deprecations
+        return torch.export.load(path)
+
+
+def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = ()):
+    """(tensor outputs flattened, {param name: tensor fed}) of one eager call."""
+    import torch
+    from torch.utils import _pytree
+
+    program = _load(path)
+    names = list(param_names) or [f"param{i}" for i in range(len(params))]
+    targets = _parameter_targets(program, list(param_names), len(params))
+    fed = {n: torch.from_numpy(np.array(p)) for n, p in zip(names, params, strict=True)}
+    for n in requires_grad:
+        fed[n].requires_grad_()
+    tensors = [torch.from_numpy(np.ascontiguousarray(x)) for x in inputs]
+    in_spec = program.call_spec.in_spec
+    args, kwargs = (_pytree.tree_unflatten(tensors, in_spec) if in_spec is not None
+                    else (tuple(tensors), {}))
+    weights = {t: fed[n] for n, t in zip(names, targets, strict=True)}
+    module = program.module()
+    out = torch.func.functional_call(module, weights, tuple(args), dict(kwargs), strict=False)
+    return [t for t in _pytree.tree_leaves(out) if isinstance(t, torch.Tensor)], fed
+
+
+def _parameter_targets(program, names: list[str], count: int) -> list[str]:
+    """The state-dict key of each parameter argument: by the placeholder name where every name
+    is known, else by the graph signature's order (the frontend's order)."""
+    from torch.export.graph_signature import InputKind
+
+    specs = [s for s in program.graph_signature.input_specs if s.kind == InputKind.PARAMETER]
+    by_name = {s.arg.name: s.target for s in specs}
+    if names and len(names) == count and all(n in by_name for n in names):
+        return [by_name[n] for n in names]
+    if count != len(specs):
+        raise ValueError(f"{count} parameters given, the exported program has {len(specs)}")
+    return [s.target for s in specs]
+
+
+def _to_numpy(tensor) -> np.ndarray:
+    import torch
+
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16; TVM returns ml_dtypes'
+        import ml_dtypes
+
+        return tensor.float().numpy().astype(ml_dtypes.bfloat16)
+    return tensor.numpy()
