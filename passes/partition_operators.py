@@ -17,7 +17,10 @@ fused), before dataflow lowering. The pass
    A kernel that reduces over a split dim and reads the result again (a matmul with its bias,
    softmax, layer norm, batch statistics) is cut after each such block (`split_kernel`) with an
    allreduce between the parts; a kernel that uses a split dim's index as a value (one-hot,
-   argmax positions) takes the index of its chunk, computed from `runtime.disco.worker_id`.
+   argmax positions) or in the index of an axis the dim does not cut (an input read whole)
+   takes the index of its chunk, computed from `runtime.disco.worker_id`, and maps its local
+   indices to global ones: a contiguous chunk, or the strided blocks of a dim split below a
+   mesh level that does not split it.
    Not lowered (so never planned, and reported): windows reading across chunks (a
    convolution or pooling split on height or width needs a halo exchange), reshapes whose
    pieces are not reshapes of each other, loops that do not bind a split variable directly;
@@ -131,16 +134,22 @@ class PartitionLowering:
         return out
 
     def local(self, bb: relax.BlockBuilder, kernel: str, factors: dict[int, int],
-              param_shapes: dict[int, tuple]) -> list[tuple[tvm.ir.GlobalVar, KernelPart]]:
+              param_shapes: dict[int, tuple], levels: dict[int, tuple] | None = None,
+              ) -> list[tuple[tvm.ir.GlobalVar, KernelPart]]:
         """`kernel` on one device's chunk of the split dims (`factors`: dim -> parts), as a
         list of (GlobalVar, part): one part, or the parts cut after the blocks whose
         reductions over a split dim are read again (`split_kernel`; the caller allreduces the
-        intermediates named by `inner_buffers` between them)."""
+        intermediates named by `inner_buffers` between them). `levels`: the mesh levels of the
+        dims split into strided blocks (see `local_kernel`)."""
         factors = {d: f for d, f in factors.items() if f > 1}
-        key = (kernel, tuple(sorted(factors.items())), tuple(sorted(param_shapes.items())))
+        kd = self.kdims[kernel]
+        # Only the dims whose global index the kernel computes depend on the block layout.
+        levels = {d: lv for d, lv in (levels or {}).items()
+                  if d in factors and d in kd.value_dims}
+        key = (kernel, tuple(sorted(factors.items())), tuple(sorted(param_shapes.items())),
+               tuple(sorted(levels.items())))
         if key in self._local:
             return self._local[key]
-        kd = self.kdims[kernel]
         cuts = inner_blocks(kd, list(factors))
         if cuts:
             parts = split_kernel(kd.func, kd.spec.num_outputs, cuts)
@@ -159,9 +168,9 @@ class PartitionLowering:
                 out.append((self.mod.get_global_var(kernel), part))
                 continue
             func = local_kernel(kd, factors, shapes, func=part.func,
-                                num_outputs=len(part.outputs))
+                                num_outputs=len(part.outputs), levels=levels)
             name = kernel + (f"_{suffix}" if suffix else "_local") + \
-                (f"_part{i}" if len(parts) > 1 else "")
+                ("_strided" if levels else "") + (f"_part{i}" if len(parts) > 1 else "")
             out.append((bb.add_func(func, name),
                         KernelPart(func, part.inputs, part.outputs, part.writers)))
         self._local[key] = out
@@ -550,7 +559,8 @@ class _Emitter:
                 args.append(self._input(op, pos, tid, self._required(spec, pos, strategy)))
         factors = self._factors(strategy)
         try:
-            parts = self.lowering.local(self.bb, op.kernel, factors, param_shapes)
+            parts = self.lowering.local(self.bb, op.kernel, factors, param_shapes,
+                                        self._strided_levels(strategy))
         except LoweringError as err:
             raise PartitionError(f"{op.name}: {err}") from err
         produced = [self._produced(spec, pos, strategy) for pos in range(len(op.outputs))]
@@ -578,19 +588,35 @@ class _Emitter:
             self.val[tid] = self.convert(values[("out", pos)], self.g.tensors[tid], schemes,
                                          self.layout[tid], combiners)
 
+    def _strided_levels(self, strategy: Sequence[int]) -> dict[int, tuple]:
+        """Dim -> ((parts, splits the dim) per level down to the deepest splitting it), for the
+        dims whose chunks are strided blocks (a level above a splitting one does not split)."""
+        out = {}
+        for d in {d for d in strategy if d >= 0}:
+            deepest = max(lvl for lvl, s in enumerate(strategy) if s == d)
+            levels = tuple((self.mesh[lvl], strategy[lvl] == d) for lvl in range(deepest + 1))
+            if not all(split for _, split in levels):
+                out[d] = levels
+        return out
+
     def _chunk(self, dim: int, strategy: Sequence[int]):
-        """The index of this worker's chunk of a dim split at the outermost levels (the
-        contiguous chunks a kernel needing global indices gets), from the worker id."""
+        """The index of this worker's chunk of `dim`, from the worker id: its coordinates at
+        the levels splitting the dim as one mixed-radix number, outermost first (the chunk a
+        local kernel computing global indices takes, see `local_kernel`)."""
         levels = [lvl for lvl, d in enumerate(strategy) if d == dim]
-        if levels != list(range(len(levels))):
-            raise PartitionError(f"dim {dim} needs global indices but is split at levels "
-                                 f"{levels}, not at the outermost ones (contiguous chunks)")
         if self.worker is None:
             self.worker = tvm.tirx.Var("worker_id", "int64")
             wid = self.bb.emit(relax.op.call_pure_packed(
                 "runtime.disco.worker_id", ty_args=[relax.ShapeType(None)]))
             self.bb.match_cast(wid, relax.ShapeType([self.worker]))
-        return tvm.tirx.floordiv(self.worker, level_stride(self.mesh, levels[-1]))
+        if levels == list(range(len(levels))):  # the outermost levels: contiguous chunks
+            return tvm.tirx.floordiv(self.worker, level_stride(self.mesh, levels[-1]))
+        chunk = tvm.tirx.IntImm("int64", 0)
+        for lvl in levels:
+            coord = tvm.tirx.floormod(
+                tvm.tirx.floordiv(self.worker, level_stride(self.mesh, lvl)), self.mesh[lvl])
+            chunk = chunk * self.mesh[lvl] + coord
+        return chunk
 
     def _allreduce_levels(self, value, levels: list[tuple[int, str]]) -> relax.Var:
         """Allreduce an intermediate of a split kernel over the levels its dim is split at."""

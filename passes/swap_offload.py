@@ -158,11 +158,22 @@ class SwapOffload:
         target = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
         device = relax.VDevice(target, 0, "global")
         host = self.host or host_vdevice(target)
-        new_func = _Rewriter(graph, bindings, constants, plan, device, host).rewrite(func)
+        new_func = _Rewriter(graph, bindings, constants, plan, device, host,
+                             _match_casts(mod[self.function])).rewrite(func)
         mod = mod.clone()
         mod.update_func(mod.get_global_var(self.function), new_func)
         mod.update_global_info("vdevice", [device, host])
         return mod
+
+
+def _match_casts(func: relax.Function) -> dict:
+    """Var -> the MatchCast bindings of it (the symbolic values it defines)."""
+    casts: dict = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            if isinstance(binding, relax.MatchCast) and isinstance(binding.value, relax.Var):
+                casts.setdefault(binding.value, []).append(binding)
+    return casts
 
 
 def _check_form(func) -> None:
@@ -183,9 +194,12 @@ def _check_form(func) -> None:
 class _Rewriter:
     """Emits the planned function (see the module docstring)."""
 
-    def __init__(self, graph, bindings, constants, plan: SwapPlan, device, host):
+    def __init__(self, graph, bindings, constants, plan: SwapPlan, device, host,
+                 match_casts: dict | None = None):
         self.g = graph
         self.bindings = bindings
+        self.match_casts = match_casts or {}
+        self.scalar_ops: set[int] = set()
         self.const_expr = {tid: c for c, tid in constants.items()}
         self.plan = plan
         self.device, self.host = device, host
@@ -260,6 +274,7 @@ class _Rewriter:
                 relax.ShapeExpr([size]), DEVICE, "global", "uint8"), f"pool{i}")
                 for i, size in enumerate(plan.pools)]
             self.host_pool = self._host_pool()
+            self._scalar_ops()
             self._swap_ins(swap_in_after.get(-1, []))
             for pos, op_id in enumerate(plan.schedule):
                 for ri in produced_at.get(pos, []):
@@ -300,12 +315,25 @@ class _Rewriter:
             return None
         return self.emit(swap_runtime.host_storage_call(total, HOST, DEVICE), "host_pool")
 
+    def _scalar_ops(self) -> None:
+        """Packed calls with no tensor argument or result (the worker id a partitioned kernel
+        computes its chunk index from) and the symbolic values they define: first, since the
+        calls that use those values do not depend on them through tensors."""
+        for op in self.g.ops:
+            if op.kind != "builtin" or op.inputs or op.outputs:
+                continue
+            binding = self.bindings[op.id]
+            var = self.emit(binding.value, binding.var.name)
+            for cast in self.match_casts.get(binding.var, []):
+                self.bb.match_cast(var, cast.ty, cast.var.name)
+            self.scalar_ops.add(op.id)
+
     def _op(self, op_id: int, residencies: list[int]) -> None:
         g = self.g
         op = g.ops[op_id]
         value = self.bindings[op_id].value
-        if op.kind == "view":
-            return  # views are re-derived at each use
+        if op.kind == "view" or op_id in self.scalar_ops:
+            return  # views are re-derived at each use; scalar ops were emitted first
         outs_by_tensor = {self.plan.residencies[ri].tensor: ri for ri in residencies}
         outs = []
         for tid in op.outputs:

@@ -7,10 +7,13 @@ f, every iteration domain of d, the loop that binds it, and every buffer axis it
 reads exactly the chunk of each axis (`semantics` checked that `X[16 * b + t]` or `X[h // 16]`
 line up). This is exact only when nothing reads the dim's global position:
 
-* a dim used as a value (one-hot, iota, flattened argmax positions) must see global indices:
-  the kernel then takes the index of its chunk (`chunk_<dim>`, a scalar argument) and every use
-  of the variable as a value becomes `v + chunk * local extent` (uses as buffer indices stay
-  local); a dim that only feeds a computed index (`x[i, labels[i]]`) needs nothing;
+* a dim used as a value (one-hot, iota, flattened argmax positions), or in the index of an axis
+  it does not cut (an input read whole), must see global indices: the kernel then takes the
+  index of its chunk (`chunk_<dim>`, a scalar argument) and every such use of the variable
+  becomes its global value, `v + chunk * local extent` for a contiguous chunk, the block
+  arithmetic of the layout convention for the strided blocks of a dim split below a mesh level
+  that does not split it (uses as indices of the axes it cuts stay local); a dim that only
+  feeds a computed index (`x[i, labels[i]]`) needs nothing;
 * a dim read through a window (`x[yy + ry - 1]`: a convolution's halo) reads beyond its chunk;
 * a dim reduced into an intermediate that the kernel reads again (softmax's max and sum, layer
   norm's mean, a matmul followed by its bias) needs an allreduce in the middle of the kernel:
@@ -23,6 +26,7 @@ line up). This is exact only when nothing reads the dim's global position:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 
 import tvm
@@ -119,6 +123,7 @@ def local_kernel(
     param_shapes: Mapping[int, Sequence[int]] | None = None,
     func: tirx.PrimFunc | None = None,
     num_outputs: int | None = None,
+    levels: Mapping[int, Sequence[tuple[int, bool]]] | None = None,
 ) -> tirx.PrimFunc:
     """The kernel of `kdims` with each dim d of `factors` cut to 1/factors[d] of its extent.
 
@@ -127,7 +132,11 @@ def local_kernel(
     (`split_kernel`) to shrink instead of the whole. A split dim whose index the kernel uses as
     a value adds a scalar parameter `chunk_<d>` (int64, after the inputs, before the
     `num_outputs` outputs, default the kernel's): the index of the device's chunk of dim d
-    (`chunk_params` names them).
+    (`chunk_params` names them). The chunk is contiguous unless `levels[d]` lists the mesh
+    levels from the outermost to the deepest one splitting d as `(parts, splits_d)`: the device
+    then holds the blocks of the index convention of `tvm_ext.partition.layout` (strided when a
+    level above a splitting one does not split d), and `chunk_<d>` is its coordinates at the
+    splitting levels as one mixed-radix number, outermost first.
     """
     func = func if func is not None else kdims.func
     factors = {d: f for d, f in factors.items() if f > 1}
@@ -142,8 +151,8 @@ def local_kernel(
         for iv in block.iter_vars:
             d = kdims.var_dims.get(iv.var, -1)
             if d in chunks:
-                local = _int(iv.dom.extent) // factors[d]
-                shift[iv.var] = iv.var + chunks[d] * tirx.IntImm(str(iv.var.ty), local)
+                shift[iv.var] = _global_index(iv.var, _int(iv.dom.extent), factors[d],
+                                              chunks[d], (levels or {}).get(d))
     remap: dict = {}
     shapes: dict = {}  # new buffer var -> (old shape, new shape)
     params = [p for p in func.params if getattr(p, "shape", None) is not None]
@@ -248,6 +257,45 @@ def _substitute_direct(expr, values: Mapping) -> object:
     return tvm_ffi.structural_mutate(expr, [
         (tvm.ir.TensorLoad, lambda load, m: load),
         (tvm.ir.expr.Var, lambda v, m: values.get(v, v))])
+
+
+def _global_index(var, extent: int, factor: int, chunk,
+                  levels: Sequence[tuple[int, bool]] | None):
+    """The global value of `var` (a dim of `extent` cut `factor` ways) on the device whose
+    chunk index is `chunk` (see `local_kernel`, `levels`)."""
+    dtype = str(var.ty)
+
+    def const(x: int):
+        return tirx.IntImm(dtype, x)
+
+    chunk = chunk if str(chunk.ty) == dtype else tirx.Cast(dtype, chunk)
+    if levels is None or all(split for _, split in levels):
+        return var + chunk * const(extent // factor)
+    # Along the dim, block b (of extent / prod(parts)) has one mixed-radix digit per level:
+    # the device's coordinate at the splitting levels, the local block number's digits at the
+    # others (the blocks a device holds, in increasing order).
+    parts = [p for p, _ in levels]
+    block = extent // math.prod(parts)
+    if block * math.prod(parts) != extent:
+        raise LoweringError(f"extent {extent} does not divide into {math.prod(parts)} blocks")
+    local_block = tirx.floordiv(var, const(block))
+    split_left = math.prod(p for p, split in levels if split)
+    free_left = math.prod(p for p, split in levels if not split)
+    if split_left != factor:
+        raise LoweringError(f"levels {list(levels)} split the dim {split_left} ways, not "
+                            f"{factor}")
+    value = tirx.floormod(var, const(block))
+    weight = block * math.prod(parts)
+    for p, split in levels:
+        weight //= p
+        if split:
+            split_left //= p
+            digit = tirx.floormod(tirx.floordiv(chunk, const(split_left)), const(p))
+        else:
+            free_left //= p
+            digit = tirx.floormod(tirx.floordiv(local_block, const(free_left)), const(p))
+        value = value + digit * const(weight)
+    return value
 
 
 def chunk_params(func: tirx.PrimFunc) -> list[int]:
