@@ -233,6 +233,42 @@ def test_torch_reference_matches_parameters_by_name(pt2_file):
     assert bad == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
 
 
+def test_pt2_training_check_with_an_unused_parameter(tmp_path, capsys):
+    """torch gives a parameter the graph never reads no gradient at all: it counts as zero,
+    and the compiled step's gradient for it is compared with zeros."""
+    torch = pytest.importorskip("torch")
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 4)
+            self.unused = torch.nn.Parameter(torch.ones(4))
+
+        def forward(self, x):
+            return self.fc(x)
+
+    path = tmp_path / "unused.pt2"
+    torch.export.save(torch.export.export(Net(), (torch.randn(3, 8),)), str(path))
+    report = tmp_path / "r.json"
+    assert main([str(path), "--training", "--check", "--report", str(report)]) == 0
+    assert "4 outputs match PyTorch eager (unused.pt2)" in capsys.readouterr().out
+    assert json.loads(report.read_text())["check"]["torch"]["ok"]
+
+
+def test_pt2_bfloat16_check_against_torch(tmp_path, capsys):
+    """bfloat16 inputs and weights reach torch (which reads no ml_dtypes array) and its
+    outputs come back as ml_dtypes bfloat16."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = torch.nn.Linear(16, 8).to(torch.bfloat16)
+    path = tmp_path / "bf16.pt2"
+    x = torch.randn(4, 16).to(torch.bfloat16)
+    torch.export.save(torch.export.export(net.eval(), (x,)), str(path))
+    assert main([str(path), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "1 outputs match PyTorch eager (bf16.pt2)" in out and "bfloat16 rtol 0.05" in out
+
+
 # --------------------------------------------------------------------------------------------
 # Output paths: checked before compiling, replaced atomically, stale sidecars removed
 # --------------------------------------------------------------------------------------------

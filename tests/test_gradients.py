@@ -239,3 +239,120 @@ def test_pt2_training_step_matches_torch_autograd(tmp_path, kind):
     for name, grad in zip(step.config["gradients"], grads, strict=True):
         ref = params[name.removeprefix("p_").replace("_", ".")].grad.numpy()
         np.testing.assert_allclose(grad, ref, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "cin, cout, kernel, stride, padding, dilation, groups, width",
+    [
+        (3, 4, 3, 1, 0, 1, 1, 11),
+        (3, 4, 3, 2, 1, 1, 1, 11),
+        (3, 4, 3, 3, 0, 1, 1, 13),  # the weight gradient's conv overhangs the kernel
+        (4, 6, 3, 3, 2, 2, 2, 11),
+        (4, 8, 3, 2, 1, 1, 4, 12),
+        (4, 4, 8, 4, 0, 1, 1, 30),
+    ],
+)
+def test_conv1d_gradient_matches_torch(cin, cout, kernel, stride, padding, dilation, groups,
+                                       width):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, cin, width))
+    w = rng.standard_normal((cout, cin // groups, kernel))
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    y = torch.nn.functional.conv1d(tx, tw, None, stride, padding, dilation, groups)
+    r = rng.standard_normal(tuple(y.shape))
+    (y * torch.tensor(r)).sum().backward()
+
+    def build(bb, vx, vw, vr):
+        out = bb.emit(relax.op.nn.conv1d(vx, vw, stride, padding, dilation, groups))
+        return relax.op.sum(relax.op.multiply(out, vr))
+
+    loss, (gx, gw) = _adjoint_vm(build, [x.shape, w.shape, r.shape], wrt=[0, 1])(x, w, r)
+    assert float(loss.numpy()) == pytest.approx((y * torch.tensor(r)).sum().item())
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(gw.numpy(), tw.grad.numpy(), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "cin, cout, kernel, stride, padding, output_padding, dilation, groups",
+    [(3, 4, 3, 1, 0, 0, 1, 1), (3, 4, 3, 2, 1, 1, 1, 1), (4, 6, 3, 2, 1, 1, 2, 2)],
+)
+def test_conv1d_transpose_gradient_matches_torch(cin, cout, kernel, stride, padding,
+                                                 output_padding, dilation, groups):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, cin, 7))
+    w = rng.standard_normal((cin, cout // groups, kernel))
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    y = torch.nn.functional.conv_transpose1d(tx, tw, None, stride, padding, output_padding,
+                                             groups, dilation)
+    r = rng.standard_normal(tuple(y.shape))
+    (y * torch.tensor(r)).sum().backward()
+
+    def build(bb, vx, vw, vr):
+        out = bb.emit(relax.op.nn.conv1d_transpose(vx, vw, stride, padding, output_padding,
+                                                   dilation, groups))
+        return relax.op.sum(relax.op.multiply(out, vr))
+
+    loss, (gx, gw) = _adjoint_vm(build, [x.shape, w.shape, r.shape], wrt=[0, 1])(x, w, r)
+    assert float(loss.numpy()) == pytest.approx((y * torch.tensor(r)).sum().item())
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(gw.numpy(), tw.grad.numpy(), rtol=1e-10, atol=1e-10)
+
+
+def _pt2_step_matches_autograd(torch, tmp_path, net, x, rtol=1e-5, atol=1e-6):
+    """The compiled training step of `net` exported to a .pt2 file: loss and gradients
+    against torch.autograd on the same weights."""
+    from tvm_ext import compiler
+    from tvm_ext.models import load_model
+
+    path = str(tmp_path / "net.pt2")
+    torch.export.save(torch.export.export(net, (x,)), path)
+    step = load_model(path, training=True)
+    target = torch.randn(net(x).shape)
+    executable = compiler.build(step, tvm.target.Target("llvm"))
+    arguments = [x.numpy(), target.numpy(), *step.random_params()]
+    loss, *grads = compiler.run(executable, arguments, tvm.cpu(), repeat=0).outputs
+    expected = ((net(x) - target) ** 2).mean()
+    expected.backward()
+    assert float(loss) == pytest.approx(expected.item(), rel=1e-5)
+    params = dict(net.named_parameters())
+    for name, grad in zip(step.config["gradients"], grads, strict=True):
+        ref = params[name.removeprefix("p_").replace("_", ".")].grad.numpy()
+        np.testing.assert_allclose(grad, ref, rtol=rtol, atol=atol, err_msg=name)
+    return dict(zip(step.config["gradients"], grads, strict=True))
+
+
+def test_pt2_conv1d_training_step_matches_torch_autograd(tmp_path):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv1d(4, 8, 5, stride=2, padding=2),
+        torch.nn.GELU(),
+        torch.nn.Conv1d(8, 8, 3, padding=2, dilation=2, groups=4),
+        torch.nn.ConvTranspose1d(8, 4, 4, stride=2, padding=1),
+    ).eval()
+    _pt2_step_matches_autograd(torch, tmp_path, net, torch.randn(2, 4, 24))
+
+
+def test_pt2_padded_embedding_gives_the_padding_row_no_gradient(tmp_path):
+    """The padding row gets no gradient from the lookup, but does from another use of the
+    same (tied) weight, as in PyTorch."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(16, 8, padding_idx=0)
+            self.pos = torch.nn.Embedding(16, 8, padding_idx=3)
+            self.fc = torch.nn.Linear(8, 4)
+
+        def forward(self, ids):
+            h = self.emb(ids) + self.pos(ids)
+            return torch.cat([self.fc(h), h @ self.pos.weight.T], dim=-1)
+
+    ids = torch.tensor([[0, 3, 5, 0], [2, 0, 7, 3]])
+    grads = _pt2_step_matches_autograd(torch, tmp_path, Net().eval(), ids)
+    assert not grads["p_emb_weight"][0].any()
+    assert grads["p_pos_weight"][3].any()

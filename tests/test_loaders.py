@@ -293,3 +293,60 @@ def test_transformers_llama_training_step_matches_torch(tmp_path):
     for name, grad in zip(step.config["gradients"], grads, strict=True):
         np.testing.assert_allclose(grad, params[to_param[name]].grad.numpy(), rtol=1e-4,
                                    atol=1e-6, err_msg=name)
+
+
+def _bert(torch, transformers):
+    """BertModel: its word embeddings have padding_idx 0, which gets no gradient from ids 0."""
+    config = transformers.BertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=1,
+                                     num_attention_heads=4, intermediate_size=64,
+                                     max_position_embeddings=32, attn_implementation="eager")
+    model = transformers.BertModel(config).eval()
+    ids = torch.randint(1, 128, (2, 8))
+    ids[:, -2:] = 0  # padding
+    mask = torch.ones(2, 8, dtype=torch.int64)
+    mask[1, -2:] = 0
+    return model, (ids, mask)
+
+
+def _wav2vec2(torch, transformers):
+    """Wav2Vec2Model: strided Conv1d feature extractor and a grouped Conv1d position embedding."""
+    config = transformers.Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        conv_dim=(16, 16), conv_stride=(4, 2), conv_kernel=(8, 4), num_conv_pos_embeddings=8,
+        num_conv_pos_embedding_groups=4, feat_extract_norm="layer", do_stable_layer_norm=True,
+        attn_implementation="eager")
+    return transformers.Wav2Vec2Model(config).eval(), (torch.randn(2, 200),)
+
+
+@pytest.mark.parametrize("build", [_bert, _wav2vec2], ids=["bert", "wav2vec2"])
+def test_transformers_training_step_matches_torch(tmp_path, build):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model, inputs = build(torch, transformers)
+
+    class Hidden(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, *args):
+            return self.inner(*args).last_hidden_state
+
+    net = Hidden().eval()
+    path = _export(torch, net, inputs, tmp_path / "model.pt2")
+    step = load_model(path, training=True)
+    target = torch.randn(net(*inputs).shape)
+    executable = compiler.build_reference(step, tvm.target.Target("llvm"))
+    arguments = [*(x.numpy() for x in inputs), target.numpy(), *step.random_params()]
+    loss, *grads = compiler.run(executable, arguments, tvm.cpu(), repeat=0).outputs
+
+    expected = ((net(*inputs) - target) ** 2).mean()
+    expected.backward()
+    assert float(loss) == pytest.approx(expected.item(), rel=1e-5)
+    to_param = torch.export.load(path).graph_signature.inputs_to_parameters
+    params = dict(net.named_parameters())
+    for name, grad in zip(step.config["gradients"], grads, strict=True):
+        ref = params[to_param[name]].grad
+        ref = np.zeros_like(grad) if ref is None else ref.numpy()
+        np.testing.assert_allclose(grad, ref, rtol=1e-4, atol=1e-6, err_msg=name)

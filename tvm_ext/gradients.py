@@ -71,8 +71,9 @@ def _rsqrt_grad(orig_var, orig_call, output_grad, ctx):
 
 
 def _no_input_grad(orig_var, orig_call, output_grad, ctx):
-    """Ops with no tensor input (arange): Gradient still visits them when their result meets a
-    parameter, e.g. rotary position tables."""
+    """No gradient for any argument. For ops with no tensor input (arange): Gradient still
+    visits them when their result meets a parameter, e.g. rotary position tables. For
+    `relax.grad.no_grad` in a forward graph: a stop-gradient (it legalizes to its input)."""
     return [_op.grad.no_grad(a) for a in orig_call.args]
 
 
@@ -212,9 +213,9 @@ def _conv2d_transpose_grad(orig_var, orig_call, output_grad, ctx):
 
 def _conv1d_grad(orig_var, orig_call, output_grad, ctx):
     """conv2d's gradient in one dimension: dx = conv1d_transpose(dy, w) with the output
-    padding that restores x's width (rows the strides skip get zeros); dw[o, i, k] = sum_{n,t}
-    x_pad[n, i, t*s + k*d] * dy[n, o, t], a conv1d over the batch axis (as the channel axis)
-    with strides and dilation swapped, cut to the kernel width."""
+    padding that restores x's width (positions the strides skip get zeros); dw[o, i, k] =
+    sum_{n,t} x_pad[n, i, t*s + k*d] * dy[n, o, t], a conv1d over the batch axis (as the channel
+    axis) with strides and dilation swapped, cut to the kernel width."""
     attrs = orig_call.attrs
     if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCW", "OIW", "NCW"):
         raise ValueError(
@@ -222,8 +223,8 @@ def _conv1d_grad(orig_var, orig_call, output_grad, ctx):
             f"{attrs.data_layout}/{attrs.kernel_layout}/{attrs.out_layout}"
         )
     x, w = orig_call.args
-    n, cin, width = _dims(x)
-    cout, cin_g, kw = _dims(w)
+    n, _, width = _dims(x)
+    _, cin_g, kw = _dims(w)
     wo = _dims(orig_var)[2]
     groups = int(attrs.groups)
     dtype = str(orig_var.ty.dtype)
@@ -307,6 +308,7 @@ def register_all() -> None:
         ("relax.strided_slice", _strided_slice_grad),
         ("relax.image.resize2d", _resize2d_grad),
         ("relax.arange", _no_input_grad),
+        ("relax.grad.no_grad", _no_input_grad),
     ):
         register_gradient(op_name, fn, level=11)
     _REGISTERED = True

@@ -76,7 +76,7 @@ def torch_training_step(
     import torch
 
     outputs, weights = _run(path, inputs, params, param_names, requires_grad=gradients)
-    out, target = outputs[0], torch.from_numpy(np.ascontiguousarray(labels))
+    out, target = outputs[0], _to_torch(labels)
     if loss == "mse":
         value = ((out - target) ** 2).mean()
     elif loss == "cross_entropy":
@@ -84,7 +84,11 @@ def torch_training_step(
                                                   target.reshape(-1))
     else:
         raise ValueError(f"unknown loss {loss!r}")
-    grads = torch.autograd.grad(value, [weights[n] for n in gradients])
+    wrt = [weights[n] for n in gradients]
+    # A parameter the graph never reads (e.g. a tied weight exported twice) has no gradient in
+    # torch; its gradient is zero, which the compiled step must give too.
+    grads = torch.autograd.grad(value, wrt, allow_unused=True)
+    grads = [torch.zeros_like(w) if g is None else g for w, g in zip(wrt, grads, strict=True)]
     return [_to_numpy(value), *(_to_numpy(g) for g in grads)]
 
 
@@ -96,7 +100,7 @@ def file_weight_mismatches(path: str, params: Sequence[np.ndarray],
     targets = _parameter_targets(program, list(param_names), len(params))
     bad = []
     for target, p in zip(targets, params, strict=True):
-        own = program.state_dict[target].detach().cpu().numpy()
+        own = _to_numpy(program.state_dict[target])
         if own.shape != np.shape(p) or not np.array_equal(own, p):
             bad.append(target)
     return bad
@@ -156,10 +160,10 @@ def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = ()):
     program = _load(path)
     names = list(param_names) or [f"param{i}" for i in range(len(params))]
     targets = _parameter_targets(program, list(param_names), len(params))
-    fed = {n: torch.from_numpy(np.array(p)) for n, p in zip(names, params, strict=True)}
+    fed = {n: _to_torch(p, copy=True) for n, p in zip(names, params, strict=True)}
     for n in requires_grad:
         fed[n].requires_grad_()
-    tensors = [torch.from_numpy(np.ascontiguousarray(x)) for x in inputs]
+    tensors = [_to_torch(x) for x in inputs]
     in_spec = program.call_spec.in_spec
     args, kwargs = (_pytree.tree_unflatten(tensors, in_spec) if in_spec is not None
                     else (tuple(tensors), {}))
@@ -181,6 +185,17 @@ def _parameter_targets(program, names: list[str], count: int) -> list[str]:
     if count != len(specs):
         raise ValueError(f"{count} parameters given, the exported program has {len(specs)}")
     return [s.target for s in specs]
+
+
+def _to_torch(array, copy: bool = False):
+    """A torch tensor of a numpy array; bfloat16 (ml_dtypes', which torch cannot read) goes
+    through float32, which holds every bfloat16 value exactly."""
+    import torch
+
+    array = np.asarray(array)
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.astype(np.float32)).to(torch.bfloat16)
+    return torch.from_numpy(np.array(array) if copy else np.ascontiguousarray(array))
 
 
 def _to_numpy(tensor) -> np.ndarray:

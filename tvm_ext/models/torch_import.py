@@ -10,6 +10,9 @@
   result cast back. Sums and cumulative sums of bool or small integers accumulate in the dtype
   torch gives their result (the frontend would add bools as bools).
 - `aten.cat` drops the 1-d empty inputs that torch skips (and the frontend rejects).
+- `aten.embedding` with a `padding_idx` keeps its value but passes no gradient from the
+  positions that hold the padding index, as PyTorch's embedding backward does
+  (`relax.grad.no_grad` stops it; tvm_ext registers its gradient as none).
 - The mode the module was exported in (train or eval), read from the ops whose behaviour
   depends on it, for the training step to follow.
 """
@@ -233,7 +236,22 @@ def _importer_class():
                 for name in names:
                     if name in table:
                         table[name] = self._computed_in(table[name], pick, cast)
+            table["embedding.default"] = self._embedding
             return table
+
+        def _embedding(self, node):
+            """The frontend's lookup, with the positions holding `padding_idx` cut off from the
+            gradient (PyTorch gives the padding row none from them): `where(is_pad,
+            no_grad(e), e)` is `e` in value, and its gradient reaches `e` only elsewhere."""
+            bb, op = self.block_builder, relax.op
+            ids = self.env[node.args[1]]
+            out = self._embedding_impl(ids, self.env[node.args[0]])
+            pad = _arg(node, 2, "padding_idx", -1)
+            if pad is None or pad < 0:  # aten's -1: no padding row
+                return out
+            is_pad = bb.emit(op.equal(ids, relax.const(pad, str(ids.ty.dtype))))
+            is_pad = bb.emit(op.expand_dims(is_pad, -1))
+            return bb.emit(op.where(is_pad, bb.emit(op.grad.no_grad(out)), out))
 
         def _computed_in(self, convert: Callable, pick: Callable, cast: Callable) -> Callable:
             """`convert` with its tensor arguments whose dtype satisfies `cast` cast to
