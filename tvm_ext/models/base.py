@@ -266,6 +266,10 @@ def make_training_step(
             raise
         raise ValueError(f"{model.name}: cannot build the training step: no gradient for "
                          f"{missing.group(1)}") from err
+    except ValueError as err:  # a type error inside TVM's gradient rewrite
+        reason = str(err).strip().splitlines()[-1]
+        raise ValueError(f"{model.name}: cannot build the training step: "
+                         f"relax.transform.Gradient failed: {reason}") from err
     step = _flatten_return(mod["main_adjoint"])
     step = step.with_attr("global_symbol", "main").with_attr("num_input", len(inputs) + 1)
     grad_names = [v.name for v in wrt]
