@@ -356,3 +356,22 @@ def test_pt2_padded_embedding_gives_the_padding_row_no_gradient(tmp_path):
     grads = _pt2_step_matches_autograd(torch, tmp_path, Net().eval(), ids)
     assert not grads["p_emb_weight"][0].any()
     assert grads["p_pos_weight"][3].any()
+
+
+def test_where_gradient_sums_over_broadcast_branches():
+    """Each branch's gradient has its own shape, summed over the axes it was broadcast along
+    (TVM's built-in gradient keeps the output's shape)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    c, x, y, r = (rng.standard_normal(s) for s in [(4, 1, 3), (1, 5, 3), (4, 5, 1), (4, 5, 3)])
+    tx, ty = torch.tensor(x, requires_grad=True), torch.tensor(y, requires_grad=True)
+    (torch.where(torch.tensor(c) > 0, tx, ty) * torch.tensor(r)).sum().backward()
+
+    def build(bb, vc, vx, vy, vr):
+        cond = bb.emit(relax.op.greater(vc, relax.const(0.0, "float64")))
+        return relax.op.sum(relax.op.multiply(relax.op.where(cond, vx, vy), vr))
+
+    _, (gx, gy) = _adjoint_vm(build, [(4, 1, 3), (1, 5, 3), (4, 5, 1), (4, 5, 3)], [1, 2])(
+        c, x, y, r)
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-10)
+    np.testing.assert_allclose(gy.numpy(), ty.grad.numpy(), rtol=1e-10)

@@ -77,6 +77,18 @@ def _no_input_grad(orig_var, orig_call, output_grad, ctx):
     return [_op.grad.no_grad(a) for a in orig_call.args]
 
 
+def _where_grad(orig_var, orig_call, output_grad, ctx):
+    """dy to the branch each element took, summed back over the axes that branch was broadcast
+    along (TVM's own gradient keeps the output's shape, which breaks every later partial)."""
+    cond, x, y = orig_call.args
+    zero = _const(0.0, orig_var)
+    return [
+        _op.grad.no_grad(cond),
+        _op.collapse_sum_to(_op.where(cond, output_grad, zero), x.ty.shape),
+        _op.collapse_sum_to(_op.where(cond, zero, output_grad), y.ty.shape),
+    ]
+
+
 def _squeeze_grad(orig_var, orig_call, output_grad, ctx):
     """squeeze only drops unit axes: the gradient is dy in x's shape."""
     return [_op.reshape(output_grad, orig_call.args[0].ty.shape)]
@@ -292,7 +304,7 @@ _REGISTERED = False
 
 
 def register_all() -> None:
-    """Register the gradients once per process (level 11 overrides nothing TVM defines here)."""
+    """Register the gradients once per process (level 11 overrides TVM's own `where`)."""
     global _REGISTERED
     if _REGISTERED:
         return
@@ -305,6 +317,7 @@ def register_all() -> None:
         ("relax.nn.conv1d_transpose", _conv1d_transpose_grad),
         ("relax.nn.conv2d_transpose", _conv2d_transpose_grad),
         ("relax.squeeze", _squeeze_grad),
+        ("relax.where", _where_grad),
         ("relax.strided_slice", _strided_slice_grad),
         ("relax.image.resize2d", _resize2d_grad),
         ("relax.arange", _no_input_grad),
