@@ -375,3 +375,19 @@ def test_where_gradient_sums_over_broadcast_branches():
         c, x, y, r)
     np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-10)
     np.testing.assert_allclose(gy.numpy(), ty.grad.numpy(), rtol=1e-10)
+
+
+def test_gather_elements_gradient_accumulates_repeated_indices():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x, r = rng.standard_normal((3, 4)), rng.standard_normal((3, 5))
+    idx = np.array([[0, 3, 3, 1, 0], [2, 2, 2, 0, 1], [1, 0, 3, 3, 3]], dtype="int64")
+    tx = torch.tensor(x, requires_grad=True)
+    (torch.gather(tx, 1, torch.tensor(idx)) * torch.tensor(r)).sum().backward()
+
+    def build(bb, vx, vr):
+        g = relax.op.gather_elements(vx, relax.const(idx), axis=1)
+        return relax.op.sum(relax.op.multiply(g, vr))
+
+    _, (gx,) = _adjoint_vm(build, [(3, 4), (3, 5)], [0])(x, r)
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-10)

@@ -89,6 +89,15 @@ def _where_grad(orig_var, orig_call, output_grad, ctx):
     ]
 
 
+def _gather_elements_grad(orig_var, orig_call, output_grad, ctx):
+    """dy added back at the gathered positions (repeated indices accumulate)."""
+    x, indices = orig_call.args
+    zeros = _op.zeros(x.ty.shape, str(x.ty.dtype))
+    axis = int(orig_call.attrs.axis)
+    return [_op.scatter_elements(zeros, indices, output_grad, axis, "add"),
+            _op.grad.no_grad(indices)]
+
+
 def _squeeze_grad(orig_var, orig_call, output_grad, ctx):
     """squeeze only drops unit axes: the gradient is dy in x's shape."""
     return [_op.reshape(output_grad, orig_call.args[0].ty.shape)]
@@ -318,6 +327,7 @@ def register_all() -> None:
         ("relax.nn.conv2d_transpose", _conv2d_transpose_grad),
         ("relax.squeeze", _squeeze_grad),
         ("relax.where", _where_grad),
+        ("relax.gather_elements", _gather_elements_grad),
         ("relax.strided_slice", _strided_slice_grad),
         ("relax.image.resize2d", _resize2d_grad),
         ("relax.arange", _no_input_grad),
