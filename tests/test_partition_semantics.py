@@ -156,11 +156,12 @@ def test_transpose():
 
 
 def test_reshape_split_and_merge():
-    # (8, 8) -> (4, 2, 8): only the outer part of the split axis cuts the input by chunks.
+    # (8, 8) -> (4, 2, 8): only the outer part of the split axis cuts the input by chunks; the
+    # inner part reads the input whole, so a chunk of it must index it globally.
     spec = legalized_spec(lambda x: relax.op.reshape(x, (4, 2, 8)), (8, 8))
     assert dims(spec) == [
         (4, (0,), (0,), (), False),
-        (2, (None,), (1,), (), False),
+        (2, (None,), (1,), (), True),
         (8, (1,), (2,), (), False),
     ]
     # (2, 16, 32) -> (32, 32): rows are cut by batch only (2 chunks at most).
