@@ -14,13 +14,9 @@ Usage: python benchmarks/corpus_sweep.py [--models a,b] [--modes plain,k4] [--sh
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
-import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,58 +24,16 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import corpus  # noqa: E402
 
-MODES = {
-    "plain": [],
-    "swap50": ["--device-memory", "50%"],
-    "swapmin": ["--device-memory", "min"],
-    "k2": ["--devices", "2"],
-    "k3": ["--devices", "3"],
-    "k4": ["--devices", "4"],
-    "k8": ["--devices", "8"],
-    "k2+swap50": ["--devices", "2", "--device-memory", "50%"],
-    "training": ["--training"],
-}
-OP_MODES = ("plain", "k2", "k3", "k4", "k8", "training")
-
-
-def run_cell(path: str, args: list[str]) -> dict:
-    from tvm_ext import cli
-
-    with tempfile.TemporaryDirectory() as tmp:
-        report = os.path.join(tmp, "report.json")
-        out, err = io.StringIO(), io.StringIO()
-        start = time.perf_counter()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                status = cli.main([path, "--target", "llvm", *args, "--run", "--check",
-                                   "--report", report])
-            except SystemExit as exc:
-                status = int(exc.code or 0)
-        seconds = time.perf_counter() - start
-        data = json.loads(Path(report).read_text()) if os.path.exists(report) else {}
-    check = data.get("check", {})
-    torch_check = check.get("torch", {})
-    cell = {"status": status, "seconds": round(seconds, 1)}
-    if status == 0 and check.get("ok") and torch_check.get("ok"):
-        cell.update(result="ok", max_abs_error=torch_check.get("max_abs_error"),
-                    max_rel_error=torch_check.get("max_rel_error"))
-    elif status == 2:
-        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
-        cell.update(result="refused", message=lines[-1] if lines else "")
-    else:
-        cell.update(result="FAIL", check=check, stderr=err.getvalue()[-2000:])
-    return cell
-
 
 def sweep(models: list[str], modes: list[str], shard: tuple[int, int]) -> dict:
     cells = [(m, mode) for m in models for mode in modes
-             if not (corpus.BY_NAME[m].kind == "op" and mode not in OP_MODES)]
+             if not (corpus.BY_NAME[m].kind == "op" and mode not in corpus.OP_MODES)]
     cells = cells[shard[0]::shard[1]]
     results: dict = {}
     with tempfile.TemporaryDirectory() as directory:
         for name, mode in cells:
             path, _ = corpus.export(corpus.BY_NAME[name], directory)
-            cell = run_cell(path, MODES[mode])
+            cell = corpus.run_cell(path, corpus.MODES[mode])
             results.setdefault(name, {})[mode] = cell
             print(f"{name:22s} {mode:10s} {cell['result']:8s} {cell['seconds']:6.1f} s "
                   f"{cell.get('message', '')[:120]}", flush=True)
@@ -87,7 +41,7 @@ def sweep(models: list[str], modes: list[str], shard: tuple[int, int]) -> dict:
 
 
 def table(results: dict) -> str:
-    modes = [m for m in MODES if any(m in r for r in results.values())]
+    modes = [m for m in corpus.MODES if any(m in r for r in results.values())]
     lines = ["| model | " + " | ".join(modes) + " |", "| --- |" + " --- |" * len(modes)]
     notes: dict[str, int] = {}
     for c in corpus.MODELS:
@@ -124,7 +78,7 @@ def _reason(message: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(m.name for m in corpus.MODELS))
-    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--modes", default=",".join(corpus.MODES))
     parser.add_argument("--shard", default="0/1", help="I/N: run every N-th cell from I")
     parser.add_argument("--merge", nargs="+", help="merge the JSON of shards instead")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/corpus_sweep.json"))

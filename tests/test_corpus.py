@@ -9,46 +9,29 @@ trained; `pytest -m sweep` adds k = 3 and 8, the smallest swap budget and partit
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 corpus = pytest.importorskip("corpus")
 
-from tvm_ext import cli  # noqa: E402
-
-MODES = {
-    "plain": [],
-    "swap50": ["--device-memory", "50%"],
-    "k2": ["--devices", "2"],
-    "k4": ["--devices", "4"],
-    "training": ["--training"],
-}
-SWEEP_MODES = {
-    "k3": ["--devices", "3"],
-    "k8": ["--devices", "8"],
-    "swapmin": ["--device-memory", "min"],
-    "k2_swap50": ["--devices", "2", "--device-memory", "50%"],
-}
-
-# Operator modules run the modes that exercise their kernels; swapping one kernel is moot.
-OP_MODES = ("plain", "k2", "k4", "training", "k3", "k8")
+CI_MODES = ("plain", "swap50", "k2", "k4", "training")
+SWEEP_MODES = ("k3", "k8", "swapmin", "k2+swap50")
 
 # What a user gets where a mode does not apply: a clear refusal (exit 2, this message), never a
 # wrong number. Swap budgets below the largest operator's working set need operator splitting.
 FLOOR = "smallest feasible budget is"
 EXPECTED_REFUSALS = {
-    (name, "swap50"): FLOOR for name in ("resnet", "convnext", "wav2vec2", "segformer")
+    (name, mode): FLOOR for name in ("resnet", "convnext", "wav2vec2", "segformer")
+    for mode in ("swap50", "k2+swap50")
 }
 
 
-def _cases(modes: dict, mark=None):
+def _cases(modes, mark=None):
     for model in corpus.MODELS:
         for mode in modes:
             if (mode == "training" and not model.training) or (
-                    model.kind == "op" and mode not in OP_MODES):
+                    model.kind == "op" and mode not in corpus.OP_MODES):
                 continue
             marks = [mark] if mark else []
             yield pytest.param(model.name, mode, id=f"{model.name}-{mode}", marks=marks)
@@ -59,30 +42,21 @@ def corpus_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("corpus")
 
 
-def _run(name: str, mode: str, args: list[str], corpus_dir, tmp_path, capsys) -> None:
+def _run(name: str, mode: str, corpus_dir) -> None:
     path, _ = corpus.export(corpus.BY_NAME[name], str(corpus_dir))
-    report = tmp_path / "report.json"
-    status = cli.main([path, "--target", "llvm", *args, "--run", "--check",
-                       "--report", str(report)])
+    cell = corpus.run_cell(path, corpus.MODES[mode])
     refusal = EXPECTED_REFUSALS.get((name, mode))
     if refusal is not None:
-        err = capsys.readouterr().err
-        assert status == 2 and refusal in err, f"{name} {mode}: exit {status}, {err}"
-        return
-    data = json.loads(report.read_text()) if report.exists() else {}
-    check = data.get("check", {})
-    assert status == 0, f"{name} {mode}: exit {status}, check {check}"
-    assert check.get("ok") is True, check
-    torch_check = check.get("torch", {})
-    assert torch_check.get("ok") is True, f"{name} {mode}: not compared with PyTorch: " \
-                                          f"{torch_check}"
+        assert cell["result"] == "refused" and refusal in cell["message"], cell
+    else:
+        assert cell["result"] == "ok", f"{name} {mode}: {cell}"
 
 
-@pytest.mark.parametrize(("name", "mode"), list(_cases(MODES)))
-def test_corpus(name, mode, corpus_dir, tmp_path, capsys):
-    _run(name, mode, MODES[mode], corpus_dir, tmp_path, capsys)
+@pytest.mark.parametrize(("name", "mode"), list(_cases(CI_MODES)))
+def test_corpus(name, mode, corpus_dir):
+    _run(name, mode, corpus_dir)
 
 
 @pytest.mark.parametrize(("name", "mode"), list(_cases(SWEEP_MODES, pytest.mark.sweep)))
-def test_corpus_sweep(name, mode, corpus_dir, tmp_path, capsys):
-    _run(name, mode, SWEEP_MODES[mode], corpus_dir, tmp_path, capsys)
+def test_corpus_sweep(name, mode, corpus_dir):
+    _run(name, mode, corpus_dir)

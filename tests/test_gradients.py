@@ -220,25 +220,8 @@ def _torch_case(torch, kind):
 )
 def test_pt2_training_step_matches_torch_autograd(tmp_path, kind):
     torch = pytest.importorskip("torch")
-    from tvm_ext import compiler
-    from tvm_ext.models import load_model
-
     net, x = _torch_case(torch, kind)
-    path = str(tmp_path / f"{kind}.pt2")
-    torch.export.save(torch.export.export(net, (x,)), path)
-    step = load_model(path, training=True)
-    target = torch.randn(net(x).shape)
-    executable = compiler.build(step, tvm.target.Target("llvm"))
-    arguments = [x.numpy(), target.numpy(), *step.random_params()]
-    loss, *grads = compiler.run(executable, arguments, tvm.cpu(), repeat=0).outputs
-
-    expected = ((net(x) - target) ** 2).mean()
-    expected.backward()
-    assert float(loss) == pytest.approx(expected.item(), rel=1e-5)
-    params = dict(net.named_parameters())
-    for name, grad in zip(step.config["gradients"], grads, strict=True):
-        ref = params[name.removeprefix("p_").replace("_", ".")].grad.numpy()
-        np.testing.assert_allclose(grad, ref, rtol=1e-4, atol=1e-6, err_msg=name)
+    _pt2_step_matches_autograd(torch, tmp_path, net, x, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,15 @@ cut (batch 2 or 4, sequence 16, hidden 32 or 64) divides by 2, 4 and 8.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
+import json
 import os
+import tempfile
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -281,3 +287,49 @@ def export(model: CorpusModel, directory: str) -> tuple[str, list[np.ndarray]]:
             program = torch.export.export(module, inputs)
         torch.export.save(program, path)
     return path, [x.numpy() if x.dtype != torch.bfloat16 else x.float().numpy() for x in inputs]
+
+
+# The sweep's modes (compile.py options); operator modules skip the swap modes.
+MODES = {
+    "plain": [],
+    "swap50": ["--device-memory", "50%"],
+    "swapmin": ["--device-memory", "min"],
+    "k2": ["--devices", "2"],
+    "k3": ["--devices", "3"],
+    "k4": ["--devices", "4"],
+    "k8": ["--devices", "8"],
+    "k2+swap50": ["--devices", "2", "--device-memory", "50%"],
+    "training": ["--training"],
+}
+OP_MODES = ("plain", "k2", "k3", "k4", "k8", "training")
+
+
+def run_cell(path: str, args: list[str]) -> dict:
+    """`compile.py PATH --target llvm ARGS --run --check`: "ok" when it matched both the plain
+    TVM build and PyTorch eager, "refused" (exit 2, with the message) or "FAIL"."""
+    from tvm_ext import cli
+
+    with tempfile.TemporaryDirectory() as tmp:
+        report = os.path.join(tmp, "report.json")
+        out, err = io.StringIO(), io.StringIO()
+        start = time.perf_counter()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = cli.main([path, "--target", "llvm", *args, "--run", "--check",
+                                   "--report", report])
+            except SystemExit as exc:
+                status = int(exc.code or 0)
+        seconds = time.perf_counter() - start
+        data = json.loads(Path(report).read_text()) if os.path.exists(report) else {}
+    check = data.get("check", {})
+    torch_check = check.get("torch", {})
+    cell = {"status": status, "seconds": round(seconds, 1)}
+    if status == 0 and check.get("ok") and torch_check.get("ok"):
+        cell.update(result="ok", max_abs_error=torch_check.get("max_abs_error"),
+                    max_rel_error=torch_check.get("max_rel_error"))
+    elif status == 2:
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        cell.update(result="refused", message=lines[-1] if lines else "")
+    else:
+        cell.update(result="FAIL", check=check, stderr=err.getvalue()[-2000:])
+    return cell
