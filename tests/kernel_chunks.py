@@ -23,7 +23,7 @@ from tvm_ext.local_kernels import (
     lowering_obstacle,
     split_kernel,
 )
-from tvm_ext.partition.semantics import kernel_dims
+from tvm_ext.partition.semantics import KernelDims
 from tvm_ext.partition.spec import AxisCut
 
 LLVM = tvm.target.Target("llvm")
@@ -64,17 +64,23 @@ def _chunk(array: np.ndarray, axis: int, index: int, parts: int) -> np.ndarray:
     return np.take(array, range(index * size, (index + 1) * size), axis=axis)
 
 
-def check_split(func: tirx.PrimFunc, num_outputs: int, factors: dict[int, int],
-                kernel: str = "kernel", seed: int = 0) -> ChunkCheck:
-    """Run `func` globally and split by `factors` (dim index -> parts) chunk by chunk."""
-    kd = kernel_dims(func, num_outputs, kernel)
-    dims = kd.spec.dims
-    names = {dims[d].name: f for d, f in factors.items()}
+def global_run(kd: KernelDims, seed: int = 0) -> tuple[list, list]:
+    """Random inputs of the kernel of `kd` and its outputs on them, run whole."""
     rng = np.random.default_rng(seed)
-    params = _buffers(func)
+    params = _buffers(kd.func)
     inputs = [_random([int(s) for s in p.shape], str(p.dtype), rng)
               for p in params[:kd.spec.num_inputs]]
-    expected = _call(_compile(func), inputs, [], params[kd.spec.num_inputs:])
+    return inputs, _call(_compile(kd.func), inputs, [], params[kd.spec.num_inputs:])
+
+
+def check_split(kd: KernelDims, factors: dict[int, int], run: tuple[list, list] | None = None,
+                kernel: str = "kernel") -> ChunkCheck:
+    """Split the kernel of `kd` by `factors` (dim index -> parts) and run it chunk by chunk on
+    the inputs of `run` (`global_run`: computed here if not given)."""
+    func, num_outputs = kd.func, kd.spec.num_outputs
+    dims = kd.spec.dims
+    names = {dims[d].name: f for d, f in factors.items()}
+    inputs, expected = run if run is not None else global_run(kd)
     cuts = inner_blocks(kd, list(factors))
     parts = split_kernel(func, num_outputs, cuts) if cuts else [KernelPart(
         func, [("in", i) for i in range(kd.spec.num_inputs)],
@@ -160,10 +166,9 @@ def _mismatch(got: np.ndarray, want: np.ndarray) -> str | None:
     return None
 
 
-def lowerable_splits(func: tirx.PrimFunc, num_outputs: int, parts: int = 2,
+def lowerable_splits(kd: KernelDims, parts: int = 2,
                      pairs: bool = True) -> list[dict[int, int]]:
     """Every single dim (and pair of dims, each cut in `parts`) the lowering accepts."""
-    kd = kernel_dims(func, num_outputs)
     ok = [d for d, dim in enumerate(kd.spec.dims)
           if dim.splits(parts) and lowering_obstacle(kd, d) is None]
     out = [{d: parts} for d in ok]

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import pytest
 import tvm
-from kernel_chunks import check_split, lowerable_splits
+from kernel_chunks import check_split, global_run, lowerable_splits
 
 torch = pytest.importorskip("torch")
 corpus = pytest.importorskip("corpus")
 
 from tvm_ext.graph_builder import build_graph  # noqa: E402
 from tvm_ext.models.loaders import load_file  # noqa: E402
+from tvm_ext.partition.semantics import kernel_dims  # noqa: E402
 from tvm_ext.partitioned import fuse  # noqa: E402
 
 # Models whose kernels cover the operators the corpus uses (others repeat these kernels).
@@ -37,8 +38,11 @@ def _kernels(name: str, tmp_path_factory):
 def _check(name: str, tmp_path_factory, pairs: bool) -> None:
     failures, checked = [], 0
     for kernel, (func, num_outputs) in _kernels(name, tmp_path_factory).items():
-        for factors in lowerable_splits(func, num_outputs, pairs=pairs):
-            result = check_split(func, num_outputs, factors, kernel)
+        kd = kernel_dims(func, num_outputs, kernel)
+        splits = lowerable_splits(kd, pairs=pairs)
+        run = global_run(kd) if splits else None
+        for factors in splits:
+            result = check_split(kd, factors, run, kernel)
             checked += 1
             if result.error:
                 failures.append(f"{kernel} split {result.factors}: {result.error}")
