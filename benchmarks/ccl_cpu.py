@@ -22,7 +22,7 @@ import time
 import numpy as np
 from tvm_ffi import Shape
 
-from tvm_ext import distributed as dist
+from tvm_ext.runtime import distributed as dist
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "ccl_cpu.json")
 

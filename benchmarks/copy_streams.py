@@ -21,8 +21,7 @@ import time
 import numpy as np
 import tvm
 
-from tvm_ext import swap_runtime
-from tvm_ext.runtime import to_device
+from tvm_ext.runtime import swap_streams, to_device
 
 DEV, HOST = tvm.cpu(0), tvm.cpu(1)
 SIZES_MIB = (4, 16, 64)
@@ -48,15 +47,15 @@ def _compute_step(work: np.ndarray, steps: int) -> None:
 def measure(size_mib: int, repeat: int) -> dict:
     n = size_mib * (1 << 18)  # float32 elements
     src = to_device(np.ones(n, "float32"), DEV)
-    dst = swap_runtime.host_empty((n,), "float32", HOST, DEV)
+    dst = swap_streams.host_empty((n,), "float32", HOST, DEV)
     work = np.random.default_rng(0).standard_normal(1 << 16).astype("float32")
 
     def sync_copy():
         src.copyto(dst)
 
     def stream_copy():
-        swap_runtime.copy_async(src, dst, 0, "src")
-        swap_runtime.wait(dst, 0)
+        swap_streams.copy_async(src, dst, 0, "src")
+        swap_streams.wait(dst, 0)
 
     t_copy = _median_s(stream_copy, repeat)
     # A compute step about as long as the copy, so that either could hide the other.
@@ -64,15 +63,15 @@ def measure(size_mib: int, repeat: int) -> dict:
     steps = max(1, round(t_copy / step))
 
     def both():
-        swap_runtime.copy_async(src, dst, 0, "src")
+        swap_streams.copy_async(src, dst, 0, "src")
         _compute_step(work, steps)
-        swap_runtime.wait_all(0)
+        swap_streams.wait_all(0)
 
     t_sync = _median_s(sync_copy, repeat)
     t_compute = _median_s(lambda: _compute_step(work, steps), repeat)
-    swap_runtime.reset_stats()
+    swap_streams.reset_stats()
     t_both = _median_s(both, repeat)
-    stats = swap_runtime.stats(0)
+    stats = swap_streams.stats(0)
     hidden = (t_compute + t_copy - t_both) / min(t_copy, t_compute)
     return {
         "size_mib": size_mib,
@@ -90,7 +89,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
-    swap_runtime.reset()
+    swap_streams.reset()
     rows = [measure(size, args.repeat) for size in SIZES_MIB]
     header = ("MiB", "sync ms", "stream ms", "compute ms", "both ms", "hidden", "overlap", "GB/s")
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")

@@ -1,7 +1,7 @@
 """Roofline against measurement, kernel by kernel, on this machine's CPU.
 
 Every kernel of a model's fused training step is compiled alone for llvm and timed on random
-inputs (`tvm_ext.cost.measure`); the table lines that up against the roofline of the "cpu"
+inputs (`tvm_ext.driver.measure_kernels`); the table lines that up against the roofline of the "cpu"
 preset and of the preset calibrated to these measurements, and compares the iteration time
 the swap simulator predicts (ideal, no swapping) from each.
 
@@ -32,14 +32,15 @@ def main(argv=None) -> int:
     ap.add_argument("--output", default=os.path.join(RESULTS, "cost_model.json"))
     args = ap.parse_args(argv)
 
-    from tvm_ext.compiler import analyze, resolve_target
     from tvm_ext.cost import op_times
-    from tvm_ext.cost.measure import calibrate, compare, measure_kernels, op_times_measured
+    from tvm_ext.cost.calibration import calibrate, compare, op_times_measured
+    from tvm_ext.driver import fused_graph, resolve_target
+    from tvm_ext.driver.measure_kernels import measure_kernels
     from tvm_ext.models import get_model
 
     target = resolve_target("llvm")
     model = get_model(args.model, args.size, training=not args.inference)
-    graph = analyze(model, target)
+    graph = fused_graph(model, target)
     start = time.perf_counter()
     timings = measure_kernels(model, target, graph)
     elapsed = time.perf_counter() - start

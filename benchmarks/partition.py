@@ -27,8 +27,9 @@ import sys
 import time
 from pathlib import Path
 
+from tvm_ext.driver import partition_problem
 from tvm_ext.models import get_model
-from tvm_ext.partition import NotApplicable, TableTooLarge, analyze, plan_partition
+from tvm_ext.partition import NotApplicable, TableTooLarge, plan_partition
 
 STRATEGIES = ("tofu", "data_parallel", "megatron", "exact")
 BASELINES = ("data_parallel", "megatron")
@@ -54,7 +55,7 @@ TIME_TARGET_S = 10.0
 
 def run_config(name: str, size: str, overrides: dict, ks=KS, links=LINKS) -> list[dict]:
     start = time.perf_counter()
-    problem = analyze(get_model(name, size, training=True, **overrides))
+    problem = partition_problem(get_model(name, size, training=True, **overrides))
     analyze_s = time.perf_counter() - start
     label = f"{name}-{size}" + "".join(f" {k}={v}" for k, v in overrides.items())
     rows = []
@@ -153,7 +154,7 @@ def time_target() -> dict:
     """Search time for k=8 on the 24-layer gpt large training graph (default batch)."""
     model = get_model("gpt", "large", training=True)
     start = time.perf_counter()
-    problem = analyze(model)
+    problem = partition_problem(model)
     analyze_s = time.perf_counter() - start
     plan = plan_partition(problem, 8, link="nvlink")
     return {"model": "gpt-large (24 layers, batch 8)", "ops": len(problem.graph.ops),

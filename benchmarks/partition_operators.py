@@ -29,9 +29,10 @@ import numpy as np
 import tvm
 
 import tvm_ext  # noqa: F401
-from tvm_ext import compiler, distributed
+from tvm_ext import driver
+from tvm_ext.driver.partitioned import build_partitioned, run_partitioned_build
 from tvm_ext.models import get_model
-from tvm_ext.partitioned import build_partitioned, run_partitioned_build
+from tvm_ext.runtime import distributed
 
 CONFIGS = [(name, size, training) for size in ("tiny", "small")
            for name in ("mlp", "gpt", "resnet") for training in (False, True)]
@@ -44,7 +45,7 @@ LLVM = tvm.target.Target("llvm")
 def run_config(name: str, size: str, training: bool, ks=KS, repeat: int = 3) -> list[dict]:
     model = get_model(name, size, training=training)
     arguments = model.random_arguments(0)
-    reference = compiler.run(compiler.build_reference(model, LLVM), arguments, tvm.cpu(0),
+    reference = driver.run(driver.build_reference(model, LLVM), arguments, tvm.cpu(0),
                              repeat=0).outputs
     rows = []
     single = None
@@ -54,7 +55,7 @@ def run_config(name: str, size: str, training: bool, ks=KS, repeat: int = 3) -> 
         compile_s = time.perf_counter() - start
         with distributed.Session(k) as sess:
             result = run_partitioned_build(sess, build, arguments, repeat=repeat)
-        check = compiler.compare(result.outputs, reference, rtol=1e-5, atol=1e-5)
+        check = driver.compare(result.outputs, reference, rtol=1e-5, atol=1e-5)
         predicted = build.predicted_peak
         measured = max(result.peak_bytes)
         if k == 1:

@@ -43,11 +43,11 @@ PLANNERS = ("ideal", "lru", "vdnn", "swapadvisor")
 def build_graph(key: str):
     import tvm
 
-    from tvm_ext.compiler import analyze
+    from tvm_ext.driver import fused_graph
     from tvm_ext.models import get_model
 
     name, size, training = MODELS[key]
-    return analyze(get_model(name, size, training=training), tvm.target.Target("llvm"))
+    return fused_graph(get_model(name, size, training=training), tvm.target.Target("llvm"))
 
 
 def phase_bound(problem) -> float:
@@ -74,7 +74,7 @@ def phase_bound(problem) -> float:
 
 
 def run_case(base, ratio: float, time_budget: float, seed: int) -> tuple[dict, dict]:
-    from tvm_ext.swap import plan_swaps, simulate
+    from tvm_ext.swap import plan_swaps, simulate, validate
     from tvm_ext.swap.search import memory_aware_order
 
     peak = base.no_swap_peak()
@@ -88,7 +88,7 @@ def run_case(base, ratio: float, time_budget: float, seed: int) -> tuple[dict, d
         start = time.perf_counter()
         plan = plan_swaps(problem, name, time_budget_s=time_budget, seed=seed)
         elapsed = time.perf_counter() - start
-        plan.validate(problem)
+        validate(problem, plan)
         plans[name] = plan
         row["planners"][name] = {
             "time_s": plan.predicted_time, "bytes_swapped": plan.bytes_swapped,

@@ -23,10 +23,12 @@ import time
 import numpy as np
 import tvm
 
-from tvm_ext import compiler
+from tvm_ext import driver
+from tvm_ext.ir.targets import vm_devices
 from tvm_ext.models import get_model
-from tvm_ext.passes.swap_offload import argument_devices, plan_problem, vm_devices
 from tvm_ext.swap import InfeasibleBudgetError, plan_swaps
+from tvm_ext.swap.placement import argument_devices
+from tvm_ext.swap.problem import problem_for_budget
 from tvm_ext.units import format_size
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -38,14 +40,14 @@ DEPTH = {"mlp": {"layers": 16}, "gpt": {"layers": 8}, "resnet": {"blocks": (4, 4
 def run_model(name: str, size: str, training: bool, budgets, repeat: int, search_s: float):
     target = tvm.target.Target("llvm")
     model = get_model(name, size, training=training, **DEPTH.get(name, {}))
-    graph = compiler.analyze(model, target)
+    graph = driver.fused_graph(model, target)
     args = model.random_arguments(0)
     device, host = vm_devices(target)
-    plain = compiler.run(compiler.build(model, target), args, device, repeat=repeat)
+    plain = driver.run(driver.build(model, target), args, device, repeat=repeat)
     constants = graph.bytes_of_kind("constant")
     rows = []
     for budget in budgets:
-        problem = plan_problem(graph, "100%" if budget == "min" else budget, "cpu")
+        problem = problem_for_budget(graph, "100%" if budget == "min" else budget, "cpu")
         if budget == "min":
             problem = problem.with_budget(problem.min_budget()[0])
         row = {"model": name, "size": size, "overrides": DEPTH.get(name, {}),
@@ -60,8 +62,8 @@ def run_model(name: str, size: str, training: bool, budgets, repeat: int, search
             row["infeasible"] = str(err)
             rows.append(row)
             continue
-        ex = compiler.build(model, target, swap_plan=plan)
-        out = compiler.run(ex, args, device, repeat=repeat, host=host,
+        ex = driver.build(model, target, swap_plan=plan)
+        out = driver.run(ex, args, device, repeat=repeat, host=host,
                            arg_devices=argument_devices(graph, plan))
         exact = all(np.array_equal(a, b) for a, b in zip(out.outputs, plain.outputs,
                                                           strict=True))
@@ -81,13 +83,13 @@ def print_table(rows) -> None:
     for r in rows:
         step = "training" if r["training"] else "inference"
         if "infeasible" in r:
-            print(f"{r['model']:8} {step:9} {format_size(r['budget']):>10}  infeasible: "
+            print(f"{r['model']:8} {step:9} {format_size(r['budget'], 2):>10}  infeasible: "
                   f"{r['infeasible'][:70]}")
             continue
-        print(f"{r['model']:8} {step:9} {format_size(r['budget']):>10} "
-              f"{format_size(r['planned_peak']):>10} {format_size(r['measured_peak']):>10} "
+        print(f"{r['model']:8} {step:9} {format_size(r['budget'], 2):>10} "
+              f"{format_size(r['planned_peak'], 2):>10} {format_size(r['measured_peak'], 2):>10} "
               f"{'yes' if r['measured_peak'] <= r['budget'] else 'NO':>4} "
-              f"{'yes' if r['exact'] else 'NO':>5} {format_size(r['swapped_bytes']):>10} "
+              f"{'yes' if r['exact'] else 'NO':>5} {format_size(r['swapped_bytes'], 2):>10} "
               f"{r['plain_ms']:10.2f} {r['swap_ms']:9.2f} {r['slowdown']:6.2f}")
 
 

@@ -8,7 +8,7 @@ process: rounds alternate between the two builds so load from other processes hi
 
     python benchmarks/tuning.py [--models mlp,gpt,resnet] [--trials 200] [--size small]
 
-Prints a table and writes benchmarks/results/tuning.json. Targets (issue 7): tuned >= 3x faster
+Prints a table and writes benchmarks/results/tuning.json. Targets: tuned >= 3x faster
 than untuned for mlp and gpt, tuning under 10 minutes each.
 
 `--gpu` adds the GPU part: gpt's GEMM kernels tuned for CUDA against torch.matmul (cuBLAS) on
@@ -32,7 +32,7 @@ import tvm
 from tvm import relax
 
 import tvm_ext  # noqa: F401  (runtime library, pipeline)
-from tvm_ext import compiler, runtime, schedules
+from tvm_ext import driver, pipeline, runtime, schedules
 from tvm_ext.models import get_model
 
 TARGET_SPEEDUP = 3.0
@@ -66,20 +66,20 @@ def time_side_by_side(executables: list, arguments, device, rounds: int, min_rou
 def bench_model(name: str, size: str, trials: int, work_dir: str,
                 rounds: int, quiet: bool) -> dict:
     model = get_model(name, size)
-    target = compiler.resolve_target("llvm")
+    target = driver.resolve_target("llvm")
     load_before = os.getloadavg()
     start = time.perf_counter()
-    report = schedules.tune(model.mod, target, work_dir, trials,
+    report = driver.tune(model.mod, target, work_dir, trials,
                             log=(lambda line: None) if quiet else None)
     tune_s = time.perf_counter() - start
-    untuned = compiler.build(model, target)
-    tuned = compiler.build(model, target, tune_db=work_dir)
+    untuned = driver.build(model, target)
+    tuned = driver.build(model, target, tune_db=work_dir)
     arguments = model.random_arguments(0)
-    ref = compiler.run(untuned, arguments, tvm.cpu(), repeat=0)
-    out = compiler.run(tuned, arguments, tvm.cpu(), repeat=0)
-    check = compiler.compare(out.outputs, ref.outputs, rtol=1e-4, atol=1e-4)
+    ref = driver.run(untuned, arguments, tvm.cpu(), repeat=0)
+    out = driver.run(tuned, arguments, tvm.cpu(), repeat=0)
+    check = driver.compare(out.outputs, ref.outputs, rtol=1e-4, atol=1e-4)
     base_ms, tuned_ms = time_side_by_side([untuned, tuned], arguments, tvm.cpu(), rounds, 0.5)
-    staged = schedules.module_at_schedule_phase(model.mod, target)
+    staged = pipeline.module_at_schedule_phase(model.mod, target)
     covered, default = schedules.coverage(staged, target, work_dir)
     row = {
         "model": name,
@@ -105,11 +105,11 @@ def bench_model(name: str, size: str, trials: int, work_dir: str,
 
 def gpu_gemms(trials: int, work_dir: str, size: str) -> dict:
     """gpt's GEMM kernels tuned for CUDA; against torch.matmul where a GPU can time them."""
-    from tvm_ext.cuda_support import has_gpu
+    from tvm_ext.runtime.cuda import has_gpu
 
     model = get_model("gpt", size)
-    target = compiler.resolve_target("cuda")
-    staged = schedules.module_at_schedule_phase(model.mod, target)
+    target = driver.resolve_target("cuda")
+    staged = pipeline.module_at_schedule_phase(model.mod, target)
     gemms = [t for t in schedules.extract_tasks(staged, target) if "matmul" in t.name]
     gpu = has_gpu()
     report = schedules.tune_tasks(gemms, target, work_dir, trials, measure=gpu)

@@ -5,14 +5,14 @@ Input: a module after the legalize phase (`tvm_ext.pipeline.legalize_passes`: le
 fused), before dataflow lowering. The pass
 
 1. reads `main` into a `DataflowGraph` and each kernel's dims from its TIR
-   (`tvm_ext.partition.semantics`), finds the dims this lowering cannot express
-   (`tvm_ext.local_kernels.lowering_obstacle`, `reshape_obstacle`) and plans with those dims
+   (`tvm_ext.ir.kernel_dims`), finds the dims this lowering cannot express
+   (`tvm_ext.ir.local_kernels.lowering_obstacle`, `reshape_obstacle`) and plans with those dims
    disallowed (`plan_partition(..., disallow=...)`), so that the plan's traffic and per-device
    memory are those of the code that runs; or checks a given plan against the graph;
 2. emits the local view of every operator: each argument with its stored layout's local shape;
    before an op, each input converted from its stored layout to the scheme the op's strategy
    requires; the op itself on the local pieces (a kernel shrunk along its split dims,
-   `tvm_ext.local_kernels.local_kernel`; a reshape of the local piece); after it, each output
+   `tvm_ext.ir.local_kernels.local_kernel`; a reshape of the local piece); after it, each output
    converted from the produced scheme (PARTIAL after a split reduction) to its stored layout.
    A kernel that reduces over a split dim and reads the result again (a matmul with its bias,
    softmax, layer norm, batch statistics) is cut after each such block (`split_kernel`) with an
@@ -28,16 +28,17 @@ fused), before dataflow lowering. The pass
    all-to-alls and allreduces, then allgathers, deepest level first): TVM's
    `R.ccl.allreduce` / `R.ccl.allgather` (legalized) when a collective spans every device, else
    the runtime library's mesh collectives `tvm_ext.ccl.mesh_*` (one mesh level, any axis, see
-   src/ccl_mesh.cc); a slice reads the worker's mesh coordinate at run time (no messages);
+   src/ccl/ccl_mesh.cc); a slice reads the worker's mesh coordinate at run time (no messages);
 4. records the layouts of the arguments and outputs, the plan summary and every fallback (a
    split the partitioner could choose but this lowering cannot express, with the reason, and
    the ops where the unrestricted plan chose it) in the function attribute
-   `tvm_ext.partition` (JSON); `partition_layout(mod)` reads it back.
+   `tvm_ext.partition` (JSON); `tvm_ext.ir.pass_records.partition_record(mod)` reads it back.
 
 The devices form the plan's mesh (level 1 outermost); worker w has coordinates c with
 `w = sum_l c_l * p_{l+1} * ... * p_L` and holds, of each tensor, the blocks named by the index
 convention of `tvm_ext.partition.layout` (`tvm_ext.partition.sharding` places and gathers them).
-A module partitioned here runs on a `tvm_ext.distributed.Session` of k workers (cpu or nccl).
+A module partitioned here runs on a `tvm_ext.runtime.distributed.Session` of k workers (cpu or
+nccl).
 """
 
 from __future__ import annotations
@@ -51,169 +52,26 @@ import tvm_ffi
 from tvm import relax
 
 from tvm_ext.cost import Hardware
-from tvm_ext.graph import DataflowGraph, GraphBuildError
-from tvm_ext.graph_builder import build_graph_with_ir
-from tvm_ext.local_kernels import (
-    KernelPart,
-    LoweringError,
-    chunk_params,
-    inner_blocks,
-    local_kernel,
-    lowering_obstacle,
-    reshape_obstacle,
-    split_kernel,
-)
-from tvm_ext.partition import PartitionPlan, PartitionProblem, plan_partition
+from tvm_ext.errors import InputError
+from tvm_ext.ir.graph import DataflowGraph
+from tvm_ext.ir.graph_builder import read_pass_input
+from tvm_ext.ir.kernel_dims import problem_from_module
+from tvm_ext.ir.local_kernels import LoweringError, chunk_params
+from tvm_ext.ir.partition_lowering import PartitionLowering
+from tvm_ext.ir.pass_records import PARTITION_ATTR, SWAP_PLAN_ATTR, has_record
+from tvm_ext.partition import PartitionPlan, plan_partition
 from tvm_ext.partition.layout import PARTIAL, REP, conversion_sequence, local_shape
-from tvm_ext.partition.semantics import analyze_module, kernel_dims
+from tvm_ext.partition.plan import layouts_of
 from tvm_ext.partition.sharding import level_stride
+from tvm_ext.units import json_default
 
-PARTITION_ATTR = "tvm_ext.partition"
 _REDUCE_KIND = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
 _HINT = ("run the legalize phase first (tvm_ext.pipeline.legalize_passes: LegalizeOps, "
          "AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR)")
 
 
-class PartitionError(ValueError):
+class PartitionError(InputError):
     """The module is not in a form PartitionOperators rewrites, or the plan does not fit it."""
-
-
-class PartitionLowering:
-    """What this lowering can express of a module's kernels: KernelDims per kernel, the dims it
-    cannot split (with reasons), and the local kernels it made."""
-
-    def __init__(self, mod: tvm.IRModule, graph: DataflowGraph, problem: PartitionProblem):
-        self.mod = mod
-        self.graph = graph
-        self.problem = problem
-        self.kdims = {}
-        self.disallow: dict[str, dict[int, str]] = {}
-        for op in graph.ops:
-            key = problem.op_spec[op.id]
-            if key is None or key in self.disallow:
-                continue
-            spec = problem.specs[key]
-            reasons: dict[int, str] = {}
-            if op.kind == "kernel":
-                kd = kernel_dims(mod[key], len(op.outputs), key)
-                self.kdims[key] = kd
-                for d, dim in enumerate(kd.spec.dims):
-                    if dim.valid:
-                        why = lowering_obstacle(kd, d)
-                        if why is not None:
-                            reasons[d] = why
-            elif op.kind == "view":
-                src, dst = (graph.tensors[op.inputs[0]].shape, graph.tensors[op.outputs[0]].shape)
-                for d, dim in enumerate(spec.dims):
-                    if dim.valid:
-                        cut = dim.inputs[0]
-                        out = dim.outputs[0]
-                        why = reshape_obstacle(src, dst, None if cut is None else cut.axis,
-                                               out if isinstance(out, int) else None)
-                        if why is not None:
-                            reasons[d] = why
-            self.disallow[key] = reasons
-        self._local: dict = {}
-
-    def fallbacks(self, unrestricted: PartitionPlan | None = None) -> list[dict]:
-        """Every dim the partitioner could split but this lowering cannot, with the reason, and
-        the ops where `unrestricted` (a plan made without the restriction) split it."""
-        chosen: dict[tuple[str, int], list[str]] = {}
-        if unrestricted is not None:
-            for o in unrestricted.ops:
-                key = self.problem.op_spec[o["id"]]
-                for d in o["strategy"]:
-                    if key is not None and d >= 0 and d in self.disallow.get(key, {}):
-                        chosen.setdefault((key, d), []).append(o["name"])
-        out = []
-        for key, reasons in self.disallow.items():
-            for d, why in sorted(reasons.items()):
-                out.append({"kernel": key, "dim": self.problem.specs[key].dims[d].name,
-                            "reason": why, "chosen_without_restriction":
-                            sorted(set(chosen.get((key, d), [])))})
-        return out
-
-    def local(self, bb: relax.BlockBuilder, kernel: str, factors: dict[int, int],
-              param_shapes: dict[int, tuple], levels: dict[int, tuple] | None = None,
-              ) -> list[tuple[tvm.ir.GlobalVar, KernelPart]]:
-        """`kernel` on one device's chunk of the split dims (`factors`: dim -> parts), as a
-        list of (GlobalVar, part): one part, or the parts cut after the blocks whose
-        reductions over a split dim are read again (`split_kernel`; the caller allreduces the
-        intermediates named by `inner_buffers` between them). `levels`: the mesh levels of the
-        dims split into strided blocks (see `local_kernel`)."""
-        factors = {d: f for d, f in factors.items() if f > 1}
-        kd = self.kdims[kernel]
-        # Only the dims whose global index the kernel computes depend on the block layout.
-        levels = {d: lv for d, lv in (levels or {}).items()
-                  if d in factors and d in kd.value_dims}
-        key = (kernel, tuple(sorted(factors.items())), tuple(sorted(param_shapes.items())),
-               tuple(sorted(levels.items())))
-        if key in self._local:
-            return self._local[key]
-        cuts = inner_blocks(kd, list(factors))
-        if cuts:
-            parts = split_kernel(kd.func, kd.spec.num_outputs, cuts)
-        else:
-            n_in = kd.spec.num_inputs
-            parts = [KernelPart(kd.func, [("in", i) for i in range(n_in)],
-                                [("out", i) for i in range(kd.spec.num_outputs)])]
-        dims = kd.spec.dims
-        suffix = "_".join(f"{dims[d].name.split('.')[-1]}_by{f}"
-                          for d, f in sorted(factors.items()))
-        out = []
-        for i, part in enumerate(parts):
-            shapes = {j: param_shapes[key[1]] for j, key in enumerate(part.inputs)
-                      if key[0] == "in" and key[1] in param_shapes}
-            if not factors and not shapes and len(parts) == 1:
-                out.append((self.mod.get_global_var(kernel), part))
-                continue
-            func = local_kernel(kd, factors, shapes, func=part.func,
-                                num_outputs=len(part.outputs), levels=levels)
-            name = kernel + (f"_{suffix}" if suffix else "_local") + \
-                ("_strided" if levels else "") + (f"_part{i}" if len(parts) > 1 else "")
-            out.append((bb.add_func(func, name),
-                        KernelPart(func, part.inputs, part.outputs, part.writers)))
-        self._local[key] = out
-        return out
-
-    def inner_buffers(self, kernel: str, strategy: Sequence[int]) -> dict[str, list]:
-        """Block -> [(level, combiner)]: the allreduces of what a block of a split kernel
-        reduced over a split dim."""
-        out: dict[str, list] = {}
-        dims = self.kdims[kernel].spec.dims
-        for lvl, d in enumerate(strategy):
-            if d >= 0:
-                for r in dims[d].inner:
-                    out.setdefault(r.buffer.split(":")[0], []).append((lvl, r.combiner))
-        return out
-
-
-def plan_for(
-    mod: tvm.IRModule,
-    num_devices: int,
-    *,
-    hardware: str | Hardware = "h100",
-    strategy: str = "tofu",
-    link: str = "nvlink",
-    topology=None,
-    function: str = "main",
-    compare_unrestricted: bool = True,
-) -> tuple[PartitionPlan, list[dict], dict]:
-    """Plan a legalized, fused module as PartitionOperators would: returns the plan, the
-    fallbacks (see `PartitionLowering.fallbacks`) and the unrestricted plan's summary (what the
-    partitioner would choose if every split could be lowered; {} unless compared)."""
-    mod, graph, _, _, problem = _analyze(mod, function)
-    lowering = PartitionLowering(mod, graph, problem)
-    return _plan(problem, lowering, num_devices, hardware, strategy, link, topology,
-                 compare_unrestricted)
-
-
-def check_plan(mod: tvm.IRModule, plan: PartitionPlan, function: str = "main") -> None:
-    """Raise PartitionError unless `plan` is a plan of this legalized, fused module that the
-    pass can lower (what PartitionOperators checks, outside a pass, so the error keeps its
-    type)."""
-    mod, graph, _, _, problem = _analyze(mod, function)
-    _validate(plan, graph, problem, PartitionLowering(mod, graph, problem))
 
 
 def _plan(problem, lowering, num_devices, hardware, strategy, link, topology, compare):
@@ -230,24 +88,15 @@ def _plan(problem, lowering, num_devices, hardware, strategy, link, topology, co
     return plan, fallbacks, summary
 
 
-def _analyze(mod: tvm.IRModule, function: str):
-    if function not in [gv.name_hint for gv in mod.functions]:
-        raise PartitionError(f"the module has no function {function!r}")
-    _check_form(mod[function])
-    mod = relax.transform.RewriteDataflowReshape()(mod)
-    try:
-        graph, bindings, constants = build_graph_with_ir(mod, function)
-    except GraphBuildError as err:
-        raise PartitionError(f"PartitionOperators needs a legalized, fused module: {err}") \
-            from err
-    problem = analyze_module(mod, graph, function)
+def _read(mod: tvm.IRModule, function: str):
+    mod, graph, bindings, constants = read_pass_input(
+        mod, function, "PartitionOperators", PartitionError, _check_form)
+    problem = problem_from_module(mod, graph, function)
     return mod, graph, bindings, constants, problem
 
 
-def _check_form(func) -> None:
-    if not isinstance(func, relax.Function):
-        raise PartitionError("PartitionOperators rewrites Relax functions only")
-    if func.attrs is not None and "tvm_ext.swap_plan" in func.attrs:
+def _check_form(func: relax.Function) -> None:
+    if has_record(func, SWAP_PLAN_ATTR):
         raise PartitionError("the function is already swapped (SwapOffload): partition first, "
                              "then swap per device")
     for block in func.body.blocks:
@@ -318,35 +167,38 @@ class PartitionOperators:
         self.compare_unrestricted = compare_unrestricted
         self.function = function
 
+    def plan_module(self, mod: tvm.IRModule) -> tuple[PartitionPlan, list[dict], dict]:
+        """Plan a legalized, fused module as the pass would (without rewriting it): the plan,
+        the fallbacks (see `PartitionLowering.fallbacks`) and the unrestricted plan's summary
+        (what the partitioner would choose if every split could be lowered; {} unless
+        `compare_unrestricted`). With a given plan: that plan, checked against the module."""
+        mod, graph, _, _, problem = _read(mod, self.function)
+        return self._decide(graph, problem, PartitionLowering(mod, graph, problem))
+
+    def _decide(self, graph: DataflowGraph, problem, lowering: PartitionLowering):
+        if self.plan is not None:
+            _validate(self.plan, graph, problem, lowering)
+            return self.plan, lowering.fallbacks(), {}
+        return _plan(problem, lowering, self.num_devices, self.hardware, self.strategy,
+                     self.link, self.topology, self.compare_unrestricted)
+
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
-        if self.function in [gv.name_hint for gv in mod.functions]:
-            attrs = mod[self.function].attrs
-            if attrs is not None and PARTITION_ATTR in attrs:
-                return mod  # already partitioned
-        mod, graph, bindings, constants, problem = _analyze(mod, self.function)
+        names = [gv.name_hint for gv in mod.functions]
+        if self.function in names and has_record(mod[self.function], PARTITION_ATTR):
+            return mod  # already partitioned
+        mod, graph, bindings, constants, problem = _read(mod, self.function)
         lowering = PartitionLowering(mod, graph, problem)
-        if self.plan is None:
-            plan, fallbacks, unrestricted = _plan(
-                problem, lowering, self.num_devices, self.hardware, self.strategy, self.link,
-                self.topology, self.compare_unrestricted)
-        else:
-            plan = self.plan
-            _validate(plan, graph, problem, lowering)
-            fallbacks, unrestricted = lowering.fallbacks(), {}
+        plan, fallbacks, unrestricted = self._decide(graph, problem, lowering)
         bb = relax.BlockBuilder(mod)
         func = _Emitter(graph, bindings, constants, problem, plan, lowering, bb).emit(
             mod[self.function])
         mod = bb.get()
         del mod["__partitioned_main"]
         info = {
-            "num_devices": plan.num_devices, "mesh": list(plan.mesh),
-            "arguments": _layouts(plan, graph, [t.id for t in sorted(
-                (t for t in graph.tensors if t.arg_index is not None),
-                key=lambda t: t.arg_index)]),
-            "outputs": _layouts(plan, graph, graph.outputs),
+            **layouts_of(plan, graph),
             "plan": plan.summary(), "fallbacks": fallbacks, "unrestricted": unrestricted,
         }
-        func = func.with_attr(PARTITION_ATTR, json.dumps(info, default=_json_default))
+        func = func.with_attr(PARTITION_ATTR, json.dumps(info, default=json_default))
         original = mod[self.function].attrs
         if original is None or "global_symbol" not in original:
             func = func.without_attr("global_symbol")
@@ -354,38 +206,6 @@ class PartitionOperators:
             func = func.with_attr("global_symbol", original["global_symbol"])
         mod.update_func(mod.get_global_var(self.function), func)
         return _drop_unused_kernels(mod)
-
-
-def partition_layout(mod: tvm.IRModule, function: str = "main") -> dict:
-    """The partition record of a partitioned function (see the module docstring, step 4):
-    `mesh`, and per argument and output `name`, `shape` (whole), `dtype`, `layout`."""
-    attrs = mod[function].attrs
-    if attrs is None or PARTITION_ATTR not in attrs:
-        raise PartitionError(f"{function} is not partitioned (no {PARTITION_ATTR} attribute)")
-    return json.loads(str(attrs[PARTITION_ATTR]))
-
-
-def layouts_of(plan: PartitionPlan, graph: DataflowGraph) -> dict:
-    """The layout record of `partition_layout` computed from a plan and its graph (what the CLI
-    needs without the rewritten IR)."""
-    args = sorted((t for t in graph.tensors if t.arg_index is not None),
-                  key=lambda t: t.arg_index)
-    return {"num_devices": plan.num_devices, "mesh": list(plan.mesh),
-            "arguments": _layouts(plan, graph, [t.id for t in args]),
-            "outputs": _layouts(plan, graph, graph.outputs)}
-
-
-def _layouts(plan: PartitionPlan, graph: DataflowGraph, tids: Sequence[int]) -> list[dict]:
-    by_id = {t["id"]: t for t in plan.tensors}
-    return [{"name": graph.tensors[t].name, "shape": list(graph.tensors[t].shape),
-             "dtype": graph.tensors[t].dtype, "layout": list(by_id[t]["layout"])}
-            for t in tids]
-
-
-def _json_default(obj):
-    if isinstance(obj, (np.integer, np.floating)):
-        return obj.item()
-    return str(obj)
 
 
 def _validate(plan: PartitionPlan, graph: DataflowGraph, problem, lowering) -> None:
@@ -401,11 +221,11 @@ def _validate(plan: PartitionPlan, graph: DataflowGraph, problem, lowering) -> N
                              f"tensors; the function {len(graph.ops)} and {len(graph.tensors)}: "
                              "it is a plan of another model (plan this module again)")
     for o, op in zip(plan.ops, graph.ops, strict=True):
-        if o["kernel"] != op.kernel or len(o["strategy"]) != len(plan.mesh):
-            raise PartitionError(f"plan op {o['id']} is {o['kernel']}, the function's op "
+        if o.kernel != op.kernel or len(o.strategy) != len(plan.mesh):
+            raise PartitionError(f"plan op {o.id} is {o.kernel}, the function's op "
                                  f"{op.id} is {op.kernel}: it is a plan of another model")
         key = problem.op_spec[op.id]
-        for d in o["strategy"]:
+        for d in o.strategy:
             if d >= 0 and (key is None or d >= len(problem.specs[key].dims)):
                 raise PartitionError(f"plan op {op.name} splits dim {d}, which {op.kernel} "
                                      "does not have")
@@ -413,11 +233,11 @@ def _validate(plan: PartitionPlan, graph: DataflowGraph, problem, lowering) -> N
                 raise PartitionError(
                     f"the plan splits {op.name} along {problem.specs[key].dims[d].name}, which "
                     f"PartitionOperators cannot lower: {lowering.disallow[key][d]}; make the "
-                    "plan with tvm_ext.passes.partition_operators.plan_for (it restricts the "
+                    "plan with PartitionOperators(...).plan_module (it restricts the "
                     "partitioner to what the pass lowers)")
     for t, tensor in zip(plan.tensors, graph.tensors, strict=True):
-        if tuple(t["shape"]) != tuple(tensor.shape) or len(t["layout"]) != len(plan.mesh):
-            raise PartitionError(f"plan tensor {t['name']} has shape {t['shape']}, the "
+        if tuple(t.shape) != tuple(tensor.shape) or len(t.layout) != len(plan.mesh):
+            raise PartitionError(f"plan tensor {t.name} has shape {t.shape}, the "
                                  f"function's {tensor.name} {list(tensor.shape)}: it is a plan "
                                  "of another model")
 
@@ -455,8 +275,8 @@ class _Emitter:
         self.mesh = [int(p) for p in plan.mesh]
         self.levels = len(self.mesh)
         self.k = plan.num_devices
-        self.layout = {t["id"]: [int(s) for s in t["layout"]] for t in plan.tensors}
-        self.strategy = {o["id"]: [int(d) for d in o["strategy"]] for o in plan.ops}
+        self.layout = {t.id: [int(s) for s in t.layout] for t in plan.tensors}
+        self.strategy = {o.id: [int(d) for d in o.strategy] for o in plan.ops}
         self.val: dict[int, relax.Expr] = {}
         self.worker = None  # the worker id as a symbolic int, once a kernel needs it
         # Vars of the original function that name one tensor (for packed-call arguments).

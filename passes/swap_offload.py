@@ -11,7 +11,7 @@ lowered, destination-passing form the rest of the pipeline leaves alone:
    256 bytes) and each kernel called with its outputs (`gv(inputs..., outputs...)`), so
    `StaticPlanBlockMemory` has nothing to plan and the pools are all the device memory used
    beyond the arguments kept there;
-3. copies on two streams through the runtime library (`tvm_ext.swap_runtime`): swap-outs
+3. copies on two streams through the runtime library (`tvm_ext.runtime.swap_streams`): swap-outs
    (stream 0, device to host, into one host pool) after the op the plan names, swap-ins
    (stream 1) into their window, a `wait` right before the first op that reads a swapped-in
    tensor and before any op or copy that overwrites a region still being copied out, and
@@ -21,8 +21,9 @@ lowered, destination-passing form the rest of the pipeline leaves alone:
 5. the function attribute `tvm_ext.swap_plan` records the plan summary (budget, planned peak,
    bytes swapped, predicted time) and `tvm_ext.swap_arguments` where each argument lives.
 
-Run it after the schedule phase and before `dataflow_lower_passes` (the "tvm_ext" pipeline
-does with `device_memory=`). A function already rewritten is left unchanged.
+Run it after the legalize phase (and the partition phase, per device) and before the schedule
+phase and `dataflow_lower_passes`, as the "tvm_ext" pipeline does with `device_memory=`. A
+function already rewritten is left unchanged.
 """
 
 from __future__ import annotations
@@ -33,58 +34,21 @@ from collections.abc import Sequence
 import tvm
 from tvm import relax
 
-from tvm_ext import swap_runtime
 from tvm_ext.cost import Hardware
-from tvm_ext.graph import DataflowGraph, GraphBuildError
-from tvm_ext.graph_builder import build_graph_with_ir
-from tvm_ext.swap import SwapPlan, SwapProblem, plan_swaps
-from tvm_ext.units import parse_size
+from tvm_ext.errors import InputError
+from tvm_ext.ir.graph_builder import read_pass_input
+from tvm_ext.ir.pass_records import SWAP_ARGS_ATTR, SWAP_PLAN_ATTR, has_record
+from tvm_ext.ir.targets import host_vdevice
+from tvm_ext.runtime import swap_streams
+from tvm_ext.swap import SwapPlan, plan_swaps, validate
+from tvm_ext.swap.placement import DEVICE, HOST, argument_devices
+from tvm_ext.swap.problem import align, problem_for_budget
 
-PLAN_ATTR = "tvm_ext.swap_plan"
-ARGS_ATTR = "tvm_ext.swap_arguments"
 D2H, H2D = 0, 1  # copy stream ids
-DEVICE, HOST = 0, 1  # positions in the VM's device list
 
 
-class SwapOffloadError(ValueError):
+class SwapOffloadError(InputError):
     """The module is not in a form SwapOffload rewrites, or the plan does not fit it."""
-
-
-def host_vdevice(target: tvm.target.Target) -> relax.VDevice:
-    """Where swapped tensors live: the CPU. On a CPU target the host is a second CPU device
-    (cpu:1) standing in for host memory, so the two are measured apart."""
-    host_id = 1 if target.kind.name in ("llvm", "c") else 0
-    return relax.VDevice(tvm.target.Target("llvm"), host_id, "global")
-
-
-def vm_devices(target: tvm.target.Target) -> list[tvm.runtime.Device]:
-    """The device list a VM running a swapped module takes: [device, host]."""
-    if target.kind.name in ("llvm", "c"):
-        return [tvm.cpu(0), tvm.cpu(1)]
-    return [tvm.device(target.kind.name, 0), tvm.cpu(0)]
-
-
-def plan_problem(
-    graph: DataflowGraph,
-    device_memory: int | str,
-    hardware: str | Hardware = "h100",
-    op_times: Sequence[float] | None = None,
-) -> SwapProblem:
-    """The swap problem of `graph` under `device_memory` (bytes, "512MiB", "25%" of the
-    no-swap peak, or "min": the smallest budget any plan can run in)."""
-    problem = SwapProblem.from_graph(graph, 1, hardware, op_times)
-    if isinstance(device_memory, str) and device_memory.strip().lower() == "min":
-        return problem.with_budget(problem.min_budget()[0])
-    budget = parse_size(device_memory, reference=problem.no_swap_peak())
-    return problem.with_budget(budget)
-
-
-def argument_devices(graph: DataflowGraph, plan: SwapPlan) -> list[int]:
-    """Per function argument: VM device 0 (the device) or 1 (the host)."""
-    on_host = set(plan.host_start)
-    args = sorted((t for t in graph.tensors if t.arg_index is not None),
-                  key=lambda t: t.arg_index)
-    return [HOST if t.id in on_host else DEVICE for t in args]
 
 
 @tvm.transform.module_pass(opt_level=0, name="SwapOffload")
@@ -129,30 +93,24 @@ class SwapOffload:
         self.function = function
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
-        if self.function not in [gv.name_hint for gv in mod.functions]:
-            raise SwapOffloadError(f"the module has no function {self.function!r}")
-        func = mod[self.function]
-        if func.attrs is not None and PLAN_ATTR in func.attrs:
+        names = [gv.name_hint for gv in mod.functions]
+        if self.function in names and has_record(mod[self.function], SWAP_PLAN_ATTR):
             return mod  # already swapped
-        _check_form(func)
-        # Reshapes become views here, as in `tvm_ext.compiler.analyze`: the graph a plan was
-        # made for and the graph rewritten must be the same.
-        mod = relax.transform.RewriteDataflowReshape()(mod)
-        try:
-            graph, bindings, constants = build_graph_with_ir(mod, self.function)
-        except GraphBuildError as err:
-            raise SwapOffloadError(f"SwapOffload needs a legalized, fused module: {err}") from err
+        given = mod
+        mod, graph, bindings, constants = read_pass_input(
+            mod, self.function, "SwapOffload", SwapOffloadError, _check_form)
+        func = given[self.function]
         if self.plan is not None:
             budget = self.plan.budget if self.device_memory is None else self.device_memory
-            problem = plan_problem(graph, budget, self.hardware, self.op_times)
+            problem = problem_for_budget(graph, budget, self.hardware, self.op_times)
             plan = self.plan
             try:
-                plan.validate(problem)
+                validate(problem, plan)
             except Exception as err:  # PlanError, or ids that do not fit this graph
                 raise SwapOffloadError(f"the plan given does not fit this function: {err}") \
                     from err
         else:
-            problem = plan_problem(graph, self.device_memory, self.hardware, self.op_times)
+            problem = problem_for_budget(graph, self.device_memory, self.hardware, self.op_times)
             plan = plan_swaps(problem, self.planner, time_budget_s=self.time_budget_s,
                               seed=self.seed)
         target = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
@@ -176,9 +134,7 @@ def _match_casts(func: relax.Function) -> dict:
     return casts
 
 
-def _check_form(func) -> None:
-    if not isinstance(func, relax.Function):
-        raise SwapOffloadError("SwapOffload rewrites Relax functions only")
+def _check_form(func: relax.Function) -> None:
     for block in func.body.blocks:
         for binding in block.bindings:
             value = binding.value
@@ -235,7 +191,7 @@ class _Rewriter:
     def wait_swap_out(self, k: int) -> None:
         """Before a region is overwritten: the copy-out of what it held must be done."""
         if k >= 0 and k not in self.waited_out:
-            self.emit(swap_runtime.wait_call(self.swapped_out_var[k], D2H))
+            self.emit(swap_streams.wait_call(self.swapped_out_var[k], D2H))
             self.waited_out.add(k)
 
     # ------------------------------------------------------------------ the function
@@ -266,8 +222,8 @@ class _Rewriter:
             swap_out_after.setdefault(s.after, []).append(k)
 
         attrs = {"num_input": g.num_input, "relax.force_pure": True,
-                 PLAN_ATTR: json.dumps(plan.summary()),
-                 ARGS_ATTR: ["host" if w == HOST else "device" for w in where]}
+                 SWAP_PLAN_ATTR: json.dumps(plan.summary()),
+                 SWAP_ARGS_ATTR: ["host" if w == HOST else "device" for w in where]}
         # Pure from the outside (force_pure): the impure copies and waits stay inside.
         with self.bb.function("main", params, attrs=attrs, pure=True):
             self.pools = [self.emit(relax.op.memory.alloc_storage(
@@ -280,12 +236,12 @@ class _Rewriter:
                 for ri in produced_at.get(pos, []):
                     self.wait_swap_out(plan.residencies[ri].wait_swap_out)
                 for k in waits_before.get(pos, []):
-                    self.emit(swap_runtime.wait_call(
+                    self.emit(swap_streams.wait_call(
                         self.cur[plan.swap_ins[k].tensor], H2D))
                 self._op(op_id, produced_at.get(pos, []))
                 self._swap_outs(swap_out_after.get(pos, []))
                 self._swap_ins(swap_in_after.get(pos, []))
-            self.emit(swap_runtime.wait_all_call())
+            self.emit(swap_streams.wait_all_call())
             outputs = []
             for tid in g.outputs:
                 base = g.base(tid)
@@ -309,11 +265,11 @@ class _Rewriter:
         for s in self.plan.swap_outs:
             if s.tensor not in offsets:
                 offsets[s.tensor] = total
-                total += -(-self.g.tensors[s.tensor].nbytes // 256) * 256
+                total += align(self.g.tensors[s.tensor].nbytes)
         self.host_offsets = offsets
         if not total:
             return None
-        return self.emit(swap_runtime.host_storage_call(total, HOST, DEVICE), "host_pool")
+        return self.emit(swap_streams.host_storage_call(total, HOST, DEVICE), "host_pool")
 
     def _scalar_ops(self) -> None:
         """Packed calls with no tensor argument or result (the worker id a partitioned kernel
@@ -366,7 +322,7 @@ class _Rewriter:
                     relax.ShapeExpr(list(t.shape)), t.dtype)
                 self.host_val[s.tensor] = self.emit(alloc)
             src = self.cur[s.tensor]
-            self.emit(swap_runtime.copy_async_call(src, self.host_val[s.tensor], D2H, t.name))
+            self.emit(swap_streams.copy_async_call(src, self.host_val[s.tensor], D2H, t.name))
             self.swapped_out_var[k] = src
             del self.cur[s.tensor]
 
@@ -376,4 +332,4 @@ class _Rewriter:
             t = self.g.tensors[s.tensor]
             self.wait_swap_out(s.wait_swap_out)
             dst = self.place(s.residency)
-            self.emit(swap_runtime.copy_async_call(self.host_val[s.tensor], dst, H2D, t.name))
+            self.emit(swap_streams.copy_async_call(self.host_val[s.tensor], dst, H2D, t.name))

@@ -1,12 +1,13 @@
-"""tvm_ext.schedules: kernel tuning with MetaSchedule and its XGBoost cost model.
+"""tvm_ext.schedules: kernel schedules. MetaSchedule tuning with its XGBoost cost model
+(`tune_tasks` over the tasks of a module at the schedule phase), the tuning database and the
+pass that applies it, and default GPU schedules for kernels without a record.
 
-    report = tune(model.mod, target, "tune_db", trials=200)       # tune, records appended to disk
+    report = tvm_ext.driver.tune(model.mod, target, "tune_db", trials=200)  # records on disk
     ex = tvm.compile(model.mod, target,
                      relax_pipeline=relax.get_pipeline("tvm_ext", target=target,
                                                        tune_db="tune_db"))  # apply them
 
-Tuning sees the module as the pipeline's schedule phase will (`module_at_schedule_phase`);
-kernels without a timed record keep TVM's default schedules (dlight on GPU).
+Kernels without a timed record keep TVM's default schedules (dlight on GPU).
 """
 
 from .apply_tuning_database import ApplyTuningDatabase, coverage, kernel_times, kernel_workload
@@ -16,19 +17,15 @@ from .database import (
     open_database,
     target_key,
 )
-from .tasks import (
-    TuningTask,
-    extract_tasks,
-    module_at_schedule_phase,
-    run_phases,
-    scheduled_module,
-)
-from .tuning import NoDeviceError, TuningReport, can_time, tune, tune_tasks
+from .default_gpu import ApplyDefaultGPUSchedules
+from .tasks import TuningTask, extract_tasks
+from .tuning import NoDeviceError, TuningReport, can_time, tune_tasks
 
 DEFAULT_WORK_DIR = "tvm_ext_tune_db"
 
 __all__ = [
     "DEFAULT_WORK_DIR",
+    "ApplyDefaultGPUSchedules",
     "ApplyTuningDatabase",
     "NoDeviceError",
     "TuningDatabaseError",
@@ -40,11 +37,7 @@ __all__ = [
     "extract_tasks",
     "kernel_times",
     "kernel_workload",
-    "module_at_schedule_phase",
     "open_database",
-    "run_phases",
-    "scheduled_module",
     "target_key",
-    "tune",
     "tune_tasks",
 ]

@@ -25,6 +25,8 @@ import warnings
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
+from tvm_ext.errors import InputError
+
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
 UNTIMED_SUFFIX = ".untimed"
@@ -32,7 +34,7 @@ UNTIMED_SUFFIX = ".untimed"
 NO_TIME = 1e10
 
 
-class TuningDatabaseError(RuntimeError):
+class TuningDatabaseError(InputError):
     """A tuning database that cannot be read."""
 
 

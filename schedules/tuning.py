@@ -32,17 +32,21 @@ import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.utils import cpu_count, fork_seed
 
+from tvm_ext.errors import UnavailableError
+from tvm_ext.ir.targets import is_cpu
+from tvm_ext.runtime.cuda import has_gpu
+
 from .database import best_seconds, count_records, database_dir, open_database, target_key
 from .measure import PooledBuilder, UntimedRunner, timing_runner
 from .progress import ProgressCallback, TaskProgress
-from .tasks import TuningTask, extract_tasks, module_at_schedule_phase
+from .tasks import TuningTask
 
 COST_MODEL_FILE = "cost_model.tar"
 STATE_FILE = "state.json"
 POPULATION = 128  # of the evolutionary search; see _search_strategy
 
 
-class NoDeviceError(RuntimeError):
+class NoDeviceError(UnavailableError):
     """Timed tuning was asked for, but there is no device for the target here."""
 
 
@@ -99,11 +103,9 @@ class TuningReport:
 
 def can_time(target: tvm.target.Target) -> bool:
     """Whether candidates for `target` can be timed on this machine."""
-    if target.kind.name in ("llvm", "c"):
+    if is_cpu(target):
         return True
     if target.kind.name == "cuda":
-        from tvm_ext.cuda_support import has_gpu
-
         return has_gpu()
     return bool(tvm.device(target.kind.name, 0).exist)
 
@@ -121,37 +123,6 @@ def tuning_target(target: tvm.target.Target) -> tvm.target.Target:
     return tvm.target.Target(config)
 
 
-def tune(
-    mod: tvm.IRModule,
-    target: tvm.target.Target,
-    work_dir: str,
-    trials: int,
-    *,
-    measure: bool | None = None,
-    trials_per_iter: int | None = None,
-    seed: int | None = 0,
-    log: Callable[[str], None] | None = None,
-    **pipeline_options,
-) -> TuningReport:
-    """Tune the kernels of `mod` as the tvm_ext pipeline will compile them.
-
-    Args:
-        mod: a Relax module, as given to `tvm.compile` (before the pipeline).
-        target: the compilation target (the same one the build uses).
-        work_dir: the tuning work directory (created if missing; shared by models and targets).
-        trials: the trial budget for all kernels of `mod` together.
-        measure: time candidates on the device (default: when there is one; False: build only).
-        trials_per_iter: candidates per search iteration (default: from the budget).
-        seed: the search's random seed (None: random).
-        log: where progress lines go (default: stdout, flushed).
-        pipeline_options: options of `pipeline.phases` that shape the kernels (e.g. a partition
-            plan added by later issues), so tasks are the kernels the build will see.
-    """
-    staged = module_at_schedule_phase(mod, target, **pipeline_options)
-    return tune_tasks(extract_tasks(staged, target), target, work_dir, trials, measure=measure,
-                      trials_per_iter=trials_per_iter, seed=seed, log=log)
-
-
 def tune_tasks(
     tasks: list[TuningTask],
     target: tvm.target.Target,
@@ -163,7 +134,7 @@ def tune_tasks(
     seed: int | None = 0,
     log: Callable[[str], None] | None = None,
 ) -> TuningReport:
-    """Tune `tasks` (from `extract_tasks`); see `tune`."""
+    """Tune `tasks` (from `extract_tasks`); see `tvm_ext.driver.tune`."""
     log = log or _print
     if trials < 0:
         raise ValueError(f"the trial budget must be >= 0, got {trials}")

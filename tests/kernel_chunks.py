@@ -1,5 +1,5 @@
 """Per-kernel equivalence of partitioned execution: for a fused kernel and a split of its dims,
-each device's local kernel (`tvm_ext.local_kernels.local_kernel`, cut into parts with the
+each device's local kernel (`tvm_ext.ir.local_kernels.local_kernel`, cut into parts with the
 allreduces between them where a reduction is read again) run on its chunk of the inputs must
 give the chunk of the global kernel's outputs (or a partial result whose combination is the
 global output). Numpy plays the collectives. Used by tests/test_kernel_chunks.py on every
@@ -15,7 +15,8 @@ import numpy as np
 import tvm
 from tvm import tirx
 
-from tvm_ext.local_kernels import (
+from tvm_ext.ir.kernel_dims import KernelDims
+from tvm_ext.ir.local_kernels import (
     KernelPart,
     chunk_params,
     inner_blocks,
@@ -23,7 +24,6 @@ from tvm_ext.local_kernels import (
     lowering_obstacle,
     split_kernel,
 )
-from tvm_ext.partition.semantics import KernelDims
 from tvm_ext.partition.spec import AxisCut
 
 LLVM = tvm.target.Target("llvm")

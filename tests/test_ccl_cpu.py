@@ -1,4 +1,4 @@
-"""The "cpu" Disco collective backend (src/ccl_cpu.cc) on ThreadedSessions of 1..8 workers.
+"""The "cpu" Disco collective backend (src/ccl/ccl_cpu.cc) on ThreadedSessions of 1..8 workers.
 
 Every collective is reached the way compiled modules reach it: through TVM's disco builtins
 (`runtime.disco.allreduce`, ...), which dispatch to `runtime.disco.cpu.*`, and through Relax's
@@ -19,7 +19,7 @@ from tvm.script import relax as R
 from tvm_ffi import Shape
 
 import tvm_ext
-from tvm_ext import distributed as dist
+from tvm_ext.runtime import distributed as dist
 
 KINDS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "avg": 4}
 DTYPES = ["float32", "float16", "bfloat16", "float64", "int32", "int64", "int8", "uint8", "bool"]

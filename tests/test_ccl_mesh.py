@@ -1,4 +1,4 @@
-"""The mesh collectives of partitioned modules (src/ccl_mesh.cc, cpu backend) against the index
+"""The mesh collectives of partitioned modules (src/ccl/ccl_mesh.cc, cpu backend) against the index
 convention of tvm_ext.partition.sharding: on a 2 x 2 mesh, every layout of a 3-d tensor, every
 level, every conversion."""
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from tvm_ffi import Shape
 
-from tvm_ext import distributed as dist
 from tvm_ext.partition.layout import REP, local_shape
 from tvm_ext.partition.sharding import coordinates, level_stride, shards, unshard
+from tvm_ext.runtime import distributed as dist
 
 MESH = [2, 2]
 X = np.random.default_rng(0).standard_normal((4, 8, 4)).astype("float32")

@@ -1,4 +1,4 @@
-"""The NCCL Disco backend (src/nccl/ccl_nccl.cc): it builds where CUDA and NCCL are found, it
+"""The NCCL Disco backend (src/ccl/nccl/ccl_nccl.cc): it builds where CUDA and NCCL are found, it
 loads lazily (the runtime library needs neither libcuda nor libnccl), it says how to get it when
 it is missing, and on a GPU machine it runs the same code as the cpu backend."""
 
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import tvm_ext
-from tvm_ext import cuda_support
-from tvm_ext import distributed as dist
+from tvm_ext.runtime import cuda as cuda_support
+from tvm_ext.runtime import distributed as dist
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,7 +54,7 @@ def test_missing_nccl_backend_says_how_to_get_it():
         """
         import tvm, tvm_ext
         from tvm_ffi import Shape
-        from tvm_ext import distributed as dist
+        from tvm_ext.runtime import distributed as dist
         assert not dist.nccl_available()
         try:
             dist.Session(1, "nccl")
@@ -104,7 +104,8 @@ def test_nccl_backend_builds_and_loads(nccl_library):
     result = _python(
         """
         import tvm, tvm_ext, tvm_ffi
-        from tvm_ext import cuda_support, distributed as dist
+        from tvm_ext.runtime import cuda as cuda_support
+        from tvm_ext.runtime import distributed as dist
         print("LOADED:", dist.load_nccl_backend())
         print("VERSION:", tvm_ffi.get_global_func("tvm_ext.nccl.version")())
         names = set(tvm_ffi.registry.list_global_func_names())

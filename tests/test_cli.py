@@ -59,7 +59,7 @@ def test_cuda_export_holds_device_code(tmp_path):
     assert proc.returncode == 0, proc.stderr
     check = f"""
 import tvm, tvm_ext
-from tvm_ext.cuda_support import ensure_cuda_runtime
+from tvm_ext.runtime.cuda import ensure_cuda_runtime
 ensure_cuda_runtime()
 lib = tvm.runtime.load_module({str(so)!r})
 assert [m.kind for m in lib.imports[0].imports] == ["cuda"]
@@ -294,7 +294,7 @@ def test_output_path_clashes(tmp_path, capsys):
 
 
 def test_failed_export_keeps_the_existing_file(tmp_path, monkeypatch):
-    from tvm_ext import compiler
+    from tvm_ext import driver
 
     so = tmp_path / "m.so"
     so.write_bytes(b"the module of yesterday")
@@ -304,7 +304,7 @@ def test_failed_export_keeps_the_existing_file(tmp_path, monkeypatch):
             f.write(b"half a module")
         raise OSError("disk full")
 
-    monkeypatch.setattr(compiler, "export", broken)
+    monkeypatch.setattr(driver, "export", broken)
     with pytest.raises(OSError, match="disk full"):
         main(["mlp", "--output", str(so)])
     assert so.read_bytes() == b"the module of yesterday"

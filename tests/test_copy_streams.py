@@ -1,6 +1,6 @@
-"""The swap runtime (src/copy_streams.cc, tvm_ext/swap_runtime.py): asynchronous copies on copy
-streams, waits, host buffers, failure reporting, and the calls a swap pass emits, run on the
-Relax VM. CPU stand-in: cpu:0 is the device, cpu:1 the host."""
+"""The swap runtime (src/swap/copy_streams.cc, tvm_ext/runtime/swap_streams.py): asynchronous
+copies on copy streams, waits, host buffers, failure reporting, and the calls a swap pass emits,
+run on the Relax VM. CPU stand-in: cpu:0 is the device, cpu:1 the host."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
-from tvm_ext import cuda_support, pipeline, swap_runtime
-from tvm_ext.runtime import empty, memory_stats, to_device
+from tvm_ext import pipeline
+from tvm_ext.runtime import cuda as cuda_support
+from tvm_ext.runtime import empty, memory_stats, swap_streams, to_device
 
 DEV = tvm.cpu(0)
 HOST = tvm.cpu(1)
@@ -25,11 +26,11 @@ BIG = 8 << 20  # float32 elements: a 32 MiB copy takes milliseconds, long enough
 
 @pytest.fixture(autouse=True)
 def _clean_streams():
-    swap_runtime.reset()
-    swap_runtime.set_tracing(True)
+    swap_streams.reset()
+    swap_streams.set_tracing(True)
     yield
-    swap_runtime.set_tracing(False)
-    swap_runtime.reset()
+    swap_streams.set_tracing(False)
+    swap_streams.reset()
 
 
 def _random(shape, dtype: str, seed: int = 0) -> np.ndarray:
@@ -53,62 +54,62 @@ def _random(shape, dtype: str, seed: int = 0) -> np.ndarray:
 def test_round_trip_is_exact(dtype, shape):
     data = _random(shape, dtype)
     x = to_device(data, DEV)
-    x_host = swap_runtime.host_empty(shape, dtype, HOST, DEV)
+    x_host = swap_streams.host_empty(shape, dtype, HOST, DEV)
     assert x_host.device == HOST
-    swap_runtime.copy_async(x, x_host, 0, "x")
+    swap_streams.copy_async(x, x_host, 0, "x")
     back = empty(shape, dtype, DEV)
-    swap_runtime.copy_async(x_host, back, 0, "x")  # FIFO: runs after the swap-out
-    swap_runtime.wait(back, 0)
+    swap_streams.copy_async(x_host, back, 0, "x")  # FIFO: runs after the swap-out
+    swap_streams.wait(back, 0)
     np.testing.assert_array_equal(back.numpy(), data)
-    swap_runtime.wait_all(0)  # the statistics are final once the stream is empty
-    assert swap_runtime.stats(0).copies == 2
-    assert swap_runtime.stats(0).bytes == 2 * data.nbytes
+    swap_streams.wait_all(0)  # the statistics are final once the stream is empty
+    assert swap_streams.stats(0).copies == 2
+    assert swap_streams.stats(0).bytes == 2 * data.nbytes
 
 
 def test_copy_runs_while_the_caller_computes():
     """The copy's [start, end] (worker timestamps) intersects a compute step of the caller, and
     the stats count the whole copy as overlapped: the caller never blocked."""
     src = to_device(np.ones(BIG, "float32"), DEV)
-    dst = swap_runtime.host_empty((BIG,), "float32", HOST, DEV)
+    dst = swap_streams.host_empty((BIG,), "float32", HOST, DEV)
     work = np.random.default_rng(0).standard_normal((64, 64))
     attempts = 0
     for _ in range(5):  # only a caller descheduled for the whole copy misses it
         attempts += 1
-        swap_runtime.reset_stats()
-        swap_runtime.copy_async(src, dst, 0, "src")
+        swap_streams.reset_stats()
+        swap_streams.copy_async(src, dst, 0, "src")
         steps = []
-        while not swap_runtime.is_idle(0):
-            t0 = swap_runtime.now_ns()
+        while not swap_streams.is_idle(0):
+            t0 = swap_streams.now_ns()
             work = np.tanh(work @ work.T)  # compute while the copy runs
-            steps.append((t0, swap_runtime.now_ns()))
-        (copy,) = [r for r in swap_runtime.trace() if isinstance(r, swap_runtime.CopyRecord)]
+            steps.append((t0, swap_streams.now_ns()))
+        (copy,) = [r for r in swap_streams.trace() if isinstance(r, swap_streams.CopyRecord)]
         if any(t0 < copy.end_ns and t1 > copy.start_ns for t0, t1 in steps):
             break
     else:
         pytest.fail("the copy never ran while the caller computed in 5 attempts")
-    stats = swap_runtime.stats(0)
+    stats = swap_streams.stats(0)
     assert copy.enqueued_ns <= copy.start_ns < copy.end_ns
     assert stats.busy_ns == copy.end_ns - copy.start_ns > 0
     assert stats.overlap_ns == stats.busy_ns, "the caller never blocked, so all of it overlapped"
     assert stats.wait_ns == 0
-    swap_runtime.wait(dst, 0)
+    swap_streams.wait(dst, 0)
     assert dst.numpy()[-1] == 1.0
     print(f"overlap observed at attempt {attempts}, copy {stats.busy_ns / 1e6:.1f} ms")
 
 
 def test_blocking_wait_is_not_counted_as_overlap():
     src = to_device(np.ones(BIG, "float32"), DEV)
-    dst = swap_runtime.host_empty((BIG,), "float32", HOST, DEV)
-    swap_runtime.copy_async(src, dst, 0, "src")
-    swap_runtime.wait(src, 0)  # at once: the caller blocks for (most of) the copy
-    records = swap_runtime.trace()
-    (copy,) = [r for r in records if isinstance(r, swap_runtime.CopyRecord)]
-    waits = [r for r in records if isinstance(r, swap_runtime.WaitRecord)]
+    dst = swap_streams.host_empty((BIG,), "float32", HOST, DEV)
+    swap_streams.copy_async(src, dst, 0, "src")
+    swap_streams.wait(src, 0)  # at once: the caller blocks for (most of) the copy
+    records = swap_streams.trace()
+    (copy,) = [r for r in records if isinstance(r, swap_streams.CopyRecord)]
+    waits = [r for r in records if isinstance(r, swap_streams.WaitRecord)]
     assert all(w.end_ns >= copy.end_ns for w in waits), "a wait returned before its copy ended"
     blocked = sum(
         max(0, min(copy.end_ns, w.end_ns) - max(copy.start_ns, w.start_ns)) for w in waits
     )
-    stats = swap_runtime.stats(0)
+    stats = swap_streams.stats(0)
     assert stats.overlap_ns == (copy.end_ns - copy.start_ns) - blocked
     assert stats.wait_ns == sum(w.end_ns - w.start_ns for w in waits)
 
@@ -119,13 +120,13 @@ def test_one_stream_is_fifo():
     n = 1 << 18
     data = _random((n,), "float32")
     chain = [to_device(data, HOST)] + [
-        swap_runtime.host_empty((n,), "float32", HOST, DEV) for _ in range(5)
+        swap_streams.host_empty((n,), "float32", HOST, DEV) for _ in range(5)
     ]
     for i in range(5):
-        swap_runtime.copy_async(chain[i], chain[i + 1], 3, f"h{i + 1}")
-    swap_runtime.wait_all(3)
+        swap_streams.copy_async(chain[i], chain[i + 1], 3, f"h{i + 1}")
+    swap_streams.wait_all(3)
     np.testing.assert_array_equal(chain[-1].numpy(), data)
-    copies = [r for r in swap_runtime.trace() if isinstance(r, swap_runtime.CopyRecord)]
+    copies = [r for r in swap_streams.trace() if isinstance(r, swap_streams.CopyRecord)]
     assert [c.name for c in copies] == [f"h{i + 1}" for i in range(5)]
     for before, after in itertools.pairwise(copies):
         assert before.end_ns <= after.start_ns
@@ -135,14 +136,14 @@ def test_copies_on_different_streams_touching_the_same_memory_are_ordered():
     """Swap-out on stream 0, swap-in of the same host buffer on stream 1: the swap-in waits."""
     data = _random((BIG,), "float32")
     x = to_device(data, DEV)
-    x_host = swap_runtime.host_empty((BIG,), "float32", HOST, DEV)
+    x_host = swap_streams.host_empty((BIG,), "float32", HOST, DEV)
     back = empty((BIG,), "float32", DEV)
-    swap_runtime.copy_async(x, x_host, 0, "x")
-    swap_runtime.copy_async(x_host, back, 1, "x")
-    swap_runtime.wait(back, 1)
+    swap_streams.copy_async(x, x_host, 0, "x")
+    swap_streams.copy_async(x_host, back, 1, "x")
+    swap_streams.wait(back, 1)
     np.testing.assert_array_equal(back.numpy(), data)
     (out, into) = sorted(
-        (r for r in swap_runtime.trace() if isinstance(r, swap_runtime.CopyRecord)),
+        (r for r in swap_streams.trace() if isinstance(r, swap_streams.CopyRecord)),
         key=lambda r: r.stream,
     )
     assert out.end_ns <= into.start_ns
@@ -150,9 +151,9 @@ def test_copies_on_different_streams_touching_the_same_memory_are_ordered():
 
 def test_copy_keeps_its_tensors_alive():
     data = _random((1 << 16,), "float32")
-    x_host = swap_runtime.host_empty(data.shape, "float32", HOST, DEV)
-    swap_runtime.copy_async(to_device(data, DEV), x_host, 0, "temp")  # source dropped at once
-    swap_runtime.wait(x_host, 0)
+    x_host = swap_streams.host_empty(data.shape, "float32", HOST, DEV)
+    swap_streams.copy_async(to_device(data, DEV), x_host, 0, "temp")  # source dropped at once
+    swap_streams.wait(x_host, 0)
     np.testing.assert_array_equal(x_host.numpy(), data)
 
 
@@ -168,59 +169,59 @@ def test_copy_keeps_its_tensors_alive():
 def test_mismatch_is_refused_naming_the_tensor(dst_shape, dst_dtype, reason):
     x = to_device(np.zeros((4, 4), "float32"), DEV)
     with pytest.raises(ValueError, match=rf"'layer3.out'.*{reason}"):
-        swap_runtime.copy_async(x, empty(dst_shape, dst_dtype, HOST), 2, "layer3.out")
+        swap_streams.copy_async(x, empty(dst_shape, dst_dtype, HOST), 2, "layer3.out")
 
 
 def test_refused_copy_poisons_its_stream_until_reset():
     x = to_device(np.zeros((4, 4), "float32"), DEV)
-    ok_host = swap_runtime.host_empty((4, 4), "float32", HOST, DEV)
-    swap_runtime.copy_async(x, ok_host, 2, "fine")
+    ok_host = swap_streams.host_empty((4, 4), "float32", HOST, DEV)
+    swap_streams.copy_async(x, ok_host, 2, "fine")
     with pytest.raises(ValueError, match=r"'bad'"):
-        swap_runtime.copy_async(x, empty((3,), "float32", HOST), 2, "bad")
+        swap_streams.copy_async(x, empty((3,), "float32", HOST), 2, "bad")
     with pytest.raises(RuntimeError, match=r"'bad'.*poisoned"):
-        swap_runtime.wait(ok_host, 2)
+        swap_streams.wait(ok_host, 2)
     with pytest.raises(RuntimeError, match=r"'bad'"):
-        swap_runtime.wait(x, 2)
+        swap_streams.wait(x, 2)
     with pytest.raises(RuntimeError, match=r"'bad'"):
-        swap_runtime.wait_all()
+        swap_streams.wait_all()
     with pytest.raises(RuntimeError, match=r"'bad'"):
-        swap_runtime.copy_async(x, ok_host, 2, "later")
-    other_host = swap_runtime.host_empty((4, 4), "float32", HOST, DEV)
-    swap_runtime.copy_async(x, other_host, 5, "other stream")  # other streams are unaffected
-    swap_runtime.wait_all(5)
-    swap_runtime.reset()
-    swap_runtime.copy_async(x, ok_host, 2, "after reset")
-    swap_runtime.wait_all()
+        swap_streams.copy_async(x, ok_host, 2, "later")
+    other_host = swap_streams.host_empty((4, 4), "float32", HOST, DEV)
+    swap_streams.copy_async(x, other_host, 5, "other stream")  # other streams are unaffected
+    swap_streams.wait_all(5)
+    swap_streams.reset()
+    swap_streams.copy_async(x, ok_host, 2, "after reset")
+    swap_streams.wait_all()
 
 
 def test_failure_while_running_is_reported_and_later_copies_do_not_run():
     data = _random((64,), "float32")
     x = to_device(data, DEV)
-    first, second = (swap_runtime.host_empty((64,), "float32", HOST, DEV) for _ in range(2))
+    first, second = (swap_streams.host_empty((64,), "float32", HOST, DEV) for _ in range(2))
     second.copyfrom(np.zeros(64, "float32"))
-    swap_runtime.inject_failure(4)
-    swap_runtime.copy_async(x, first, 4, "block7.attn")  # accepted; fails in the worker
-    swap_runtime.copy_async(x, second, 4, "block8.mlp")
+    swap_streams.inject_failure(4)
+    swap_streams.copy_async(x, first, 4, "block7.attn")  # accepted; fails in the worker
+    swap_streams.copy_async(x, second, 4, "block8.mlp")
     with pytest.raises(RuntimeError, match=r"'block7\.attn'.*injected failure"):
-        swap_runtime.wait(second, 4)
+        swap_streams.wait(second, 4)
     with pytest.raises(RuntimeError, match=r"'block7\.attn'"):
-        swap_runtime.wait_all(4)
+        swap_streams.wait_all(4)
     np.testing.assert_array_equal(second.numpy(), 0)  # skipped: nothing computed after it
-    assert swap_runtime.stats(4).copies == 0
+    assert swap_streams.stats(4).copies == 0
 
 
 def test_copy_that_depends_on_a_failed_copy_fails_too():
     data = _random((64,), "float32")
-    x_host = swap_runtime.host_empty((64,), "float32", HOST, DEV)
+    x_host = swap_streams.host_empty((64,), "float32", HOST, DEV)
     back = empty((64,), "float32", DEV)
     back.copyfrom(np.zeros(64, "float32"))
     big = to_device(np.zeros(BIG, "float32"), DEV)
-    swap_runtime.copy_async(big, swap_runtime.host_empty((BIG,), "float32", HOST, DEV), 0, "big")
-    swap_runtime.inject_failure(0)
-    swap_runtime.copy_async(to_device(data, DEV), x_host, 0, "x")  # fails behind "big"
-    swap_runtime.copy_async(x_host, back, 1, "x_in")  # stream 1 reads what "x" should write
+    swap_streams.copy_async(big, swap_streams.host_empty((BIG,), "float32", HOST, DEV), 0, "big")
+    swap_streams.inject_failure(0)
+    swap_streams.copy_async(to_device(data, DEV), x_host, 0, "x")  # fails behind "big"
+    swap_streams.copy_async(x_host, back, 1, "x_in")  # stream 1 reads what "x" should write
     with pytest.raises(RuntimeError, match=r"'x_in'.*failed copy.*'x'"):
-        swap_runtime.wait(back, 1)
+        swap_streams.wait(back, 1)
     np.testing.assert_array_equal(back.numpy(), 0)
 
 
@@ -232,7 +233,7 @@ def test_copy_that_depends_on_a_failed_copy_fails_too():
 def test_host_buffers_are_counted_on_the_host_device():
     before = memory_stats(HOST).in_use
     dev_before = memory_stats(DEV).in_use
-    buf = swap_runtime.host_empty((1000, 3), "float32", HOST, DEV)
+    buf = swap_streams.host_empty((1000, 3), "float32", HOST, DEV)
     assert buf.device == HOST
     assert memory_stats(HOST).in_use - before == 12000
     assert memory_stats(DEV).in_use == dev_before
@@ -362,10 +363,10 @@ def test_swap_out_and_in_between_kernels_on_the_vm():
         expected = reference["main"](to_device(data, DEV))
         np.testing.assert_array_equal(out.numpy(), expected.numpy())
         assert memory_stats(HOST).in_use == host_before, "host buffers are freed after the call"
-    a, b = swap_runtime.stats(0), swap_runtime.stats(1)
+    a, b = swap_streams.stats(0), swap_streams.stats(1)
     assert (a.copies, a.bytes) == (4, 4 * 16384)  # a out and in, twice
     assert (b.copies, b.bytes) == (2, 2 * 16384)
-    assert swap_runtime.is_idle()
+    assert swap_streams.is_idle()
 
 
 def test_swap_out_failure_on_the_vm_names_the_tensor():
@@ -373,7 +374,7 @@ def test_swap_out_failure_on_the_vm_names_the_tensor():
     vm = relax.VirtualMachine(
         tvm.compile(Swapped, target, relax_pipeline=_finalize_only(target)), [DEV, HOST]
     )
-    swap_runtime.inject_failure(0)
+    swap_streams.inject_failure(0)
     with pytest.raises(RuntimeError, match=r"copy of tensor 'a'"):
         vm["main"](to_device(_random((64, 64), "float32"), DEV))
     with pytest.raises(RuntimeError, match=r"poisoned"):  # a second run gives no stale output
@@ -381,19 +382,19 @@ def test_swap_out_failure_on_the_vm_names_the_tensor():
 
 
 def test_call_builders_match_the_calling_convention():
-    """swap_runtime's builders emit exactly the calls written by hand in `Swapped`."""
+    """swap_streams's builders emit exactly the calls written by hand in `Swapped`."""
     bindings = {bd.var.name: bd for bd in Swapped["main"].body.blocks[0].bindings}
     var = {name: bd.var for name, bd in bindings.items()}
     call = {name: bd.value for name, bd in bindings.items()}
     built = {
-        "_1": swap_runtime.copy_async_call(var["a"], var["a_host"], 0, "a"),
-        "_2": swap_runtime.wait_call(var["a"], 0),
-        "_3": swap_runtime.copy_async_call(var["a_host"], var["a2"], 0, "a"),
-        "_4": swap_runtime.wait_call(var["a2"], 0),
-        "_5": swap_runtime.copy_async_call(var["b"], var["b_host"], 1, "b"),
-        "_6": swap_runtime.wait_all_call(),
-        "hpool": swap_runtime.host_storage_call(16384, 1, 0),
-        "b_host": swap_runtime.host_empty_call((64, 64), "float32", 1, 0),
+        "_1": swap_streams.copy_async_call(var["a"], var["a_host"], 0, "a"),
+        "_2": swap_streams.wait_call(var["a"], 0),
+        "_3": swap_streams.copy_async_call(var["a_host"], var["a2"], 0, "a"),
+        "_4": swap_streams.wait_call(var["a2"], 0),
+        "_5": swap_streams.copy_async_call(var["b"], var["b_host"], 1, "b"),
+        "_6": swap_streams.wait_all_call(),
+        "hpool": swap_streams.host_storage_call(16384, 1, 0),
+        "b_host": swap_streams.host_empty_call((64, 64), "float32", 1, 0),
     }
     for name, expr in built.items():
         tvm.ir.assert_structural_equal(relax.BlockBuilder().normalize(expr), call[name])

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_ext.compiler import analyze, resolve_target
 from tvm_ext.cost import HARDWARE, get_hardware, op_time, op_times
-from tvm_ext.cost.measure import calibrate, compare, measure_kernels, op_times_measured
+from tvm_ext.cost.calibration import calibrate, compare, op_times_measured
+from tvm_ext.driver import fused_graph, resolve_target
+from tvm_ext.driver.measure_kernels import measure_kernels
 from tvm_ext.models import get_model
 
 
@@ -37,7 +38,7 @@ def test_roofline_is_the_slower_of_compute_and_memory():
 def test_measured_kernel_times_on_a_tiny_model():
     target = resolve_target("llvm")
     model = get_model("mlp", "tiny", training=True)
-    graph = analyze(model, target)
+    graph = fused_graph(model, target)
     timings = measure_kernels(model, target, graph, number=2, repeat=2)
     kernels = {op.kernel for op in graph.ops if op.kind == "kernel"}
     assert set(timings) == kernels

@@ -1,6 +1,6 @@
-"""tvm_ext.distributed: sessions, placing and gathering arrays, running modules on k workers,
-per-worker memory. Modules come from Relax's own distributed lowering (a Megatron MLP) and from
-hand-written per-worker code."""
+"""tvm_ext.runtime.distributed: sessions, placing and gathering arrays, running modules on k
+workers, per-worker memory. Modules come from Relax's own distributed lowering (a Megatron MLP)
+and from hand-written per-worker code."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tvm.script import relax as R
 from tvm.script import tirx as T
 
 import tvm_ext
-from tvm_ext import distributed as dist
+from tvm_ext.runtime import distributed as dist
 
 B, D, H = 4, 12, 24  # H and D divisible by 1, 2, 3, 4
 

@@ -286,16 +286,16 @@ def test_conv1d_transpose_gradient_matches_torch(cin, cout, kernel, stride, padd
 def _pt2_step_matches_autograd(torch, tmp_path, net, x, rtol=1e-5, atol=1e-6):
     """The compiled training step of `net` exported to a .pt2 file: loss and gradients
     against torch.autograd on the same weights."""
-    from tvm_ext import compiler
+    from tvm_ext import driver
     from tvm_ext.models import load_model
 
     path = str(tmp_path / "net.pt2")
     torch.export.save(torch.export.export(net, (x,)), path)
     step = load_model(path, training=True)
     target = torch.randn(net(x).shape)
-    executable = compiler.build(step, tvm.target.Target("llvm"))
+    executable = driver.build(step, tvm.target.Target("llvm"))
     arguments = [x.numpy(), target.numpy(), *step.random_params()]
-    loss, *grads = compiler.run(executable, arguments, tvm.cpu(), repeat=0).outputs
+    loss, *grads = driver.run(executable, arguments, tvm.cpu(), repeat=0).outputs
     expected = ((net(x) - target) ** 2).mean()
     expected.backward()
     assert float(loss) == pytest.approx(expected.item(), rel=1e-5)

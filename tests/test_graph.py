@@ -8,9 +8,9 @@ import tvm
 from tvm import relax
 from tvm.script import relax as R
 
-from tvm_ext import compiler, runtime
-from tvm_ext.graph import DataflowGraph, GraphBuildError, from_relax
-from tvm_ext.graph_builder import build_graph
+from tvm_ext import driver, runtime
+from tvm_ext.ir.graph import DataflowGraph, GraphBuildError
+from tvm_ext.ir.graph_builder import build_graph
 from tvm_ext.models import Model, TensorSpec
 
 
@@ -45,7 +45,7 @@ def test_two_layer_graph_by_hand(llvm):
            matmul 2*4*4*16 = 512.
     peak:  step 0: 896 + h 256 + scratch 256 = 1408; step 1: 896 + h 256 + y 64 = 1216.
     """
-    g = compiler.analyze(_two_layer_model(), llvm)
+    g = driver.fused_graph(_two_layer_model(), llvm)
     assert [op.kind for op in g.ops] == ["kernel", "kernel"]
     assert [op.flops for op in g.ops] == [1088.0, 512.0]
     assert g.ops[0].bytes_moved == 128 + 512 + 256
@@ -64,21 +64,21 @@ def test_two_layer_graph_by_hand(llvm):
 
 
 def test_order_must_be_topological(llvm):
-    g = compiler.analyze(_two_layer_model(), llvm)
+    g = driver.fused_graph(_two_layer_model(), llvm)
     assert g.is_topological([0, 1]) and not g.is_topological([1, 0])
     with pytest.raises(ValueError, match="topological"):
         g.peak_memory([1, 0])
 
 
 def test_json_round_trip(zoo_cache, llvm):
-    g = compiler.analyze(zoo_cache("gpt", training=True), llvm)
+    g = driver.fused_graph(zoo_cache("gpt", training=True), llvm)
     again = DataflowGraph.from_json(g.to_json())
     assert again.to_dict() == g.to_dict()
     assert again.peak_memory() == g.peak_memory()
 
 
 def test_training_graph_phases_and_kinds(zoo_cache, llvm):
-    g = compiler.analyze(zoo_cache("mlp", training=True), llvm)
+    g = driver.fused_graph(zoo_cache("mlp", training=True), llvm)
     phases = [op.phase for op in g.ops]
     assert "forward" in phases and "backward" in phases
     loss = g.tensors[g.outputs[0]]
@@ -90,7 +90,7 @@ def test_training_graph_phases_and_kinds(zoo_cache, llvm):
 
 
 def test_views_alias_their_base(zoo_cache, llvm):
-    g = compiler.analyze(zoo_cache("gpt"), llvm)
+    g = driver.fused_graph(zoo_cache("gpt"), llvm)
     views = [t for t in g.tensors if t.alias_of is not None]
     assert views, "gpt reshapes its token ids: a view"
     for v in views:
@@ -110,8 +110,8 @@ def test_peak_equals_measured_unplanned_peak(name, training, zoo_cache, llvm):
     measures (arguments are not VM allocations, nor is kernel scratch on CPU) equals
     peak_memory over activations and gradients, to the byte."""
     model = zoo_cache(name, training)
-    g = compiler.analyze(model, llvm)
-    ex = compiler.build(model, llvm, memory_planning=False)
+    g = driver.fused_graph(model, llvm)
+    ex = driver.build(model, llvm, memory_planning=False)
     dev = tvm.cpu(0)
     vm = relax.VirtualMachine(ex, dev, memory_cfg="naive")
     args = [tvm.runtime.tensor(a, dev) for a in model.random_arguments(0)]
@@ -121,10 +121,10 @@ def test_peak_equals_measured_unplanned_peak(name, training, zoo_cache, llvm):
     assert m.peak_above_baseline == g.peak_memory(kinds=("activation", "gradient"))
 
 
-def test_from_relax_reads_a_fused_module(llvm):
-    """`from_relax` on a module fused by hand gives the graph `compiler.analyze` gives."""
+def test_build_graph_reads_a_module_fused_by_hand(llvm):
+    """`build_graph` on a module fused by hand gives the graph `driver.fused_graph` gives."""
     fused = tvm.transform.Sequential(
         [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
          relax.transform.FuseOps(), relax.transform.FuseTIR()])(TwoLayer)
-    g = from_relax(fused)
-    assert g.to_dict() == compiler.analyze(_two_layer_model(), llvm).to_dict()
+    g = build_graph(fused)
+    assert g.to_dict() == driver.fused_graph(_two_layer_model(), llvm).to_dict()

@@ -11,10 +11,10 @@ from kernel_chunks import check_split, global_run, lowerable_splits
 torch = pytest.importorskip("torch")
 corpus = pytest.importorskip("corpus")
 
-from tvm_ext.graph_builder import build_graph  # noqa: E402
+from tvm_ext import pipeline  # noqa: E402
+from tvm_ext.ir.graph_builder import build_graph  # noqa: E402
+from tvm_ext.ir.kernel_dims import kernel_dims  # noqa: E402
 from tvm_ext.models.loaders import load_file  # noqa: E402
-from tvm_ext.partition.semantics import kernel_dims  # noqa: E402
-from tvm_ext.partitioned import fuse  # noqa: E402
 
 # Models whose kernels cover the operators the corpus uses (others repeat these kernels).
 MODELS = ["gpt2_eager", "llama_sdpa", "bert_eager", "t5_eager", "vit", "resnet", "wav2vec2",
@@ -26,7 +26,7 @@ def _kernels(name: str, tmp_path_factory):
     directory.mkdir(exist_ok=True)
     path, _ = corpus.export(corpus.BY_NAME[name], str(directory))
     target = tvm.target.Target("llvm")
-    fused = fuse(load_file(path), target)
+    fused = pipeline.fuse(load_file(path).mod, target)
     graph = build_graph(fused)
     seen = {}
     for op in graph.ops:

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import tvm
 
-from tvm_ext import compiler
+from tvm_ext import driver
 from tvm_ext.models import ModelLoadError, load_model
 
 
 def _run(model, arguments):
-    ex = compiler.build(model, tvm.target.Target("llvm"))
-    return compiler.run(ex, arguments, tvm.cpu(), repeat=0).outputs
+    ex = driver.build(model, tvm.target.Target("llvm"))
+    return driver.run(ex, arguments, tvm.cpu(), repeat=0).outputs
 
 
 @pytest.fixture(scope="module")
@@ -281,9 +281,9 @@ def test_transformers_llama_training_step_matches_torch(tmp_path):
     step = load_model(path, training=True)
     target = torch.randn(2, 8, 64)
     # The plain build: this checks the import and the gradients, and compiles faster.
-    executable = compiler.build_reference(step, tvm.target.Target("llvm"))
+    executable = driver.build_reference(step, tvm.target.Target("llvm"))
     arguments = [ids.numpy(), target.numpy(), *step.random_params()]
-    loss, *grads = compiler.run(executable, arguments, tvm.cpu(), repeat=0).outputs
+    loss, *grads = driver.run(executable, arguments, tvm.cpu(), repeat=0).outputs
 
     expected = ((net(ids) - target) ** 2).mean()
     expected.backward()
@@ -337,9 +337,9 @@ def test_transformers_training_step_matches_torch(tmp_path, build):
     path = _export(torch, net, inputs, tmp_path / "model.pt2")
     step = load_model(path, training=True)
     target = torch.randn(net(*inputs).shape)
-    executable = compiler.build_reference(step, tvm.target.Target("llvm"))
+    executable = driver.build_reference(step, tvm.target.Target("llvm"))
     arguments = [*(x.numpy() for x in inputs), target.numpy(), *step.random_params()]
-    loss, *grads = compiler.run(executable, arguments, tvm.cpu(), repeat=0).outputs
+    loss, *grads = driver.run(executable, arguments, tvm.cpu(), repeat=0).outputs
 
     expected = ((net(*inputs) - target) ** 2).mean()
     expected.backward()

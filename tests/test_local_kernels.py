@@ -8,7 +8,8 @@ import pytest
 import tvm
 from tvm import relax, tirx
 
-from tvm_ext.local_kernels import (
+from tvm_ext.ir.kernel_dims import kernel_dims
+from tvm_ext.ir.local_kernels import (
     LoweringError,
     chunk_params,
     inner_blocks,
@@ -17,7 +18,6 @@ from tvm_ext.local_kernels import (
     reshape_obstacle,
     split_kernel,
 )
-from tvm_ext.partition.semantics import kernel_dims
 
 LLVM = tvm.target.Target("llvm")
 

@@ -8,15 +8,15 @@ import pytest
 import reference
 import tvm
 
-from tvm_ext import compiler
+from tvm_ext import driver
 from tvm_ext.models import ModelLoadError, get_model, list_models
 
 ZOO = ["mlp", "gpt", "resnet"]
 
 
 def _run(model, arguments, target):
-    ex = compiler.build(model, target)
-    return compiler.run(ex, arguments, tvm.cpu(), repeat=0).outputs
+    ex = driver.build(model, target)
+    return driver.run(ex, arguments, tvm.cpu(), repeat=0).outputs
 
 
 @pytest.mark.parametrize("name", ZOO)
@@ -53,7 +53,7 @@ def test_training_gradients_match_finite_differences(name, zoo_cache, llvm):
     """For each of a few parameters p with computed gradient g, the central difference of the
     loss along v = g/|g| must equal g.v = |g| (a wrong gradient direction or scale fails)."""
     model = zoo_cache(name, training=True)
-    ex = compiler.build(model, llvm)
+    ex = driver.build(model, llvm)
     vm = tvm.relax.VirtualMachine(ex, tvm.cpu())
     args = model.random_arguments(3)
 
@@ -100,5 +100,5 @@ def test_large_sizes_are_planning_only_graphs(llvm):
     """Big sizes build IR (and a graph) without allocating their weights."""
     model = get_model("mlp", "large")
     assert model.param_bytes > 2**31
-    graph = compiler.analyze(model, llvm)
+    graph = driver.fused_graph(model, llvm)
     assert graph.bytes_of_kind("parameter") == model.param_bytes

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from tvm_ext.driver import partition_problem
 from tvm_ext.models import get_model
-from tvm_ext.partition import REP, analyze, make_model
+from tvm_ext.partition import REP, make_model
 from tvm_ext.partition.baselines import data_parallel_layouts, megatron_layouts
 
 
 @pytest.fixture(scope="module")
 def gpt():
-    return analyze(get_model("gpt", "tiny", training=True, batch=4))
+    return partition_problem(get_model("gpt", "tiny", training=True, batch=4))
 
 
 def layouts_by_name(problem, fixed):

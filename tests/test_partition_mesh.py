@@ -14,13 +14,14 @@ import pytest
 import tvm
 from tvm import relax, te
 
-from tvm_ext import compiler, distributed
-from tvm_ext.local_kernels import chunk_params, local_kernel
+from tvm_ext import driver, pipeline
+from tvm_ext.driver.partitioned import build_partitioned, run_partitioned_build
+from tvm_ext.ir.kernel_dims import kernel_dims, problem_from_module
+from tvm_ext.ir.local_kernels import chunk_params, local_kernel
 from tvm_ext.models import load_model
-from tvm_ext.partition.semantics import analyze_module, kernel_dims
 from tvm_ext.partition.sharding import coordinates, shard
-from tvm_ext.partitioned import build_partitioned, fuse, run_partitioned_build
-from tvm_ext.passes.partition_operators import plan_for
+from tvm_ext.passes import PartitionOperators
+from tvm_ext.runtime import distributed
 
 torch = pytest.importorskip("torch")
 
@@ -55,8 +56,8 @@ def _arguments(model, inputs) -> list[np.ndarray]:
 
 
 def _single_device(model, arguments) -> np.ndarray:
-    ex = compiler.build_reference(model, LLVM)
-    return compiler.run(ex, arguments, tvm.cpu(0), repeat=0).outputs[0]
+    ex = driver.build_reference(model, LLVM)
+    return driver.run(ex, arguments, tvm.cpu(0), repeat=0).outputs[0]
 
 
 def _partitioned(model, arguments, k: int, plan=None):
@@ -105,8 +106,8 @@ def test_pixel_shuffle(tmp_path, k):
 
 def _slices_kernel_op(model):
     """The op of the fused reshape + slices kernel, and its dims by name."""
-    fused = fuse(model, LLVM)
-    problem = analyze_module(relax.transform.RewriteDataflowReshape()(fused))
+    fused = pipeline.fuse(model.mod, LLVM)
+    problem = problem_from_module(relax.transform.RewriteDataflowReshape()(fused))
     (op,) = [op for op in problem.graph.ops
              if op.kind == "kernel" and "strided_slice" in op.kernel]
     dims = {d.name: i for i, d in enumerate(problem.spec(op.id).dims)}
@@ -125,10 +126,10 @@ def test_strided_chunks_of_a_dim_read_at_global_indices(linear_slices, k, levels
     model, arguments, eager, _ = linear_slices
     fused, op, dims = _slices_kernel_op(model)
     names = {"batch": "T_reshape.v_ax0", "seq": "T_reshape.v_ax1"}
-    plan = plan_for(fused, k, compare_unrestricted=False)[0]
+    plan = PartitionOperators(k, compare_unrestricted=False).plan_module(fused)[0]
     entry = plan.ops[op.id]
-    entry["strategy"] = [dims[names[lv]] if lv in names else -1 for lv in levels]
-    entry["dims"] = [names.get(lv, "replicate") for lv in levels]
+    entry.strategy = [dims[names[lv]] if lv in names else -1 for lv in levels]
+    entry.dims = [names.get(lv, "replicate") for lv in levels]
     got, kernels = _partitioned(model, arguments, k, plan=plan)
     assert any(name.startswith(op.kernel) and name.endswith("_strided") for name in kernels)
     np.testing.assert_allclose(got, eager, rtol=1e-4, atol=1e-4)

@@ -22,15 +22,16 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
-from tvm_ext import compiler, distributed
+from tvm_ext import driver
 from tvm_ext import pipeline as P
+from tvm_ext.driver.partitioned import MEASURED_KINDS, build_partitioned, run_partitioned_build
+from tvm_ext.ir.kernel_dims import problem_from_module
+from tvm_ext.ir.pass_records import PARTITION_ATTR, partition_record
 from tvm_ext.partition import make_model
 from tvm_ext.partition.plan import build_plan
 from tvm_ext.partition.search import State
-from tvm_ext.partition.semantics import analyze_module
-from tvm_ext.partitioned import MEASURED_KINDS, build_partitioned, run_partitioned_build
 from tvm_ext.passes import PartitionError, PartitionOperators
-from tvm_ext.passes.partition_operators import PARTITION_ATTR, partition_layout, plan_for
+from tvm_ext.runtime import distributed
 
 LLVM = tvm.target.Target("llvm")
 # Raised inside a pass, the error crosses TVM's FFI and comes back as a RuntimeError.
@@ -112,7 +113,7 @@ def _fused(mod: tvm.IRModule) -> tvm.IRModule:
 def _megatron_plan(fused: tvm.IRModule):
     """The textbook Megatron plan of MLP on two devices: W1 by columns, W2 by rows, the hidden
     activation by columns, x and y replicated (one allreduce)."""
-    problem = analyze_module(relax.transform.RewriteDataflowReshape()(fused))
+    problem = problem_from_module(relax.transform.RewriteDataflowReshape()(fused))
     model = make_model(problem, 2)
     g = problem.graph
     state = State(model)
@@ -143,7 +144,7 @@ def test_megatron_mlp_golden():
     tvm.ir.assert_structural_equal(_without_record(after), expected)
     # Idempotent: a partitioned function is left as it is.
     tvm.ir.assert_structural_equal(PartitionOperators(2, plan=plan)(after), after)
-    record = partition_layout(after)
+    record = partition_record(after)
     assert [a["layout"] for a in record["arguments"]] == [[-1], [1], [0]]
     assert record["outputs"][0]["layout"] == [-1] and record["mesh"] == [2]
 
@@ -155,7 +156,7 @@ def test_megatron_mlp_runs_on_two_workers():
     want = np.maximum(args[0] @ args[1], 0) @ args[2]
     for plan in (_megatron_plan(before), None):  # the textbook plan, and the partitioner's
         after = PartitionOperators(2, plan=plan, strategy="megatron")(before)
-        record = partition_layout(after)
+        record = partition_record(after)
         assert record["arguments"][1]["layout"] == [1] and record["arguments"][2]["layout"] == [0]
         with distributed.Session(2) as sess:
             module = sess.load_module(tvm.compile(after, LLVM))
@@ -178,13 +179,14 @@ def test_rejections():
             lowered = tvm.transform.Sequential(P.dataflow_lower_passes(LLVM))(before)
         PartitionOperators(2)(lowered)
     other = _fused(tvm.IRModule({"main": MLP["main"].with_attr("num_input", 1)}))
-    other_plan = plan_for(_fused(_two_matmuls()), 2, compare_unrestricted=False)[0]
+    other_plan = PartitionOperators(2, compare_unrestricted=False).plan_module(
+        _fused(_two_matmuls()))[0]
     with pytest.raises(PassError, match="another model"):
         PartitionOperators(2, plan=other_plan)(other)
     # A plan that splits what the pass cannot lower (a convolution on its height: a halo).
     conv = _fused(_conv())
-    plan = plan_for(conv, 2, compare_unrestricted=False)[0]
-    plan.ops[0]["strategy"] = [_dim(conv, "conv2d_nchw.v_yy")]
+    plan = PartitionOperators(2, compare_unrestricted=False).plan_module(conv)[0]
+    plan.ops[0].strategy = [_dim(conv, "conv2d_nchw.v_yy")]
     with pytest.raises(PassError, match=r"cannot lower.*(halo|global)"):
         PartitionOperators(2, plan=plan)(conv)
 
@@ -211,7 +213,7 @@ def _conv() -> tvm.IRModule:
 
 
 def _dim(fused: tvm.IRModule, name: str) -> int:
-    problem = analyze_module(relax.transform.RewriteDataflowReshape()(fused))
+    problem = problem_from_module(relax.transform.RewriteDataflowReshape()(fused))
     return [d.name for d in problem.spec(0).dims].index(name)
 
 
@@ -221,8 +223,8 @@ _REFERENCE: dict = {}
 def _reference(model) -> list[np.ndarray]:
     key = (model.name, model.training)
     if key not in _REFERENCE:
-        ex = compiler.build_reference(model, LLVM)
-        _REFERENCE[key] = compiler.run(ex, model.random_arguments(0), tvm.cpu(0), repeat=0).outputs
+        ex = driver.build_reference(model, LLVM)
+        _REFERENCE[key] = driver.run(ex, model.random_arguments(0), tvm.cpu(0), repeat=0).outputs
     return _REFERENCE[key]
 
 
@@ -236,7 +238,7 @@ def test_zoo_matches_single_device_and_plan_memory(zoo_cache, name, training, k)
     arguments = model.random_arguments(0)
     with distributed.Session(k) as sess:
         result = run_partitioned_build(sess, build, arguments)
-    compiler.compare(result.outputs, _reference(model), rtol=1e-5, atol=1e-5)
+    driver.compare(result.outputs, _reference(model), rtol=1e-5, atol=1e-5)
     predicted = build.plan.peak_memory(build.graph, MEASURED_KINDS)
     for worker, measured in enumerate(result.peak_bytes):
         assert abs(measured - predicted) <= 0.1 * predicted, (worker, measured, predicted)
@@ -256,8 +258,8 @@ def test_fallbacks_are_reported(zoo_cache):
     chosen = [f for f in build.fallbacks if f["chosen_without_restriction"]]
     assert chosen and build.unrestricted  # the unrestricted plan wanted some of them
     for o in build.plan.ops:
-        for d, name in zip(o["strategy"], o["dims"], strict=True):
-            assert d < 0 or not any(f["dim"] == name and f["kernel"] == o["kernel"]
+        for d, name in zip(o.strategy, o.dims, strict=True):
+            assert d < 0 or not any(f["dim"] == name and f["kernel"] == o.kernel
                                     for f in build.fallbacks)
 
 
@@ -274,7 +276,7 @@ def test_composes_with_swap_offload(zoo_cache):
     with distributed.Session(2) as sess:
         result = run_partitioned_build(sess, build, model.random_arguments(0))
         assert all(h > 0 for h in result.host_peak_bytes)
-    compiler.compare(result.outputs, _reference(model), rtol=1e-5, atol=1e-5)
+    driver.compare(result.outputs, _reference(model), rtol=1e-5, atol=1e-5)
     assert max(result.peak_bytes) <= build.swap_plan.budget
 
 
@@ -286,9 +288,9 @@ def test_pipeline_num_devices(zoo_cache, tmp_path):
         ex = tvm.compile(model.mod, LLVM, relax_pipeline=pipeline)
     assert (tmp_path / "03_partition.py").exists()
     partitioned = tvm.script.from_source((tmp_path / "03_partition.py").read_text())
-    record = partition_layout(partitioned)
+    record = partition_record(partitioned)
     with distributed.Session(2) as sess:
         result = distributed.run_partitioned(sess, sess.load_module(ex),
                                              model.random_arguments(0), record)
-    compiler.compare(result.outputs, _reference(model), rtol=1e-5, atol=1e-5)
+    driver.compare(result.outputs, _reference(model), rtol=1e-5, atol=1e-5)
     assert json.loads(json.dumps(record))["num_devices"] == 2

@@ -42,4 +42,4 @@ def test_unanalysed_ops_run_replicated_and_are_reported():
     assert spec.opaque and "not analysed" in spec.notes[0]
     assert any("not analysed" in reason for _, reason in problem.unsupported())
     plan = plan_partition(problem, 2)
-    assert plan.ops[1]["strategy"] == [-1]
+    assert plan.ops[1].strategy == [-1]

@@ -13,8 +13,9 @@ import itertools
 import pytest
 from partition_graphs import GraphMaker, elementwise_spec, matmul_spec, random_problem
 
+from tvm_ext.driver import partition_problem
 from tvm_ext.models import get_model
-from tvm_ext.partition import REP, analyze, make_model, plan_partition
+from tvm_ext.partition import REP, make_model, plan_partition
 from tvm_ext.partition.search import objective, search, solve_exact
 
 
@@ -65,13 +66,12 @@ def test_exact_equals_brute_force(k, num_ops, seeds):
 
 
 def mlp_problem(batch: int, width: int, layers: int):
-    return analyze(get_model("mlp", "tiny", training=True, batch=batch, features=width,
+    return partition_problem(get_model("mlp", "tiny", training=True, batch=batch, features=width,
                              hidden=width, classes=width, layers=layers))
 
 
 def weight_layouts(plan) -> list[list[int]]:
-    return [t["layout"] for t in plan.tensors if t["kind"] == "parameter"
-            and len(t["shape"]) == 2]
+    return [t.layout for t in plan.tensors if t.kind == "parameter" and len(t.shape) == 2]
 
 
 def test_large_weights_small_batch_get_megatron():
@@ -81,8 +81,8 @@ def test_large_weights_small_batch_get_megatron():
     assert weight_layouts(plan) == [[0], [1], [0], [1]]
     # One reduction per block in the forward pass: the row-parallel layer's allreduce of the
     # [batch, width] activation, inside its fused matmul + bias kernel.
-    forward = [s for o in plan.ops if o["phase"] == "forward" for s in o["inner"]
-               if s["group_bytes"] == 8 * 1024 * 4]
+    forward = [s for o in plan.ops if o.phase == "forward" for s in o.inner
+               if s.group_bytes == 8 * 1024 * 4]
     assert len(forward) == 2
     megatron = plan_partition(problem, 2, strategy="megatron")
     assert plan.bytes_per_device == pytest.approx(megatron.bytes_per_device)
@@ -101,9 +101,9 @@ def test_small_weights_large_batch_get_data_parallel(k):
     assert plan.bytes_per_device == pytest.approx(dp.bytes_per_device)
     # Every activation is split along the batch; weights are replicated, or sharded where
     # that costs the same (a reduce-scatter and an allgather instead of an allreduce).
-    batch = [t for t in plan.tensors if t["kind"] in ("activation", "input", "gradient")
-             and t["shape"] and t["shape"][0] == 4096]
-    assert batch and all(t["layout"] == [0] * len(plan.mesh) for t in batch)
+    batch = [t for t in plan.tensors if t.kind in ("activation", "input", "gradient")
+             and t.shape and t.shape[0] == 4096]
+    assert batch and all(t.layout == [0] * len(plan.mesh) for t in batch)
     assert {c for c in plan.collectives} <= {"allreduce", "reduce_scatter", "allgather"}
 
 

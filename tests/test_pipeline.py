@@ -8,7 +8,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from tvm_ext import compiler, pipeline
+from tvm_ext import driver, pipeline
 
 
 def test_registered_and_needs_a_target(zoo_cache):
@@ -18,7 +18,7 @@ def test_registered_and_needs_a_target(zoo_cache):
 
 
 def test_phase_dumps(zoo_cache, llvm, tmp_path):
-    compiler.build(zoo_cache("mlp"), llvm, dump_dir=str(tmp_path))
+    driver.build(zoo_cache("mlp"), llvm, dump_dir=str(tmp_path))
     names = sorted(os.listdir(tmp_path))
     expected = ["00_input.py"] + [f"{i + 1:02d}_{name}.py"
                                   for i, (name, _) in enumerate(pipeline.phases(llvm))]
@@ -36,6 +36,6 @@ def test_gpu_targets_get_default_schedules():
 def test_matches_plain_tvm_build(name, zoo_cache, llvm):
     model = zoo_cache(name, training=True)
     args = model.random_arguments(0)
-    ours = compiler.run(compiler.build(model, llvm), args, tvm.cpu(), repeat=0)
-    ref = compiler.run(compiler.build_reference(model, llvm), args, tvm.cpu(), repeat=0)
-    compiler.compare(ours.outputs, ref.outputs, rtol=1e-5, atol=1e-6)
+    ours = driver.run(driver.build(model, llvm), args, tvm.cpu(), repeat=0)
+    ref = driver.run(driver.build_reference(model, llvm), args, tvm.cpu(), repeat=0)
+    driver.compare(ours.outputs, ref.outputs, rtol=1e-5, atol=1e-6)

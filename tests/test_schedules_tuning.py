@@ -17,7 +17,7 @@ import time
 import pytest
 import tvm
 
-from tvm_ext import cli, compiler, schedules
+from tvm_ext import cli, driver, pipeline, schedules
 from tvm_ext.models import get_model
 from tvm_ext.schedules.database import RECORD_FILE, WORKLOAD_FILE
 from tvm_ext.schedules.tuning import COST_MODEL_FILE
@@ -32,7 +32,7 @@ def _db_files(db_dir):
 
 @pytest.fixture(scope="module")
 def llvm():
-    return compiler.resolve_target("llvm")
+    return driver.resolve_target("llvm")
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_compile_tunes_stores_and_applies(tuned, mlp, llvm, capsys):
     assert any(t["best_s"] for t in tuning["tasks"])
     # The build applied the records (and --check passed: tuned outputs match a plain build).
     assert tuning["kernels_tuned"] and report["check"]["ok"]
-    scheduled = schedules.scheduled_module(mlp.mod, llvm, work_dir)
+    scheduled = pipeline.scheduled_module(mlp.mod, llvm, work_dir)
     applied = [gv.name_hint for gv, f in scheduled.functions.items()
                if isinstance(f, tvm.tirx.PrimFunc) and f.attrs.get("tirx.is_scheduled", False)]
     assert sorted(applied) == sorted(tuning["kernels_tuned"])
@@ -72,7 +72,7 @@ def test_second_call_tunes_nothing_and_builds_the_same_kernels(tuned, mlp, llvm,
     work_dir, first = tuned
     db_dir = schedules.database_dir(work_dir, llvm)
     files = _db_files(db_dir)
-    kernels = schedules.scheduled_module(mlp.mod, llvm, work_dir)
+    kernels = pipeline.scheduled_module(mlp.mod, llvm, work_dir)
     report = tmp_path / "second.json"
     assert cli.main(["mlp", "--tune-trials", str(TRIALS), "--tune-db", work_dir,
                      "--report", str(report)]) == 0
@@ -81,14 +81,14 @@ def test_second_call_tunes_nothing_and_builds_the_same_kernels(tuned, mlp, llvm,
     assert second["trials_before"] == first["tuning"]["trials_run"]
     assert _db_files(db_dir) == files
     assert second["kernels_tuned"] == first["tuning"]["kernels_tuned"]
-    tvm.ir.assert_structural_equal(schedules.scheduled_module(mlp.mod, llvm, work_dir), kernels)
+    tvm.ir.assert_structural_equal(pipeline.scheduled_module(mlp.mod, llvm, work_dir), kernels)
 
 
 def test_a_larger_budget_tunes_the_difference(tuned, mlp, llvm, tmp_path):
     work_dir = str(tmp_path / "db")
     shutil.copytree(tuned[0], work_dir)
     before = tuned[1]["tuning"]["trials_run"]
-    report = schedules.tune(mlp.mod, llvm, work_dir, before + 2, trials_per_iter=2,
+    report = driver.tune(mlp.mod, llvm, work_dir, before + 2, trials_per_iter=2,
                             log=lambda line: None)
     assert report.trials_before == before
     assert 2 <= report.trials_run <= 4
@@ -101,9 +101,9 @@ def test_apply_only_needs_an_existing_work_dir(tmp_path, capsys):
 
 _INTERRUPTED_RUN = textwrap.dedent("""
     import sys
-    from tvm_ext import compiler, schedules
+    from tvm_ext import driver, schedules
     from tvm_ext.models import get_model
-    schedules.tune(get_model("mlp", "tiny").mod, compiler.resolve_target("llvm"), sys.argv[1],
+    driver.tune(get_model("mlp", "tiny").mod, driver.resolve_target("llvm"), sys.argv[1],
                    500, trials_per_iter=2)
 """)
 
@@ -134,15 +134,15 @@ def test_an_interrupted_run_keeps_its_records(tmp_path, mlp, llvm, sig):
     kept = len(db)
     assert kept >= 1
     # Resuming counts what was kept: with that budget there is nothing left to tune.
-    again = schedules.tune(mlp.mod, llvm, work_dir, kept, log=lambda line: None)
+    again = driver.tune(mlp.mod, llvm, work_dir, kept, log=lambda line: None)
     assert again.trials_before == kept and again.trials_run == 0
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc to compile CUDA with")
 def test_cuda_without_gpu_builds_candidates_and_times_none(tmp_path, mlp, capsys):
-    target = compiler.resolve_target("cuda")
+    target = driver.resolve_target("cuda")
     work_dir = str(tmp_path / "db")
-    report = schedules.tune(mlp.mod, target, work_dir, 4, measure=False, trials_per_iter=2)
+    report = driver.tune(mlp.mod, target, work_dir, 4, measure=False, trials_per_iter=2)
     out = capsys.readouterr().out
     assert "NO candidate was timed" in out
     assert not report.timed and report.trials_run >= 4
@@ -152,9 +152,9 @@ def test_cuda_without_gpu_builds_candidates_and_times_none(tmp_path, mlp, capsys
     # Untimed records are kept apart and never applied: the build falls back to dlight.
     assert report.database.endswith(".untimed")
     assert not os.path.exists(schedules.database_dir(work_dir, target))
-    scheduled = schedules.scheduled_module(mlp.mod, target, work_dir)
+    scheduled = pipeline.scheduled_module(mlp.mod, target, work_dir)
     kernels = [f for f in scheduled.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     assert kernels and all(f.attrs.get("tirx.is_scheduled", False) for f in kernels)  # dlight
-    compiler.build(mlp, target, tune_db=work_dir)  # compiles through nvcc
-    again = schedules.tune(mlp.mod, target, work_dir, 4, measure=False, log=lambda line: None)
+    driver.build(mlp, target, tune_db=work_dir)  # compiles through nvcc
+    again = driver.tune(mlp.mod, target, work_dir, 4, measure=False, log=lambda line: None)
     assert again.trials_run == 0

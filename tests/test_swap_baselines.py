@@ -6,21 +6,21 @@ import numpy as np
 import pytest
 from swap_dags import random_problem
 
-from tvm_ext.compiler import analyze, resolve_target
+from tvm_ext.driver import fused_graph, resolve_target
 from tvm_ext.models import get_model
-from tvm_ext.swap import SwapProblem, plan_swaps, simulate
+from tvm_ext.swap import SwapProblem, plan_swaps, simulate, validate
 
 
 @pytest.fixture(scope="module")
 def gpt_tiny_training():
-    graph = analyze(get_model("gpt", "tiny", training=True), resolve_target("llvm"))
+    graph = fused_graph(get_model("gpt", "tiny", training=True), resolve_target("llvm"))
     return SwapProblem.from_graph(graph, 1 << 40, "gtx1080ti")
 
 
 def test_lru_swaps_on_demand():
     problem = random_problem(4, num_ops=20, budget_frac=0.2)
     plan = plan_swaps(problem, "lru")
-    plan.validate(problem)
+    validate(problem, plan)
     assert plan.swap_ins
     # No prefetch: each copy is issued right before the op that needs it.
     assert all(s.after == s.before - 1 for s in plan.swap_ins)
@@ -38,7 +38,7 @@ def test_baselines_on_gpt_training(gpt_tiny_training, ratio):
     times = {}
     for planner in ("lru", "vdnn", "swapadvisor"):
         plan = plan_swaps(problem, planner, time_budget_s=3)
-        plan.validate(problem)
+        validate(problem, plan)
         assert simulate(problem, plan).makespan == pytest.approx(plan.predicted_time)
         assert plan.predicted_time >= ideal.predicted_time - 1e-12
         assert plan.predicted_peak <= problem.budget
@@ -53,7 +53,7 @@ def test_vdnn_offloads_forward_activations(gpt_tiny_training):
     problem = base.with_budget(base.no_swap_peak() // 2)
     order = np.asarray(problem.order)
     plan = Evaluator(problem, "vdnn").plan(order, Knobs(keep=0.0), "vdnn")  # vDNN_all
-    plan.validate(problem)
+    validate(problem, plan)
     offloaded = [s for s in plan.swap_outs if problem.tensor_kinds[s.tensor] == "activation"]
     assert offloaded
     # Offloaded activations come back one op ahead of a backward use, or on demand.

@@ -15,17 +15,14 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
-from tvm_ext import compiler, swap_runtime
+from tvm_ext import driver
 from tvm_ext import pipeline as P
-from tvm_ext.graph_builder import build_graph
+from tvm_ext.ir.graph_builder import build_graph
+from tvm_ext.ir.pass_records import SWAP_PLAN_ATTR
+from tvm_ext.ir.targets import vm_devices
 from tvm_ext.models import Model, TensorSpec, get_model
 from tvm_ext.passes import SwapOffload
-from tvm_ext.passes.swap_offload import (
-    PLAN_ATTR,
-    argument_devices,
-    plan_problem,
-    vm_devices,
-)
+from tvm_ext.runtime import swap_streams
 from tvm_ext.swap import (
     InfeasibleBudgetError,
     Residency,
@@ -35,7 +32,10 @@ from tvm_ext.swap import (
     SwapProblem,
     plan_swaps,
     simulate,
+    validate,
 )
+from tvm_ext.swap.placement import argument_devices
+from tvm_ext.swap.problem import problem_for_budget
 
 LLVM = tvm.target.Target("llvm")
 
@@ -95,7 +95,7 @@ def _hand_plan() -> tuple[SwapProblem, SwapPlan]:
         swap_outs=[SwapOut(1, 0, 256)], swap_ins=[SwapIn(1, 0, 2, 256, 2, wait_swap_out=0)],
         predicted_time=0.0, predicted_peak=1024)
     plan.predicted_time = simulate(problem, plan).makespan
-    plan.validate(problem)
+    validate(problem, plan)
     return problem, plan
 
 
@@ -175,7 +175,7 @@ def test_hand_plan_runs_exactly_and_within_budget():
                          .Sequential(P.dataflow_lower_passes(LLVM) + P.finalize_passes(LLVM)))
     x = np.arange(64, dtype="float32")
     device, host = vm_devices(LLVM)
-    result = compiler.run(ex, [x], device, repeat=0, host=host, arg_devices=[0])
+    result = driver.run(ex, [x], device, repeat=0, host=host, arg_devices=[0])
     np.testing.assert_array_equal(result.outputs[0], (x + 1) + 2 * x)
     assert result.peak_bytes <= plan.budget
     assert result.peak_bytes == 768 + 256  # the pool and the argument x, to the byte
@@ -186,7 +186,7 @@ def test_already_swapped_is_left_alone():
     once = SwapOffload(plan=plan)(Before)
     twice = SwapOffload(plan=plan)(once)
     tvm.ir.assert_structural_equal(once, twice)
-    assert PLAN_ATTR in once["main"].attrs
+    assert SWAP_PLAN_ATTR in once["main"].attrs
 
 
 def test_rejects_unlegalized_and_lowered_modules():
@@ -219,8 +219,8 @@ def test_plan_for_another_graph_is_rejected(zoo_cache):
 
 
 def test_budget_too_small_states_the_smallest(zoo_cache):
-    graph = compiler.analyze(zoo_cache("gpt", training=True), LLVM)
-    problem = plan_problem(graph, 1000, "cpu")
+    graph = driver.fused_graph(zoo_cache("gpt", training=True), LLVM)
+    problem = problem_for_budget(graph, 1000, "cpu")
     minimum, _ = problem.min_budget()
     with pytest.raises(InfeasibleBudgetError, match=f"smallest feasible budget .*{minimum} "
                                                     "bytes"):
@@ -235,22 +235,22 @@ ZOO_CASES = [("mlp", {"layers": 12}), ("gpt", {"layers": 6}), ("resnet", {"block
 def _reference_outputs(model: Model) -> list[np.ndarray]:
     """The unswapped tvm_ext build's outputs: the same kernels, so swapping must not change a
     bit."""
-    ex = compiler.build(model, LLVM)
-    return compiler.run(ex, model.random_arguments(0), tvm.cpu(0), repeat=0).outputs
+    ex = driver.build(model, LLVM)
+    return driver.run(ex, model.random_arguments(0), tvm.cpu(0), repeat=0).outputs
 
 
 def _run_case(model: Model, budget: str | int, reference) -> tuple[int, int, SwapPlan]:
     """Plan, compile and run swapped; outputs must equal `reference` bit for bit. Returns the
     measured device peak (VM allocations, arguments on the device, module constants)."""
-    graph = compiler.analyze(model, LLVM)
-    problem = plan_problem(graph, budget, "cpu")
+    graph = driver.fused_graph(model, LLVM)
+    problem = problem_for_budget(graph, budget, "cpu")
     plan = plan_swaps(problem, "swapadvisor", time_budget_s=1.0, seed=0)
-    plan.validate(problem)
-    swapped = compiler.build(model, LLVM, swap_plan=plan)
+    validate(problem, plan)
+    swapped = driver.build(model, LLVM, swap_plan=plan)
     device, host = vm_devices(LLVM)
-    out = compiler.run(swapped, model.random_arguments(0), device, repeat=0, host=host,
+    out = driver.run(swapped, model.random_arguments(0), device, repeat=0, host=host,
                        arg_devices=argument_devices(graph, plan))
-    compiler.compare(out.outputs, reference, rtol=0, atol=0)
+    driver.compare(out.outputs, reference, rtol=0, atol=0)
     measured = out.peak_bytes + graph.bytes_of_kind("constant")
     return measured, problem.budget, plan
 
@@ -259,18 +259,18 @@ def _run_case(model: Model, budget: str | int, reference) -> tuple[int, int, Swa
 @pytest.mark.parametrize("training", [False, True])
 def test_zoo_under_budgets_exact_and_measured(name, overrides, training):
     model = get_model(name, "tiny", training=training, **overrides)
-    graph = compiler.analyze(model, LLVM)
-    problem = plan_problem(graph, "100%", "cpu")
+    graph = driver.fused_graph(model, LLVM)
+    problem = problem_for_budget(graph, "100%", "cpu")
     minimum = problem.min_budget()[0]
     reference = _reference_outputs(model)
     ran = 0
     for fraction in ("50%", "25%", "12.5%", minimum):
         budget = fraction if isinstance(fraction, int) else None
         if budget is None:
-            budget = plan_problem(graph, fraction, "cpu").budget
+            budget = problem_for_budget(graph, fraction, "cpu").budget
         if budget < minimum:
             with pytest.raises(InfeasibleBudgetError, match=str(minimum)):
-                plan_swaps(plan_problem(graph, budget, "cpu"))
+                plan_swaps(problem_for_budget(graph, budget, "cpu"))
             continue
         measured, budget, plan = _run_case(model, budget, reference)
         assert measured <= budget, (fraction, measured, budget)
@@ -321,10 +321,10 @@ def _dag_model(ops) -> Model:
 @given(_random_dags(), st.sampled_from(["50%", "25%", "min"]))
 def test_random_dags_exact_and_within_budget(ops, fraction):
     model = _dag_model(ops)
-    graph = compiler.analyze(model, LLVM)
-    problem = plan_problem(graph, "100%", "cpu")
+    graph = driver.fused_graph(model, LLVM)
+    problem = problem_for_budget(graph, "100%", "cpu")
     minimum = problem.min_budget()[0]
-    budget = minimum if fraction == "min" else max(minimum, plan_problem(
+    budget = minimum if fraction == "min" else max(minimum, problem_for_budget(
         graph, fraction, "cpu").budget)
     measured, budget, _ = _run_case(model, budget, _reference_outputs(model))
     assert measured <= budget
@@ -338,11 +338,11 @@ def test_copy_failure_names_the_tensor():
         ex = tvm.compile(SwapOffload(plan=plan)(Before), LLVM, relax_pipeline=tvm.transform
                          .Sequential(P.dataflow_lower_passes(LLVM) + P.finalize_passes(LLVM)))
     device, host = vm_devices(LLVM)
-    swap_runtime.inject_failure(0)
+    swap_streams.inject_failure(0)
     try:
         with pytest.raises(Exception, match="copy of tensor 'y'"):
-            compiler.run(ex, [np.zeros(64, "float32")], device, repeat=0, host=host,
+            driver.run(ex, [np.zeros(64, "float32")], device, repeat=0, host=host,
                          arg_devices=[0])
     finally:
-        swap_runtime.reset()
-    compiler.run(ex, [np.zeros(64, "float32")], device, repeat=0, host=host, arg_devices=[0])
+        swap_streams.reset()
+    driver.run(ex, [np.zeros(64, "float32")], device, repeat=0, host=host, arg_devices=[0])

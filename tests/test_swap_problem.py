@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_ext.compiler import analyze, resolve_target
 from tvm_ext.cost import op_times
+from tvm_ext.driver import fused_graph, resolve_target
 from tvm_ext.models import get_model
-from tvm_ext.swap import ALIGNMENT, InfeasibleBudgetError, SwapProblem, plan_swaps
+from tvm_ext.swap import ALIGNMENT, InfeasibleBudgetError, SwapProblem, plan_swaps, validate
 
 
 @pytest.fixture(scope="module")
 def graph():
-    return analyze(get_model("gpt", "tiny", training=True), resolve_target("llvm"))
+    return fused_graph(get_model("gpt", "tiny", training=True), resolve_target("llvm"))
 
 
 def test_from_graph(graph):
@@ -60,7 +60,7 @@ def test_infeasible_budget_on_a_zoo_graph(graph):
     # At exactly the minimum every planner finds a valid plan.
     tight = problem.with_budget(minimum)
     for planner in ("swapadvisor", "lru", "vdnn"):
-        plan_swaps(tight, planner, time_budget_s=2).validate(tight)
+        validate(tight, plan_swaps(tight, planner, time_budget_s=2))
 
 
 def test_problem_json_round_trip(graph):

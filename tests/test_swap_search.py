@@ -16,6 +16,7 @@ from tvm_ext.swap import (
     SwapProblem,
     plan_swaps,
     simulate,
+    validate,
 )
 from tvm_ext.swap.search import as_late_as_possible_order, memory_aware_order
 
@@ -51,7 +52,7 @@ def test_tiny_chain_plan_by_hand():
     problem = chain_problem()
     assert problem.min_budget() == (1280, 3)
     plan = plan_swaps(problem, "swapadvisor", time_budget_s=5, config=FAST)
-    plan.validate(problem)
+    validate(problem, plan)
     assert plan.schedule == [0, 1, 2, 3]
     assert plan.predicted_time == pytest.approx(9.0)
     assert [(s.tensor, s.after) for s in plan.swap_outs] == [(1, 1)]
@@ -87,7 +88,7 @@ def test_smallest_feasible_budget_plans():
     for seed in range(10):
         problem = random_problem(seed, num_ops=12, budget_frac=0.0)
         assert problem.budget == problem.min_budget()[0]
-        plan_swaps(problem, "swapadvisor", time_budget_s=5, config=FAST).validate(problem)
+        validate(problem, plan_swaps(problem, "swapadvisor", time_budget_s=5, config=FAST))
 
 
 def test_deterministic_for_a_seed():
@@ -138,7 +139,7 @@ def test_json_round_trips():
     plan = plan_swaps(problem, "swapadvisor", time_budget_s=5, config=FAST)
     back = SwapPlan.from_json(plan.to_json())
     assert back == plan
-    back.validate(again)
+    validate(again, back)
     assert simulate(again, back).makespan == pytest.approx(plan.predicted_time)
 
 
@@ -157,7 +158,7 @@ def test_size_class_layout_plans_hold():
         assert np.all(counts >= evaluator.min_counts(0.0))
         plan = evaluator.plan(np.asarray(problem.order), Knobs(keep=0.0), "swapadvisor",
                               counts=counts)
-        plan.validate(problem)
+        validate(problem, plan)
         assert plan.size_classes and len(plan.pools) == len(plan.size_classes)
         for r in plan.residencies:
             size, count = plan.size_classes[r.pool]

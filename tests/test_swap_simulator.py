@@ -8,14 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from swap_dags import random_problem
 
-from tvm_ext.swap import SearchConfig, plan_swaps, simulate
+from tvm_ext.swap import SearchConfig, plan_swaps, simulate, validate
 from tvm_ext.swap.plan import PlanError
 
 FAST = SearchConfig(population=6, generations=3, patience=3)
 
 
 def _check(problem, plan):
-    plan.validate(problem)  # topological, budget, residency, no shared bytes, swap order
+    validate(problem, plan)  # topological, budget, residency, no shared bytes, swap order
     sim = simulate(problem, plan)
     assert sim.makespan == pytest.approx(plan.predicted_time)
     # Memory never exceeds the budget.
@@ -65,14 +65,14 @@ def test_validate_catches_broken_plans():
     bad = type(plan).from_json(plan.to_json())
     bad.schedule = bad.schedule[::-1]
     with pytest.raises(PlanError, match="topological"):
-        bad.validate(problem)
+        validate(problem, bad)
     bad = type(plan).from_json(plan.to_json())
     bad.pools = [problem.budget * 2]
     bad.predicted_peak = sum(bad.pools)
     with pytest.raises(PlanError, match="budget"):
-        bad.validate(problem)
+        validate(problem, bad)
     bad = type(plan).from_json(plan.to_json())
     s = bad.swap_ins[0]
     bad.residencies = [r for i, r in enumerate(bad.residencies) if i != s.residency]
     with pytest.raises(PlanError):
-        bad.validate(problem)
+        validate(problem, bad)

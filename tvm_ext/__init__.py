@@ -13,11 +13,8 @@ from . import _layout
 
 _layout.install(os.path.dirname(os.path.abspath(__file__)))
 
-from . import (  # noqa: E402
-    gradients,
-    pipeline,
-    runtime,
-)
+from . import pipeline, runtime  # noqa: E402
+from .models import gradients  # noqa: E402
 
 __version__ = "0.1.0"
 

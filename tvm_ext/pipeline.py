@@ -4,16 +4,17 @@ Phases, in order (each a list of passes, so a caller can rebuild the pipeline fr
 
 1. `library_dispatch_passes`  target-specific library dispatch (sort, sampling).
 2. `legalize_passes`          LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR:
-                              after this phase the module is what `tvm_ext.graph` reads.
+                              `fuse` adds RewriteDataflowReshape: the module the graph
+                              of every planner is read from (`tvm_ext.ir.graph_builder`).
 3. `partition_passes`         with `num_devices`: PartitionOperators (tvm_ext.passes) plans a
                               Tofu partition and rewrites `main` into the code each of the k
                               devices runs, with explicit collectives (before scheduling, so
                               kernels are tuned at the shapes each device runs).
 4. `swap_passes`              with a device budget: SwapOffload (tvm_ext.passes) plans swaps
                               and rewrites `main` into explicit pools, copies and waits (per
-                              device after partitioning). It reads the module as
-                              `tvm_ext.graph` does, so it runs before the kernels are scheduled
-                              (scheduling changes their scratch buffers).
+                              device after partitioning). It reads the module as the
+                              graph builder does, so it runs before the kernels are
+                              scheduled (scheduling changes their scratch buffers).
 5. `schedule_passes`          kernels tuned with MetaSchedule (records of a `tune_db` work dir,
                               see tvm_ext.schedules), then default GPU schedules (dlight) for
                               kernels without one.
@@ -31,11 +32,13 @@ import os
 import tvm
 from tvm import relax
 
-_GPU_KINDS = ("cuda", "rocm", "metal", "vulkan", "opencl")
+from tvm_ext.partition import PartitionPlan
+from tvm_ext.passes import PartitionOperators, SwapOffload
+from tvm_ext.schedules import ApplyDefaultGPUSchedules, ApplyTuningDatabase
 
+from .ir.targets import is_gpu
 
-def is_gpu(target: tvm.target.Target) -> bool:
-    return target.kind.name in _GPU_KINDS
+SCHEDULE_PHASE = "schedule"
 
 
 def library_dispatch_passes(target: tvm.target.Target) -> list:
@@ -59,9 +62,6 @@ def partition_passes(target: tvm.target.Target, num_devices: int | None = None,
     topology)."""
     if num_devices is None and partition_plan is None:
         return []
-    from tvm_ext.partition import PartitionPlan
-    from tvm_ext.passes import PartitionOperators
-
     if isinstance(partition_plan, str):
         partition_plan = PartitionPlan.from_json(partition_plan)
     if num_devices is None:
@@ -73,14 +73,10 @@ def schedule_passes(target: tvm.target.Target, tune_db: str | None = None) -> li
     """`tune_db`: a tuning work dir (tvm_ext.schedules); its records are applied first."""
     tuned = []
     if tune_db is not None:
-        from tvm_ext.schedules import ApplyTuningDatabase
-
         tuned = [ApplyTuningDatabase(tune_db, target)]
     if not is_gpu(target):
         return tuned
-    from tvm_ext.gpu_schedule import ApplyDefaultGPUSchedules
-
-    # dlight's rules for the kernels no record scheduled (see tvm_ext/gpu_schedule.py).
+    # dlight's rules for the kernels no record scheduled (see schedules/default_gpu.py).
     return [*tuned, ApplyDefaultGPUSchedules()]
 
 
@@ -91,8 +87,6 @@ def swap_passes(target: tvm.target.Target, device_memory=None, swap_plan=None,
     time_budget_s, seed)."""
     if device_memory is None and swap_plan is None:
         return []
-    from tvm_ext.passes import SwapOffload
-
     return [SwapOffload(device_memory, plan=swap_plan, **swap_options)]
 
 
@@ -139,10 +133,60 @@ def phases(
         ("partition", partition_passes(target, num_devices, partition_plan,
                                        **(partition_options or {}))),
         ("swap", swap_passes(target, device_memory, swap_plan, **(swap_options or {}))),
-        ("schedule", schedule_passes(target, tune_db)),
+        (SCHEDULE_PHASE, schedule_passes(target, tune_db)),
         ("dataflow_lower", dataflow_lower_passes(target)),
         ("finalize", finalize_passes(target, memory_planning)),
     ]
+
+
+def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """The module after the legalize phase, with dataflow reshapes rewritten into views: what
+    the partition and swap phases receive and what `tvm_ext.ir.graph_builder` reads."""
+    with target:
+        passes = library_dispatch_passes(target) + legalize_passes(target)
+        fused = tvm.transform.Sequential(passes)(mod)
+        return relax.transform.RewriteDataflowReshape()(fused)
+
+
+def run_phases(
+    mod: tvm.IRModule,
+    target: tvm.target.Target,
+    *,
+    through: str = SCHEDULE_PHASE,
+    inclusive: bool = False,
+    **pipeline_options,
+) -> tvm.IRModule:
+    """Run the phases up to phase `through` (included if `inclusive`); `pipeline_options` are
+    those of `phases` (e.g. `tune_db`, `num_devices`)."""
+    stages = phases(target, **pipeline_options)
+    names = [name for name, _ in stages]
+    if through not in names:
+        raise ValueError(f"the tvm_ext pipeline has no phase {through!r}; phases: "
+                         f"{', '.join(names)}")
+    with target:
+        for name, passes in stages:
+            if name == through and not inclusive:
+                break
+            mod = tvm.transform.Sequential(passes, name=name)(mod)
+            if name == through:
+                break
+    return mod
+
+
+def module_at_schedule_phase(
+    mod: tvm.IRModule, target: tvm.target.Target, **pipeline_options
+) -> tvm.IRModule:
+    """The module as the schedule phase receives it: the kernels to tune, at the shapes they
+    will be compiled at (each worker's local shapes after partitioning)."""
+    return run_phases(mod, target, through=SCHEDULE_PHASE, **pipeline_options)
+
+
+def scheduled_module(
+    mod: tvm.IRModule, target: tvm.target.Target, tune_db: str | None, **pipeline_options
+) -> tvm.IRModule:
+    """The module right after the schedule phase, with the records of `tune_db` applied."""
+    return run_phases(mod, target, through=SCHEDULE_PHASE, inclusive=True, tune_db=tune_db,
+                      **pipeline_options)
 
 
 @relax.pipeline.register_pipeline("tvm_ext")
@@ -158,6 +202,7 @@ def tvm_ext_pipeline(
     num_devices: int | None = None,
     partition_plan=None,
     partition_options: dict | None = None,
+    start_phase: str | None = None,
 ) -> tvm.transform.Pass:
     """The tvm_ext pipeline for `tvm.compile(mod, target, relax_pipeline=...)`.
 
@@ -165,18 +210,21 @@ def tvm_ext_pipeline(
         target: the target (default: the current one; `tvm.compile` sets it).
         memory_planning: run TVM's StaticPlanBlockMemory (see `finalize_passes`).
         dump_dir: write the module after each phase there.
-        tune_db: a tuning work dir (`tvm_ext.schedules.tune`): its best records schedule the
+        tune_db: a tuning work dir (`tvm_ext.driver.tune`): its best records schedule the
             kernels they cover; the others keep the default schedules.
         device_memory: a device budget (bytes, "512MiB", or "25%" of the no-swap peak):
             SwapOffload makes `main` run within it.
         swap_plan: a `tvm_ext.swap.SwapPlan` (or its JSON) to apply instead of planning.
         swap_options: more SwapOffload arguments (hardware, planner, time_budget_s, seed).
         num_devices: partition over k devices (PartitionOperators): `main` becomes the code
-            every worker of a `tvm_ext.distributed.Session(k)` runs. With `device_memory`, the
-            budget is per device: each worker's code is swapped after partitioning.
+            every worker of a `tvm_ext.runtime.distributed.Session(k)` runs. With
+            `device_memory`, the budget is per device: each worker's code is swapped after
+            partitioning.
         partition_plan: a `tvm_ext.partition.PartitionPlan` (or its JSON) to apply.
         partition_options: more PartitionOperators arguments (hardware, strategy, link,
             topology).
+        start_phase: skip the phases before this one (for a module that has been through
+            them, e.g. one PartitionOperators already rewrote).
     """
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_ext_pipeline")
@@ -192,7 +240,14 @@ def tvm_ext_pipeline(
                             swap_options=swap_options, num_devices=num_devices,
                             partition_plan=partition_plan,
                             partition_options=partition_options)
+            names = [name for name, _ in stages]
+            if start_phase is not None and start_phase not in names:
+                raise ValueError(f"the tvm_ext pipeline has no phase {start_phase!r}; phases: "
+                                 f"{', '.join(names)}")
+            first = names.index(start_phase) if start_phase is not None else 0
             for i, (name, passes) in enumerate(stages):
+                if i < first:
+                    continue
                 mod = tvm.transform.Sequential(passes, name=name)(mod)
                 _dump(dump_dir, i + 1, name, mod)
         return mod

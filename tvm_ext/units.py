@@ -1,9 +1,11 @@
-"""Byte sizes as users write them: `512MiB`, `4GB`, `1.5 GiB`, `1048576`, or `25%` of a
-reference size (the no-swap peak, for a device budget)."""
+"""Byte sizes as users write them (`512MiB`, `4GB`, `1.5 GiB`, `1048576`, or `25%` of a
+reference size such as the no-swap peak) and as reports print them; JSON of plain data."""
 
 from __future__ import annotations
 
 import re
+
+import numpy as np
 
 _UNITS = {
     "": 1, "b": 1,
@@ -42,8 +44,17 @@ def parse_size(text: str | int, reference: int | None = None) -> int:
     return int(value)
 
 
-def format_size(nbytes: float) -> str:
+def format_size(nbytes: float, digits: int = 1) -> str:
+    """`nbytes` in the largest binary unit it reaches ("1.5 MiB"; whole bytes below 1 KiB)."""
     for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(nbytes) >= scale:
-            return f"{nbytes / scale:.2f} {unit}"
+            return f"{nbytes / scale:.{digits}f} {unit}"
     return f"{int(nbytes)} B"
+
+
+def json_default(obj):
+    """`json.dump(..., default=json_default)`: numpy scalars as numbers, anything else as its
+    string."""
+    if isinstance(obj, (np.integer, np.floating)):
+        return obj.item()
+    return str(obj)

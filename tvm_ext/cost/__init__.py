@@ -1,5 +1,5 @@
-"""Cost models: hardware presets, roofline op durations, link transfer times; measured kernel
-times and calibration against them in `tvm_ext.cost.measure` (imports TVM)."""
+"""Cost models, plain numbers only (no TVM): hardware and link presets, roofline op durations,
+collective costs, and calibration against measured kernel times."""
 
 from .collectives import COLLECTIVES, collective_bytes, collective_steps, collective_time
 from .hardware import HARDWARE, LINKS, Hardware, Link, get_hardware, get_link

@@ -18,7 +18,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_ext import gradients
+from . import gradients
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,68 +210,17 @@ def make_training_step(
         raise ValueError(f"unknown loss {loss!r}; choose one of {LOSSES}")
     gradients.register_all()
     fwd = model.main.without_attr("global_symbol").with_attr("num_input", model.num_input)
-    out_ty = fwd.ret_ty
-    if isinstance(out_ty, relax.TupleType):
-        out_ty = out_ty.fields[0]
-    if not isinstance(out_ty, relax.TensorType):
-        raise ValueError(f"{model.name}: the forward output is not a tensor: {out_ty}")
-    out_shape = tuple(int(d) for d in out_ty.shape.values)
-    out_dtype = str(out_ty.dtype)
-
-    if loss == "cross_entropy":
-        classes = num_classes or out_shape[-1]
-        label_spec = TensorSpec("labels", out_shape[:-1], "int64", init="randint", high=classes)
-    else:
-        label_spec = TensorSpec("labels", out_shape, out_dtype, init="normal")
+    out_shape, out_dtype = _forward_output(model.name, fwd)
+    label_spec = _label_spec(loss, out_shape, out_dtype, num_classes)
     if trainable is None:
-        trainable = [
-            p.name
-            for p in model.params
-            if p.dtype.startswith(("float", "bfloat")) and not _is_running_stat(p.name)
-        ]
+        trainable = _default_trainable(model)
     trainable = set(trainable)
-
-    bb = relax.BlockBuilder()
-    fwd_gv = bb.add_func(fwd, "forward")
-    inputs = [relax.Var(s.name, relax.TensorType(s.shape, s.dtype)) for s in model.inputs]
-    labels = relax.Var("labels", relax.TensorType(label_spec.shape, label_spec.dtype))
-    params = [relax.Var(s.name, relax.TensorType(s.shape, s.dtype)) for s in model.params]
-    with bb.function("main", [*inputs, labels, *params]):
-        with bb.dataflow():
-            out = bb.emit(relax.Call(fwd_gv, [*inputs, *params]))
-            if isinstance(fwd.ret_ty, relax.TupleType):
-                out = bb.emit(relax.TupleGetItem(out, 0))
-            value = bb.emit_output(_emit_loss(bb, loss, out, labels, out_shape))
-        bb.emit_func_output(value)
-    mod = bb.get()
-    mod = relax.transform.InlinePrivateFunctions()(mod)
-    mod = relax.transform.DeadCodeElimination(["main"])(mod)
-    mod = relax.transform.ConvertToDataflow()(mod)
-    # DecomposeOpsForTraining gives every batch norm batch statistics, whatever its mode.
-    mod = _ForTraining(mod).transform()
-    mod = relax.transform.DecomposeOpsForTraining()(mod)
-    main = mod["main"]
-    wrt = [v for v in main.params[len(inputs) + 1 :] if v.name in trainable]
-    if not wrt:
-        raise ValueError(f"{model.name}: no trainable parameter to differentiate")
-    unsupported = sorted({str(v.ty.dtype) for v in wrt} - {"float16", "float32", "float64"})
-    if unsupported:
-        raise ValueError(f"{model.name}: cannot build the training step: relax.transform.Gradient "
-                         f"differentiates float16/32/64 parameters only, not {unsupported}")
-    try:
-        mod = relax.transform.Gradient("main", require_grads=wrt)(mod)
-    except tvm.error.InternalError as err:
-        missing = re.search(r"FPrimalGradient has not been registered for (\S+)", str(err))
-        if missing is None:
-            raise
-        raise ValueError(f"{model.name}: cannot build the training step: no gradient for "
-                         f"{missing.group(1)}") from err
-    except ValueError as err:  # a type error inside TVM's gradient rewrite
-        reason = str(err).strip().splitlines()[-1]
-        raise ValueError(f"{model.name}: cannot build the training step: "
-                         f"relax.transform.Gradient failed: {reason}") from err
+    mod = _decompose_for_training(_loss_module(model, fwd, loss, label_spec, out_shape))
+    num_input = model.num_input + 1  # the labels follow the inputs
+    wrt = _params_to_differentiate(model.name, mod["main"], num_input, trainable)
+    mod = _differentiate(model.name, mod, wrt)
     step = _flatten_return(mod["main_adjoint"])
-    step = step.with_attr("global_symbol", "main").with_attr("num_input", len(inputs) + 1)
+    step = step.with_attr("global_symbol", "main").with_attr("num_input", num_input)
     grad_names = [v.name for v in wrt]
     config = dict(model.config, loss=loss, gradients=grad_names,
                   training_semantics=training_semantics(model))
@@ -284,6 +233,92 @@ def make_training_step(
         config,
         model.weights,
     )
+
+
+def _forward_output(name: str, fwd: relax.Function) -> tuple[tuple[int, ...], str]:
+    """The shape and dtype of the forward output that feeds the loss (the first of a tuple)."""
+    out_ty = fwd.ret_ty
+    if isinstance(out_ty, relax.TupleType):
+        out_ty = out_ty.fields[0]
+    if not isinstance(out_ty, relax.TensorType):
+        raise ValueError(f"{name}: the forward output is not a tensor: {out_ty}")
+    return tuple(int(d) for d in out_ty.shape.values), str(out_ty.dtype)
+
+
+def _label_spec(loss: str, out_shape: tuple[int, ...], out_dtype: str,
+                num_classes: int | None) -> TensorSpec:
+    """The spec of the labels input: class indices for cross entropy, targets for mse."""
+    if loss == "cross_entropy":
+        classes = num_classes or out_shape[-1]
+        return TensorSpec("labels", out_shape[:-1], "int64", init="randint", high=classes)
+    return TensorSpec("labels", out_shape, out_dtype, init="normal")
+
+
+def _default_trainable(model: Model) -> list[str]:
+    """The names of the float parameters of `model` that are not running statistics."""
+    return [
+        p.name
+        for p in model.params
+        if p.dtype.startswith(("float", "bfloat")) and not _is_running_stat(p.name)
+    ]
+
+
+def _loss_module(model: Model, fwd: relax.Function, loss: str, label_spec: TensorSpec,
+                 out_shape: tuple[int, ...]) -> tvm.IRModule:
+    """A module whose `main(inputs..., labels, params...)` returns the loss of `fwd`."""
+    bb = relax.BlockBuilder()
+    fwd_gv = bb.add_func(fwd, "forward")
+    inputs = [relax.Var(s.name, relax.TensorType(s.shape, s.dtype)) for s in model.inputs]
+    labels = relax.Var("labels", relax.TensorType(label_spec.shape, label_spec.dtype))
+    params = [relax.Var(s.name, relax.TensorType(s.shape, s.dtype)) for s in model.params]
+    with bb.function("main", [*inputs, labels, *params]):
+        with bb.dataflow():
+            out = bb.emit(relax.Call(fwd_gv, [*inputs, *params]))
+            if isinstance(fwd.ret_ty, relax.TupleType):
+                out = bb.emit(relax.TupleGetItem(out, 0))
+            value = bb.emit_output(_emit_loss(bb, loss, out, labels, out_shape))
+        bb.emit_func_output(value)
+    return bb.get()
+
+
+def _decompose_for_training(mod: tvm.IRModule) -> tvm.IRModule:
+    """`mod` with the forward inlined into `main` and its ops in forms Gradient handles."""
+    mod = relax.transform.InlinePrivateFunctions()(mod)
+    mod = relax.transform.DeadCodeElimination(["main"])(mod)
+    mod = relax.transform.ConvertToDataflow()(mod)
+    # DecomposeOpsForTraining gives every batch norm batch statistics, whatever its mode.
+    mod = _ForTraining(mod).transform()
+    return relax.transform.DecomposeOpsForTraining()(mod)
+
+
+def _params_to_differentiate(name: str, main: relax.Function, num_input: int,
+                             trainable: set[str]) -> list[relax.Var]:
+    """The parameters of `main` after its `num_input` inputs that are in `trainable`."""
+    wrt = [v for v in main.params[num_input:] if v.name in trainable]
+    if not wrt:
+        raise ValueError(f"{name}: no trainable parameter to differentiate")
+    unsupported = sorted({str(v.ty.dtype) for v in wrt} - {"float16", "float32", "float64"})
+    if unsupported:
+        raise ValueError(f"{name}: cannot build the training step: relax.transform.Gradient "
+                         f"differentiates float16/32/64 parameters only, not {unsupported}")
+    return wrt
+
+
+def _differentiate(name: str, mod: tvm.IRModule, wrt: list[relax.Var]) -> tvm.IRModule:
+    """`mod` with `main_adjoint`, the gradient of `main` wrt `wrt`, or a ValueError saying why
+    TVM could not build it."""
+    try:
+        return relax.transform.Gradient("main", require_grads=wrt)(mod)
+    except tvm.error.InternalError as err:
+        missing = re.search(r"FPrimalGradient has not been registered for (\S+)", str(err))
+        if missing is None:
+            raise
+        raise ValueError(f"{name}: cannot build the training step: no gradient for "
+                         f"{missing.group(1)}") from err
+    except ValueError as err:  # a type error inside TVM's gradient rewrite
+        reason = str(err).strip().splitlines()[-1]
+        raise ValueError(f"{name}: cannot build the training step: "
+                         f"relax.transform.Gradient failed: {reason}") from err
 
 
 def training_semantics(model: Model) -> str:

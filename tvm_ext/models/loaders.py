@@ -11,12 +11,13 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..errors import InputError
 from .base import Model, TensorSpec, model_from_function
 
 SUFFIXES = (".pt2", ".onnx", ".py")
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(InputError):
     """A model file that is missing, of an unknown kind, does not parse, or parses but the TVM
     frontend cannot import it (or tvm_ext cannot use what it imports)."""
 

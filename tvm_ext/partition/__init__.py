@@ -1,12 +1,14 @@
 """Tofu-style operator partitioning over k devices.
 
-`analyze(model)` (reads IR: `semantics.py`) gives a `PartitionProblem`; `plan_partition(problem,
-num_devices, link=..., strategy=...)` (no IR) gives a `PartitionPlan`:
+Plain data in, a plan out; nothing here reads IR. `tvm_ext.driver.partition_problem(model)`
+(through `tvm_ext.ir.kernel_dims`) gives a `PartitionProblem`; `plan_partition(problem,
+num_devices, link=..., strategy=...)` gives a `PartitionPlan`:
 
+    from tvm_ext.driver import partition_problem
     from tvm_ext.models import get_model
-    from tvm_ext.partition import analyze, plan_partition
+    from tvm_ext.partition import plan_partition
 
-    problem = analyze(get_model("gpt", "small", training=True))
+    problem = partition_problem(get_model("gpt", "small", training=True))
     plan = plan_partition(problem, 4, link="nvlink")
     print(plan.summary())
 
@@ -20,11 +22,20 @@ import time
 from collections.abc import Mapping, Sequence
 
 from ..cost.hardware import Hardware, Link
+from ..errors import InputError
 from .baselines import data_parallel_layouts, megatron_layouts
 from .elimination import TableTooLarge
 from .layout import REP, factorize
 from .model import MEMORY_TIE_BREAK, PartitionModel
-from .plan import PartitionPlan, build_plan
+from .plan import (
+    InnerStep,
+    InputConversion,
+    OpPlacement,
+    OutputConversion,
+    PartitionPlan,
+    TensorPlacement,
+    build_plan,
+)
 from .problem import PartitionProblem
 from .search import Searcher, State, search, solve_exact, tie_groups
 from .spec import AxisCut, DimSpec, InnerReduce, KernelSpec
@@ -37,27 +48,24 @@ __all__ = [
     "AxisCut",
     "DimSpec",
     "InnerReduce",
+    "InnerStep",
+    "InputConversion",
     "KernelSpec",
     "NotApplicable",
+    "OpPlacement",
+    "OutputConversion",
     "PartitionModel",
     "PartitionPlan",
     "PartitionProblem",
     "TableTooLarge",
-    "analyze",
+    "TensorPlacement",
     "make_model",
     "plan_partition",
 ]
 
 
-class NotApplicable(ValueError):
+class NotApplicable(InputError):
     """The strategy cannot partition this graph over this many devices."""
-
-
-def analyze(model, target: str = "llvm") -> PartitionProblem:
-    """The `PartitionProblem` of a model (reads IR; see `semantics.analyze`)."""
-    from .semantics import analyze as _analyze
-
-    return _analyze(model, target)
 
 
 def make_model(
@@ -121,7 +129,7 @@ def plan_partition(
         raise ValueError(f"unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
     if not isinstance(problem, PartitionProblem):
         raise TypeError("plan_partition takes a PartitionProblem: build one with "
-                        "tvm_ext.partition.analyze(model)")
+                        "tvm_ext.driver.partition_problem(model)")
     if disallow:
         problem = problem.restricted(disallow)
     if num_devices == 1:

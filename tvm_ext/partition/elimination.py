@@ -17,8 +17,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..errors import InputError
 
-class TableTooLarge(RuntimeError):
+
+class TableTooLarge(InputError):
     """An elimination step would build a table above the limit."""
 
 
@@ -39,10 +41,37 @@ def minimize(
             factors around them merge into one); skipped when that would exceed `max_table`.
     """
     n = len(domains)
-    tables: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
-    of_var: list[set[int]] = [set() for _ in range(n)]
-    constant = 0.0
-    for scope, table in factors:
+    graph = _FactorGraph(domains, factors)
+    eliminated = np.zeros(n, dtype=bool)
+    record: list[tuple[int, tuple[int, ...], np.ndarray | int]] = []
+    forced = [int(v) for v in first]
+    heap = [(graph.weight(v), v) for v in range(n)]
+    heapq.heapify(heap)
+    while (v := _next_variable(graph, heap, forced, eliminated, max_table)) is not None:
+        eliminated[v] = True
+        scope, best = graph.eliminate(v)
+        record.append((v, scope, best))
+        for u in scope:  # their factors merged: requeue them at their new weight
+            heapq.heappush(heap, (graph.weight(u), u))
+    return _back_substitute(n, record), graph.constant
+
+
+class _FactorGraph:
+    """The factors not yet eliminated, indexed by the variables they mention."""
+
+    def __init__(self, domains: Sequence[int],
+                 factors: Sequence[tuple[Sequence[int], np.ndarray]]):
+        self.domains = domains
+        self.tables: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
+        self.of_var: list[set[int]] = [set() for _ in range(len(domains))]
+        self.constant = 0.0  # the sum of the factors over no variable
+        for scope, table in factors:
+            self._add_input(scope, table)
+        self.next_id = len(self.tables)
+
+    def _add_input(self, scope: Sequence[int], table: np.ndarray) -> None:
+        """Checks an input factor and adds it without its one-value variables."""
+        domains = self.domains
         scope = tuple(int(v) for v in scope)
         table = np.asarray(table, dtype=np.float64)
         if table.shape != tuple(domains[v] for v in scope):
@@ -55,55 +84,50 @@ def minimize(
             table = table.reshape([domains[v] for v in scope if domains[v] > 1])
             scope = tuple(scope[i] for i in keep)
         if not scope:
-            constant += float(table)
-            continue
-        fid = len(tables)
-        tables[fid] = (scope, table)
+            self.constant += float(table)
+            return
+        fid = len(self.tables)
+        self.tables[fid] = (scope, table)
         for v in scope:
-            of_var[v].add(fid)
-    next_id = len(tables)
+            self.of_var[v].add(fid)
 
-    def weight(v: int) -> int:
-        fids = of_var[v]
+    def weight(self, v: int) -> int:
+        """The number of entries of the table that eliminating `v` builds."""
+        fids = self.of_var[v]
         if len(fids) == 1:
-            return tables[next(iter(fids))][1].size
+            return self.tables[next(iter(fids))][1].size
         neighbours = set()
         for f in fids:
-            neighbours.update(tables[f][0])
+            neighbours.update(self.tables[f][0])
         size = 1
         for u in neighbours:
-            size *= domains[u]
+            size *= self.domains[u]
         return size
 
-    eliminated = np.zeros(n, dtype=bool)
-    record: list[tuple[int, tuple[int, ...], np.ndarray | int]] = []
-    forced = [int(v) for v in first]
-    heap = [(weight(v), v) for v in range(n)]
-    heapq.heapify(heap)
-    while heap or forced:
-        if forced:
-            v = forced.pop(0)
-            if eliminated[v] or weight(v) > max_table:
-                continue
+    def eliminate(self, v: int) -> tuple[tuple[int, ...], np.ndarray]:
+        """Minimises `v` out of its factors: (their other variables, the argmin over them)."""
+        fids = list(self.of_var[v])
+        scope = sorted({u for f in fids for u in self.tables[f][0]} - {v})
+        total = self._combine(fids, [*scope, v])
+        self.of_var[v].clear()
+        best = total.argmin(axis=-1)
+        reduced = total.min(axis=-1)
+        if scope:
+            self.tables[self.next_id] = (tuple(scope), reduced)
+            for u in scope:
+                self.of_var[u].add(self.next_id)
+            self.next_id += 1
         else:
-            w, v = heapq.heappop(heap)
-            if eliminated[v]:
-                continue
-            current = weight(v)
-            if current != w:
-                heapq.heappush(heap, (current, v))
-                continue
-            if current > max_table:
-                raise TableTooLarge(f"eliminating variable {v} needs a table of {current} "
-                                    f"entries (limit {max_table})")
-        eliminated[v] = True
-        fids = list(of_var[v])
-        scope = sorted({u for f in fids for u in tables[f][0]} - {v})
-        full = [*scope, v]
-        shape = [domains[u] for u in full]
-        total = np.zeros(shape, dtype=np.float64)
+            self.constant += float(reduced)
+        return tuple(scope), best
+
+    def _combine(self, fids: list[int], full: list[int]) -> np.ndarray:
+        """The sum of factors `fids`, removed from the graph, as one table over `full`."""
+        v = full[-1]
+        domains = self.domains
+        total = np.zeros([domains[u] for u in full], dtype=np.float64)
         for f in fids:
-            fscope, table = tables.pop(f)
+            fscope, table = self.tables.pop(f)
             order = sorted(range(len(fscope)), key=lambda i: full.index(fscope[i]))
             view = table.transpose(order)
             expand = [1] * len(full)
@@ -112,21 +136,38 @@ def minimize(
             total = total + view.reshape(expand)
             for u in fscope:
                 if u != v:
-                    of_var[u].discard(f)
-        of_var[v].clear()
-        best = total.argmin(axis=-1)
-        reduced = total.min(axis=-1)
-        record.append((v, tuple(scope), best))
-        if scope:
-            tables[next_id] = (tuple(scope), reduced)
-            for u in scope:
-                of_var[u].add(next_id)
-                heapq.heappush(heap, (weight(u), u))
-            next_id += 1
-        else:
-            constant += float(reduced)
+                    self.of_var[u].discard(f)
+        return total
+
+
+def _next_variable(graph: _FactorGraph, heap: list[tuple[int, int]], forced: list[int],
+                   eliminated: np.ndarray, max_table: int) -> int | None:
+    """The next variable to eliminate: a forced one that fits, else the lightest (None: done)."""
+    while heap or forced:
+        if forced:
+            v = forced.pop(0)
+            if eliminated[v] or graph.weight(v) > max_table:
+                continue
+            return v
+        w, v = heapq.heappop(heap)
+        if eliminated[v]:
+            continue
+        current = graph.weight(v)
+        if current != w:  # a stale entry: the variable's tables changed since it was queued
+            heapq.heappush(heap, (current, v))
+            continue
+        if current > max_table:
+            raise TableTooLarge(f"eliminating variable {v} needs a table of {current} "
+                                f"entries (limit {max_table})")
+        return v
+    return None
+
+
+def _back_substitute(n: int, record: list[tuple[int, tuple[int, ...], np.ndarray | int]]
+                     ) -> list[int]:
+    """The optimal assignment, reading each argmin table in reverse elimination order."""
     value = [0] * n
     for v, scope, best in reversed(record):
         idx = tuple(value[u] for u in scope)
         value[v] = int(best[idx]) if scope else int(best)
-    return value, constant
+    return value

@@ -3,21 +3,26 @@
 What a lowering pass needs, per mesh level (level 1 = outermost; index convention in
 `layout.py`):
 
-* per tensor: its stored `layout` (REP = -1 or the cut axis, per level), the local shape and the
-  bytes one device stores;
-* per operator: its `strategy` (the op dim split at each level, -1 = replicated, named in
-  `dims`), for each input the `required` scheme per level (`[axis, halo_lo, halo_hi]`, axis -1 =
-  whole) and the conversion `steps` from the stored layout, in execution order; for each output
-  the `produced` scheme (-2 = partial result) and the steps to the stored layout; the allreduces
-  inside the kernel (`inner`, named by block and buffer); whether the kernel must be given
-  global indices (`global_index`);
-* each step: level, collective (allgather, reduce_scatter, allreduce, all_to_all, halo, slice),
-  source and destination schemes, the group's data, bytes each device sends, predicted time.
+* per tensor (`TensorPlacement`): its stored `layout` (REP = -1 or the cut axis, per level), the
+  local shape and the bytes one device stores;
+* per operator (`OpPlacement`): its `strategy` (the op dim split at each level, -1 =
+  replicated, named in `dims`), for each input (`InputConversion`) the `required` scheme per
+  level (`[axis, halo_lo, halo_hi]`, axis -1 = whole) and the conversion `steps` from the
+  stored layout, in execution order; for each output (`OutputConversion`) the `produced` scheme
+  (-2 = partial result) and the steps to the stored layout; the allreduces inside the kernel
+  (`inner`, `InnerStep`s naming the buffer); whether the kernel must be given global indices
+  (`global_index`);
+* each step (`layout.Step`): level, collective (allgather, reduce_scatter, allreduce,
+  all_to_all, halo, slice), source and destination schemes, the group's data, bytes each device
+  sends, predicted time.
 
 Totals: bytes each device sends per iteration, communication / compute / iteration time,
 per-device peak memory (stored pieces plus the transient converted copies, over the graph's
 order) and the replicated part of it (bytes beyond 1/k of each live tensor: replicated tensors,
 gathered copies), so that peak <= single-device peak / k + replicated.
+
+`to_dict`/`to_json` write plain JSON (the records as objects with these field names);
+`from_dict`/`from_json` read it back into the typed records.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..graph import TENSOR_KINDS, DataflowGraph
+from ..ir.graph import TENSOR_KINDS, DataflowGraph
 from .layout import PARTIAL, REP, Step, conversion_sequence, local_shape
 from .model import PartitionModel
 from .search import State, objective
@@ -38,9 +43,117 @@ _PHASE = {"slice": 0, "reduce_scatter": 0, "all_to_all": 1, "allreduce": 1, "hal
           "allgather": 2}
 
 
-def _ordered(steps: list[Step]) -> list[dict]:
+def _ordered(steps: list[Step]) -> list[Step]:
     """Steps in execution order: shrinking, size-preserving, growing; deepest level first."""
-    return [s.to_dict() for s in sorted(steps, key=lambda s: (_PHASE[s.kind], -s.level))]
+    return sorted(steps, key=lambda s: (_PHASE[s.kind], -s.level))
+
+
+@dataclasses.dataclass(frozen=True)
+class InnerStep(Step):
+    """An allreduce inside a kernel: its step and the buffer it reduces."""
+
+    buffer: str
+
+    @classmethod
+    def of(cls, step: Step, buffer: str) -> InnerStep:
+        return cls(**dataclasses.asdict(step), buffer=buffer)
+
+
+@dataclasses.dataclass
+class InputConversion:
+    """One input of an op: the scheme the kernel requires per level (`[axis, halo_lo,
+    halo_hi]`, axis -1 = whole) and the steps from the stored layout, in execution order."""
+
+    tensor: int
+    position: int
+    required: list[list[int]]
+    steps: list[Step]
+
+    @classmethod
+    def from_dict(cls, data: dict) -> InputConversion:
+        conv = cls(**data)
+        conv.steps = [Step(**s) for s in conv.steps]
+        return conv
+
+
+@dataclasses.dataclass
+class OutputConversion:
+    """One output of an op: the scheme the kernel produces per level (-2 = partial result)
+    and the steps to the stored layout, in execution order."""
+
+    tensor: int
+    position: int
+    produced: list[int]
+    steps: list[Step]
+
+    @classmethod
+    def from_dict(cls, data: dict) -> OutputConversion:
+        conv = cls(**data)
+        conv.steps = [Step(**s) for s in conv.steps]
+        return conv
+
+
+@dataclasses.dataclass
+class TensorPlacement:
+    """How one tensor is stored: its `layout` per level (REP = -1 or the cut axis), the local
+    shape and the bytes one device stores. `materialized`: a view whose result is a copy of
+    its own (it then stores its local bytes)."""
+
+    id: int
+    name: str
+    shape: list[int]
+    dtype: str
+    kind: str
+    layout: list[int]
+    local_shape: list[int]
+    bytes_per_device: float
+    materialized: bool = False
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        if not self.materialized:  # the JSON names the flag only where it is set
+            del data["materialized"]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TensorPlacement:
+        return cls(**data)
+
+
+@dataclasses.dataclass
+class OpPlacement:
+    """How one operator runs: its `strategy` (the op dim split at each level, -1 =
+    replicated, named in `dims`), its inputs' and outputs' conversions, the allreduces inside
+    the kernel (`inner`), whether the kernel must be given global indices (`global_index`),
+    its compute time and the bytes of the converted copies it holds while it runs
+    (`transient_bytes`; None where the JSON does not record them: counted as 0)."""
+
+    id: int
+    name: str
+    kernel: str
+    phase: str
+    strategy: list[int]
+    dims: list[str]
+    inputs: list[InputConversion]
+    outputs: list[OutputConversion]
+    inner: list[InnerStep]
+    compute_time: float
+    global_index: bool
+    transient_bytes: float | None = None
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        if self.transient_bytes is None:
+            del data["transient_bytes"]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> OpPlacement:
+        op = cls(**data)
+        op.inputs = [InputConversion.from_dict(e) for e in op.inputs]
+        op.outputs = [OutputConversion.from_dict(e) for e in op.outputs]
+        op.inner = [InnerStep(**s) for s in op.inner]
+        return op
 
 
 @dataclasses.dataclass
@@ -52,8 +165,8 @@ class PartitionPlan:
     links: list[str]
     hardware: str
     strategy: str
-    tensors: list[dict]
-    ops: list[dict]
+    tensors: list[TensorPlacement]  # indexed by tensor id
+    ops: list[OpPlacement]  # indexed by op id
     bytes_per_device: float
     comm_time: float  # bytes over link bandwidth
     latency_time: float  # link latency of every message round, unbucketed
@@ -97,18 +210,18 @@ class PartitionPlan:
         measures in an unplanned build."""
         if len(graph.tensors) != len(self.tensors) or len(graph.ops) != len(self.ops):
             raise ValueError("the graph is not the one this plan was made for")
-        splits = [int(np.prod([p for p, d in zip(self.mesh, o["strategy"], strict=True)
+        splits = [int(np.prod([p for p, d in zip(self.mesh, o.strategy, strict=True)
                                if d >= 0])) for o in self.ops]
         local = []
         for t, info in zip(graph.tensors, self.tensors, strict=True):
             if t.kind == "workspace":
                 size = t.nbytes // splits[t.producer]
             else:
-                size = int(info["bytes_per_device"])
-            if info.get("materialized"):
+                size = int(info.bytes_per_device)
+            if info.materialized:
                 t = dataclasses.replace(t, alias_of=None)
             local.append(dataclasses.replace(t, nbytes=size))
-        transient = np.array([o.get("transient_bytes", 0.0) for o in self.ops])
+        transient = np.array([o.transient_bytes or 0.0 for o in self.ops])
         order = np.asarray(graph.order)
         return DataflowGraph(graph.ops, local, graph.outputs, graph.function, graph.num_input) \
             .memory_timeline(kinds=kinds).astype(np.float64) + transient[order]
@@ -120,10 +233,10 @@ class PartitionPlan:
         return int(self.memory_timeline(graph, kinds).max())
 
     def tensor_layouts(self) -> dict[str, list[int]]:
-        return {t["name"]: t["layout"] for t in self.tensors}
+        return {t.name: t.layout for t in self.tensors}
 
     def op_strategies(self) -> dict[str, list[str]]:
-        return {o["name"]: o["dims"] for o in self.ops}
+        return {o.name: o.dims for o in self.ops}
 
     def summary(self) -> dict:
         return {
@@ -144,17 +257,25 @@ class PartitionPlan:
             "memory_bound": self.memory_bound,
             "memory_ratio": self.memory_ratio,
             "collectives": self.collectives,
-            "replicated_ops": sum(all(d < 0 for d in o["strategy"]) for o in self.ops),
+            "replicated_ops": sum(all(d < 0 for d in o.strategy) for o in self.ops),
             "unsupported": len(self.unsupported),
             "search_seconds": self.search_seconds,
         }
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["tensors"] = [t.to_dict() for t in self.tensors]
+        data["ops"] = [o.to_dict() for o in self.ops]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> PartitionPlan:
-        return cls(**data)
+        """The plan `to_dict` gave; raises TypeError where a record lacks a field or has one
+        it does not know."""
+        plan = cls(**data)
+        plan.tensors = [TensorPlacement.from_dict(t) for t in plan.tensors]
+        plan.ops = [OpPlacement.from_dict(o) for o in plan.ops]
+        return plan
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -168,84 +289,89 @@ def build_plan(model: PartitionModel, state: State, strategy: str,
                search_seconds: float = 0.0) -> PartitionPlan:
     """Evaluate a complete assignment into a plan."""
     g = model.graph
-    mesh = model.mesh
-    k = int(np.prod(mesh))
-    tensors = []
-    for t in g.tensors:
-        layout = [int(s) for s in state.layout[t.id]]
-        tensors.append({
-            "id": t.id, "name": t.name, "shape": list(t.shape), "dtype": t.dtype,
-            "kind": t.kind, "layout": layout,
-            "local_shape": list(local_shape(t.shape, mesh, layout)),
-            "bytes_per_device": model.stored_bytes(t.id, layout),
-        })
-    ops = []
     counts: Counter = Counter()
     sent: Counter = Counter()
     comm = compute = latency = 0.0
-    transient = np.zeros(len(g.ops))
+    ops = []
     materialized: set[int] = set()
     dying = _dying(g)
     for op in g.ops:
-        strategy_l = [int(d) for d in state.strategy[op.id]]
-        spec = model.specs[op.id]
-        names = ["replicate" if d == REP else spec.dims[d].name for d in strategy_l]
-        op_steps: list[Step] = []
-        inputs, outputs = [], []
-        for e in model.edges[op.id]:
-            layout = state.layout[e.tensor]
-            steps = model.edge_steps(e, op.id, layout, strategy_l)
-            op_steps += steps
-            if e.output:
-                produced = [model.produced(op.id, e.position, d) for d in strategy_l]
-                outputs.append({"tensor": e.tensor, "position": e.position,
-                                "produced": produced, "steps": _ordered(steps)})
-            else:
-                required = [model.required(op.id, e.position, d) for d in strategy_l]
-                inputs.append({"tensor": e.tensor, "position": e.position,
-                               "required": [[r.axis, r.halo_lo, r.halo_hi] for r in required],
-                               "steps": _ordered(steps)})
-        transient[op.id], view_copy = _transient(model, op.id, strategy_l, state.layout,
-                                                 dying.get(op.id, set()))
+        placed, op_steps, view_copy = _place_op(model, state, op.id, dying.get(op.id, set()))
+        ops.append(placed)
         if view_copy:
             materialized.add(op.outputs[0])
-        inner = model.inner_steps(op.id, strategy_l)
-        op_steps += inner
-        op_compute = model.compute_time(op.id, strategy_l)
-        compute += op_compute
+        compute += placed.compute_time
         for s in op_steps:
             comm += s.time
             latency += s.latency
             if s.kind != "slice":
                 counts[s.kind] += 1
                 sent[s.kind] += s.bytes
-        global_index = any(d >= 0 and spec.dims[d].global_index for d in strategy_l)
-        ops.append({
-            "id": op.id, "name": op.name, "kernel": op.kernel, "phase": op.phase,
-            "strategy": strategy_l, "dims": names, "inputs": inputs, "outputs": outputs,
-            "inner": [dict(s.to_dict(), buffer=b) for s, b in _inner_names(spec, strategy_l,
-                                                                         inner)],
-            "compute_time": op_compute, "global_index": global_index,
-            "transient_bytes": float(transient[op.id]),
-        })
-    for t in materialized:
-        tensors[t]["materialized"] = True
-        tensors[t]["bytes_per_device"] = _local_bytes(model, t, state.layout[t])
+    tensors = [_place_tensor(model, state, t.id, t.id in materialized) for t in g.tensors]
+    transient = np.array([o.transient_bytes for o in ops], dtype=np.float64)
     peak, replicated = _memory(model, state, transient, materialized)
-    single = int(g.peak_memory())
     collectives = {kind: {"count": counts[kind], "bytes_per_device": sent[kind]}
                    for kind in sorted(counts)}
     return PartitionPlan(
-        num_devices=k, mesh=list(mesh), links=[link.name for link in model.links],
-        hardware=model.hardware.name, strategy=strategy, tensors=tensors, ops=ops,
+        num_devices=int(np.prod(model.mesh)), mesh=list(model.mesh),
+        links=[link.name for link in model.links], hardware=model.hardware.name,
+        strategy=strategy, tensors=tensors, ops=ops,
         bytes_per_device=float(sum(sent.values())), comm_time=comm, latency_time=latency,
         compute_time=compute,
         peak_bytes_per_device=peak, replicated_at_peak=replicated,
-        single_device_peak=single,
+        single_device_peak=int(g.peak_memory()),
         collectives=collectives,
         unsupported=[list(x) for x in model.problem.unsupported()],
         objective=objective(model, state), search_seconds=search_seconds,
     )
+
+
+def _place_tensor(model: PartitionModel, state: State, tensor: int,
+                  materialized: bool) -> TensorPlacement:
+    t = model.graph.tensors[tensor]
+    layout = [int(s) for s in state.layout[tensor]]
+    if materialized:  # a view's own copy stores its local bytes
+        stored = _local_bytes(model, tensor, state.layout[tensor])
+    else:
+        stored = model.stored_bytes(tensor, layout)
+    return TensorPlacement(
+        id=t.id, name=t.name, shape=list(t.shape), dtype=t.dtype, kind=t.kind, layout=layout,
+        local_shape=list(local_shape(t.shape, model.mesh, layout)), bytes_per_device=stored,
+        materialized=materialized)
+
+
+def _place_op(model: PartitionModel, state: State, op_id: int,
+              dying: set[int]) -> tuple[OpPlacement, list[Step], bool]:
+    """An op's record, every step it runs (its edges' conversions in edge order, then the
+    allreduces inside the kernel) and whether a view's result must be a copy of its own."""
+    op = model.graph.ops[op_id]
+    strategy = [int(d) for d in state.strategy[op_id]]
+    spec = model.specs[op_id]
+    op_steps: list[Step] = []
+    inputs, outputs = [], []
+    for e in model.edges[op_id]:
+        steps = model.edge_steps(e, op_id, state.layout[e.tensor], strategy)
+        op_steps += steps
+        if e.output:
+            produced = [model.produced(op_id, e.position, d) for d in strategy]
+            outputs.append(OutputConversion(e.tensor, e.position, produced, _ordered(steps)))
+        else:
+            required = [model.required(op_id, e.position, d) for d in strategy]
+            inputs.append(InputConversion(e.tensor, e.position,
+                                          [[r.axis, r.halo_lo, r.halo_hi] for r in required],
+                                          _ordered(steps)))
+    transient, view_copy = _transient(model, op_id, strategy, state.layout, dying)
+    inner = model.inner_steps(op_id, strategy)
+    op_steps += inner
+    placed = OpPlacement(
+        id=op.id, name=op.name, kernel=op.kernel, phase=op.phase, strategy=strategy,
+        dims=["replicate" if d == REP else spec.dims[d].name for d in strategy],
+        inputs=inputs, outputs=outputs,
+        inner=[InnerStep.of(s, b) for s, b in _inner_names(spec, strategy, inner)],
+        compute_time=model.compute_time(op_id, strategy),
+        global_index=any(d >= 0 and spec.dims[d].global_index for d in strategy),
+        transient_bytes=float(transient))
+    return placed, op_steps, view_copy
 
 
 def _inner_names(spec, strategy, inner_steps):
@@ -388,3 +514,21 @@ def layout_name(scheme: int) -> str:
     if scheme == PARTIAL:
         return "P"
     return f"S{scheme}"
+
+
+def layouts_of(plan: PartitionPlan, graph: DataflowGraph) -> dict:
+    """The layouts a partitioned module takes its arguments in and returns its outputs in:
+    `num_devices`, `mesh`, and per argument and output `name`, `shape` (whole), `dtype` and
+    `layout` (one entry per mesh level)."""
+    args = sorted((t for t in graph.tensors if t.arg_index is not None),
+                  key=lambda t: t.arg_index)
+    return {"num_devices": plan.num_devices, "mesh": list(plan.mesh),
+            "arguments": _layouts(plan, graph, [t.id for t in args]),
+            "outputs": _layouts(plan, graph, graph.outputs)}
+
+
+def _layouts(plan: PartitionPlan, graph: DataflowGraph, tids) -> list[dict]:
+    by_id = {t.id: t for t in plan.tensors}
+    return [{"name": graph.tensors[t].name, "shape": list(graph.tensors[t].shape),
+             "dtype": graph.tensors[t].dtype, "layout": list(by_id[t].layout)}
+            for t in tids]

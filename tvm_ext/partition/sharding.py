@@ -5,8 +5,8 @@ significant, `worker = sum_l c_l * stride_l`, `stride_l = p_{l+1} * ... * p_L`; 
 at the levels S (m = the deepest), index i belongs to block `i // (n / (p_1 * ... * p_m))`, whose
 mixed-radix digits (level 1 first) must equal the device's coordinates at the levels in S; a
 device's piece is its blocks in increasing order. Used to place arguments on the workers and
-to gather outputs (`tvm_ext.distributed.run_partitioned`), and by the tests as the reference of
-the mesh collectives.
+to gather outputs (`tvm_ext.runtime.distributed.run_partitioned`), and by the tests as the
+reference of the mesh collectives.
 """
 
 from __future__ import annotations

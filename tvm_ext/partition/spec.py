@@ -1,6 +1,6 @@
 """What splitting one iteration dimension of an operator does to its tensors (plain data).
 
-`tvm_ext.partition.semantics` derives these from each kernel's TIR; everything else in
+`tvm_ext.ir.kernel_dims` derives these from each kernel's TIR; everything else in
 `tvm_ext.partition` reads only these dataclasses, never IR.
 
 An operator (one kernel call or view) iterates over *dims*: classes of block iteration variables

@@ -3,7 +3,8 @@ op schedule, memory placement and swaps that run one iteration fastest.
 
 Plain data in (`SwapProblem`, built from a `DataflowGraph`), a `SwapPlan` out; nothing here
 reads IR. `plan_swaps(problem, planner)` is the entry point; `simulate(problem, plan)` scores
-any plan on three streams (compute, device-to-host, host-to-device).
+any plan on three streams (compute, device-to-host, host-to-device), and
+`validate(problem, plan)` checks its invariants.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from .baselines import ideal, lru, vdnn
 from .plan import PlanError, Residency, SwapIn, SwapOut, SwapPlan
 from .problem import ALIGNMENT, InfeasibleBudgetError, SwapProblem
 from .search import SearchConfig, swapadvisor
-from .simulator import SimResult, simulate
+from .simulator import SimResult, simulate, validate
 
 PLANNERS = ("swapadvisor", "vdnn", "lru", "ideal")
 
@@ -37,4 +38,4 @@ def plan_swaps(problem: SwapProblem, planner: str = "swapadvisor", *,
 
 __all__ = ["ALIGNMENT", "PLANNERS", "InfeasibleBudgetError", "PlanError", "Residency",
            "SearchConfig", "SimResult", "SwapIn", "SwapOut", "SwapPlan", "SwapProblem",
-           "plan_swaps", "simulate"]
+           "plan_swaps", "simulate", "validate"]

@@ -1,14 +1,15 @@
 """Compiled hot loops of the swap planners (numba): swap derivation and the three-stream
-simulation. Plain integer/float arrays in and out; `derive.py` and `simulator.py` wrap them.
+simulation. Plain integer/float arrays in and out, grouped in named tuples; `derive.py` and
+`simulator.py` wrap them.
 
 Positions are places in the schedule: op `order[i]` runs at position i. The device memory for
 planned tensors is one region of `arena` bytes; a tensor occupies a contiguous, 256-aligned
 window of it for each residency interval. Two layouts: the arena (a window may start at any
-aligned offset) and SwapAdvisor's size classes (the region is cut into `cls_count[c]` objects
-of `cls_size[c]` bytes per class; a tensor may only occupy one object of its class).
+aligned offset) and SwapAdvisor's size classes (the region is cut into `Layout.count[c]`
+objects of `Layout.size[c]` bytes per class; a tensor may only occupy one object of its class).
 
 Derivation walks the schedule once. At each position the op's needs are locked; each one not
-resident gets a window. A window's cost depends on the policy (`mode`):
+resident gets a window. A window's cost depends on the policy (`Policy.mode`):
   * SWAPADVISOR: the link time of evicting its occupants and bringing them back (weight beta),
     the stall that bringing them back before their next use would cause, a Belady term
     favouring occupants used furthest in the future (weight delta), and how late the op would
@@ -21,19 +22,107 @@ resident gets a window. A window's cost depends on the policy (`mode`):
   * VDNN: LRU on demand, plus the vDNN policy: forward activations that the backward pass reads
     are offloaded right after their last forward use and prefetched one op ahead of their use.
 Those times come from a running estimate of the iteration kept during the walk (`est`: end of
-each op so far, `clock`: when each copy stream frees up), so choices see stalls and link load.
-If no window avoids the op's other needs (arena fragmentation), every need of the op is
-evicted and the op's working set is packed from offset 0, which always fits once the budget is
-feasible.
+each op so far, `d2h_free` / `h2d_free`: when each copy stream frees up), so choices see stalls
+and link load. If no window avoids the op's other needs (arena fragmentation), every need of
+the op is evicted and the op's working set is packed from offset 0, which always fits once the
+budget is feasible.
+
+Swap-outs are named by key, position * big + event id with big = tensors + 1: a larger key is
+later in the device-to-host FIFO.
+
+The derivation's state lives in structrefs (mutable records that numba passes by reference,
+with one reference count for all their fields): a tuple of arrays passed to a function costs
+a reference count update per array, which the per-op helpers cannot afford. Loops read the
+fields they use into locals first, for the same reason.
 """
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numba as nb
 import numpy as np
+from numba import types
+from numba.experimental import structref
 
 SWAPADVISOR, LRU, VDNN = 0, 1, 2
-_NONE = -1
+_NONE = -1  # the occupant of a free segment
+_ASAP = -2  # swap-in issue position: as soon as the window is free
+
+# ---------------------------------------------------------------- inputs and outputs
+# The problem's arrays, fixed for an Evaluator; op's needs: need_idx[need_ptr[op]:need_ptr[op+1]].
+Graph = namedtuple("Graph", ["need_ptr", "need_idx", "producer", "sizes", "durations",
+                             "is_output"])
+Link = namedtuple("Link", ["h2d_bw", "h2d_lat", "d2h_bw", "d2h_lat"])  # bytes/s, seconds
+Policy = namedtuple("Policy", ["mode", "beta", "gamma", "delta"])
+# Size classes: tensor t takes an object of class obj_class[t] (-1: any window of the arena);
+# class c has `count[c]` objects of `size[c]` bytes laid out from offset `base[c]`.
+Layout = namedtuple("Layout", ["obj_class", "base", "size", "count"])
+# What `derive` returns: its tables cut to their length, per-position d2h waits (the key each
+# op waits for, -1: none), which tensors end on the device, and counters. A residency's
+# wait_key is the swap-out to finish before its window is written.
+ResidencyTable = namedtuple("ResidencyTable", ["tensor", "offset", "begin", "end", "swap_in",
+                                               "wait_key", "valid"])
+SwapInTable = namedtuple("SwapInTable", ["tensor", "after", "before", "wait_key", "valid"])
+SwapOutTable = namedtuple("SwapOutTable", ["tensor", "after"])
+Derivation = namedtuple("Derivation", ["residencies", "swap_ins", "swap_outs", "op_wait",
+                                       "end_on_device", "fallbacks", "big", "max_segments",
+                                       "placements"])
+# What `simulate` returns: op times by position, copy times by event id.
+Timeline = namedtuple("Timeline", ["op_start", "op_end", "d2h_start", "d2h_end", "h2d_start",
+                                   "h2d_end"])
+
+
+# ---------------------------------------------------------------- derivation state
+@structref.register
+class _Record(types.StructRef):
+    """The numba type of a mutable record, made from its (name, type) fields."""
+
+    def preprocess_fields(self, fields):
+        return tuple((name, types.unliteral(typ)) for name, typ in fields)
+
+
+_I, _F, _B = types.int64[::1], types.float64[::1], types.boolean[::1]
+# Arena segments, sorted by offset, covering [0, arena): offset, bytes and occupant (or _NONE);
+# a free segment also keeps the position after which it is free, the key of the swap-out to
+# wait for before writing it, and the estimated time it is free. The first `count` are in use,
+# as are the first `count` rows of each table below.
+_SEGMENTS = _Record([("off", _I), ("size", _I), ("tensor", _I), ("free_after", _I),
+                     ("wait_key", _I), ("free_at", _F), ("count", types.int64)])
+_TENSORS = _Record([
+    # Fixed for the derivation.
+    ("sizes", _I), ("slot", _I),  # bytes, and bytes of its window (its size class's objects)
+    ("obj_class", _I), ("fixed", _B), ("is_output", _B),
+    ("prod_pos", _I),  # position of its producer, -1 if none
+    ("offload_after", _I),  # vDNN: offloaded after that position (-1: never)
+    ("use_ptr", _I), ("use_pos", _I),  # its uses, sorted positions use_pos[use_ptr[t]:use_ptr[t+1]]
+    ("xin", _F), ("xout", _F),  # estimated swap-in, swap-out time
+    # Running.
+    ("resident", _B), ("offset", _I), ("host_copy", _B), ("last_use", _I),
+    ("release", _I),  # position after which its last residency ended
+    ("out_key", _I), ("out_end", _F),  # key and estimated end of its swap-out
+    ("cur_res", _I),  # its latest residency
+    ("locked", _I),  # the last position that needs it
+    ("cursor", _I),  # into its uses: the first not before the current position
+])
+# A residency's free_after / wait_key / free_at are those of the free window it took, restored
+# if it is cancelled.
+_RESIDENCIES = _Record([("tensor", _I), ("offset", _I), ("begin", _I), ("end", _I),
+                        ("swap_in", _I), ("wait_key", _I), ("free_after", _I), ("free_at", _F),
+                        ("valid", _B), ("count", types.int64)])
+_SWAP_INS = _Record([("tensor", _I), ("after", _I), ("before", _I), ("wait_key", _I),
+                     ("valid", _B), ("count", types.int64)])
+_SWAP_OUTS = _Record([("tensor", _I), ("after", _I), ("count", types.int64)])
+_STATE = _Record([
+    ("seg", _SEGMENTS), ("ten", _TENSORS), ("res", _RESIDENCIES), ("ins", _SWAP_INS),
+    ("outs", _SWAP_OUTS), ("cls_base", _I), ("cls_size", _I), ("cls_count", _I),
+    ("arena", types.int64), ("n", types.int64),  # positions
+    ("t_compute", _F),  # t_compute[i]: compute time of the positions before i, without stalls
+    ("op_wait", _I),  # per position: key of the swap-out the op waits for (-1: none)
+    ("est", _F),  # estimated end of each position's op so far
+    ("d2h_free", types.float64), ("h2d_free", types.float64),  # when each copy stream frees up
+    ("fallbacks", types.int64), ("max_segments", types.int64), ("placements", types.int64),
+])
 
 
 @nb.njit(cache=True)
@@ -41,66 +130,72 @@ def _xfer(nbytes, bw, lat):
     return lat + nbytes / bw
 
 
+# ---------------------------------------------------------------- segments
 @nb.njit(cache=True)
-def _seg_remove(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, ns, k0, k1):
-    """Delete segments k0..k1 (inclusive); return the new count."""
+def _seg_remove(seg, k0, k1):
+    """Delete segments k0..k1 (inclusive)."""
+    off, size, tensor = seg.off, seg.size, seg.tensor
+    free_after, wait_key, free_at = seg.free_after, seg.wait_key, seg.free_at
     cnt = k1 - k0 + 1
-    for k in range(k1 + 1, ns):
-        seg_off[k - cnt] = seg_off[k]
-        seg_size[k - cnt] = seg_size[k]
-        seg_t[k - cnt] = seg_t[k]
-        seg_fp[k - cnt] = seg_fp[k]
-        seg_dk[k - cnt] = seg_dk[k]
-        seg_rt[k - cnt] = seg_rt[k]
-    return ns - cnt
+    for k in range(k1 + 1, seg.count):
+        off[k - cnt] = off[k]
+        size[k - cnt] = size[k]
+        tensor[k - cnt] = tensor[k]
+        free_after[k - cnt] = free_after[k]
+        wait_key[k - cnt] = wait_key[k]
+        free_at[k - cnt] = free_at[k]
+    seg.count -= cnt
 
 
 @nb.njit(cache=True)
-def _seg_insert(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, ns, k, off, size, t, fp,
-                dk, rt):
-    for j in range(ns, k, -1):
-        seg_off[j] = seg_off[j - 1]
-        seg_size[j] = seg_size[j - 1]
-        seg_t[j] = seg_t[j - 1]
-        seg_fp[j] = seg_fp[j - 1]
-        seg_dk[j] = seg_dk[j - 1]
-        seg_rt[j] = seg_rt[j - 1]
-    seg_off[k] = off
-    seg_size[k] = size
-    seg_t[k] = t
-    seg_fp[k] = fp
-    seg_dk[k] = dk
-    seg_rt[k] = rt
-    return ns + 1
+def _seg_insert(seg, k, off, size, t, fp, dk, rt):
+    s_off, s_size, s_tensor = seg.off, seg.size, seg.tensor
+    s_free_after, s_wait_key, s_free_at = seg.free_after, seg.wait_key, seg.free_at
+    for j in range(seg.count, k, -1):
+        s_off[j] = s_off[j - 1]
+        s_size[j] = s_size[j - 1]
+        s_tensor[j] = s_tensor[j - 1]
+        s_free_after[j] = s_free_after[j - 1]
+        s_wait_key[j] = s_wait_key[j - 1]
+        s_free_at[j] = s_free_at[j - 1]
+    s_off[k] = off
+    s_size[k] = size
+    s_tensor[k] = t
+    s_free_after[k] = fp
+    s_wait_key[k] = dk
+    s_free_at[k] = rt
+    seg.count += 1
 
 
 @nb.njit(cache=True)
-def _seg_free(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, ns, k, fp, dk, rt):
+def _seg_free(seg, k, fp, dk, rt):
     """Mark segment k free (after position fp, d2h key dk, estimated time rt) and merge free
-    neighbours; return the new count."""
-    seg_t[k] = _NONE
-    seg_fp[k] = fp
-    seg_dk[k] = dk
-    seg_rt[k] = rt
-    if k + 1 < ns and seg_t[k + 1] == _NONE:
-        seg_size[k] += seg_size[k + 1]
-        seg_fp[k] = max(seg_fp[k], seg_fp[k + 1])
-        seg_dk[k] = max(seg_dk[k], seg_dk[k + 1])
-        seg_rt[k] = max(seg_rt[k], seg_rt[k + 1])
-        ns = _seg_remove(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, ns, k + 1, k + 1)
-    if k > 0 and seg_t[k - 1] == _NONE:
-        seg_size[k - 1] += seg_size[k]
-        seg_fp[k - 1] = max(seg_fp[k - 1], seg_fp[k])
-        seg_dk[k - 1] = max(seg_dk[k - 1], seg_dk[k])
-        seg_rt[k - 1] = max(seg_rt[k - 1], seg_rt[k])
-        ns = _seg_remove(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, ns, k, k)
-    return ns
+    neighbours."""
+    tensor, size, free_after, wait_key, free_at = (seg.tensor, seg.size, seg.free_after,
+                                                   seg.wait_key, seg.free_at)
+    tensor[k] = _NONE
+    free_after[k] = fp
+    wait_key[k] = dk
+    free_at[k] = rt
+    if k + 1 < seg.count and tensor[k + 1] == _NONE:
+        size[k] += size[k + 1]
+        free_after[k] = max(free_after[k], free_after[k + 1])
+        wait_key[k] = max(wait_key[k], wait_key[k + 1])
+        free_at[k] = max(free_at[k], free_at[k + 1])
+        _seg_remove(seg, k + 1, k + 1)
+    if k > 0 and tensor[k - 1] == _NONE:
+        size[k - 1] += size[k]
+        free_after[k - 1] = max(free_after[k - 1], free_after[k])
+        wait_key[k - 1] = max(wait_key[k - 1], wait_key[k])
+        free_at[k - 1] = max(free_at[k - 1], free_at[k])
+        _seg_remove(seg, k, k)
 
 
 @nb.njit(cache=True)
-def _seg_find(seg_off, ns, off):
+def _seg_find(seg, off):
     """Index of the segment containing byte `off`."""
-    lo, hi = 0, ns - 1
+    seg_off = seg.off
+    lo, hi = 0, seg.count - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if seg_off[mid] <= off:
@@ -110,25 +205,13 @@ def _seg_find(seg_off, ns, off):
     return lo
 
 
+# ---------------------------------------------------------------- setup
 @nb.njit(cache=True)
-def derive(order, need_ptr, need_idx, producer_op, sizes, host_start, fixed, is_output,
-           durations, arena, h2d_bw, h2d_lat, d2h_bw, d2h_lat, mode, beta, gamma, delta,
-           offload_after, obj_class, cls_base, cls_size, cls_count):
-    """Swap derivation for one schedule; see the module docstring.
-
-    Size-class layout: if obj_class[t] >= 0, t may only occupy one of the cls_count[c]
-    objects of cls_size[c] bytes laid out from offset cls_base[c] (c = obj_class[t]).
-
-    Returns the residency, swap-in (h2d) and swap-out (d2h) tables, per-position d2h waits,
-    which tensors end on the device, and the number of fragmentation fallbacks.
-    """
+def _uses(order, graph, fixed):
+    """Uses of each tensor not fixed, as sorted positions: (use_ptr, use_pos, total)."""
     n = order.shape[0]
-    n_t = sizes.shape[0]
-    big = n_t + 1  # d2h keys are position * big + event id: larger key = later in the FIFO
-    pos_of_op = np.empty(n, np.int64)
-    for i in range(n):
-        pos_of_op[order[i]] = i
-    # Uses of each tensor, as sorted positions.
+    n_t = graph.sizes.shape[0]
+    need_ptr, need_idx = graph.need_ptr, graph.need_idx
     use_cnt = np.zeros(n_t + 1, np.int64)
     total = 0
     for i in range(n):
@@ -148,538 +231,618 @@ def derive(order, need_ptr, need_idx, producer_op, sizes, host_start, fixed, is_
             if not fixed[t]:
                 use_pos[fill[t]] = i
                 fill[t] += 1
-    cursor = use_ptr[:-1].copy()
-    prod_pos = np.full(n_t, -1, np.int64)
-    for t in range(n_t):
-        if producer_op[t] >= 0:
-            prod_pos[t] = pos_of_op[producer_op[t]]
-    T = np.zeros(n + 1)
-    for i in range(n):
-        T[i + 1] = T[i] + durations[order[i]]
-    xin = np.empty(n_t)
-    xout = np.empty(n_t)
-    for t in range(n_t):
-        xin[t] = _xfer(sizes[t], h2d_bw, h2d_lat)
-        xout[t] = _xfer(sizes[t], d2h_bw, d2h_lat)
-
-    cap = 3 * total + n_t + 4  # fallbacks and vDNN prefetches add residencies
-    # Arena segments, sorted by offset, covering [0, arena): occupant (or _NONE), and for a
-    # free segment the position after which it is free, the swap-out to wait for (key) and
-    # the estimated time it is free.
-    nseg = 2 * cap + 4
-    seg_off = np.zeros(nseg, np.int64)
-    seg_size = np.zeros(nseg, np.int64)
-    seg_t = np.full(nseg, _NONE, np.int64)
-    seg_fp = np.full(nseg, -1, np.int64)
-    seg_dk = np.full(nseg, -1, np.int64)
-    seg_rt = np.zeros(nseg)
-    seg_size[0] = arena
-    # Tensor state.
-    resident = np.zeros(n_t, np.bool_)
-    offset = np.zeros(n_t, np.int64)
-    host_copy = host_start.copy()
-    last_use = np.full(n_t, -1, np.int64)
-    release = np.full(n_t, -1, np.int64)  # position after which its last residency ended
-    own_d2h = np.full(n_t, -1, np.int64)  # key of the tensor's swap-out
-    own_rt = np.zeros(n_t)  # estimated end of the tensor's swap-out
-    cur_res = np.full(n_t, -1, np.int64)
-    locked = np.full(n_t, -1, np.int64)
-    # Output tables.
-    r_t = np.empty(cap, np.int64)
-    r_off = np.empty(cap, np.int64)
-    r_begin = np.empty(cap, np.int64)
-    r_end = np.empty(cap, np.int64)
-    r_h2d = np.empty(cap, np.int64)
-    r_wait = np.empty(cap, np.int64)  # d2h key to finish before the window is written
-    r_avail = np.empty(cap, np.int64)
-    r_rt = np.empty(cap)
-    r_valid = np.zeros(cap, np.bool_)
-    h_t = np.empty(cap, np.int64)
-    h_q = np.empty(cap, np.int64)
-    h_r = np.empty(cap, np.int64)
-    h_dep = np.empty(cap, np.int64)
-    h_valid = np.zeros(cap, np.bool_)
-    d_t = np.empty(n_t + 1, np.int64)
-    d_p = np.empty(n_t + 1, np.int64)
-    op_wait = np.full(n, -1, np.int64)
-    # Estimated end time of each position's op, and when each copy stream frees up: the
-    # derivation runs a running simulation so that its choices see stalls and link load.
-    est = np.zeros(n)
-    clock = np.zeros(2)  # [d2h stream free, h2d stream free]
-    # segments, residencies, swap-ins, swap-outs, fallbacks, most segments, placements
-    cnt = np.zeros(7, np.int64)
-    cnt[0] = 1
-    step_res = np.empty(cap, np.int64)
-    needs = np.empty(cap, np.int64)
-    state = (seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, resident, offset, host_copy,
-             last_use, release, own_d2h, own_rt, cur_res, locked, cursor, use_ptr, use_pos,
-             is_output, r_t, r_off, r_begin, r_end, r_h2d, r_wait, r_avail, r_rt, r_valid,
-             h_t, h_q, h_r, h_dep, h_valid, d_t, d_p, op_wait, est, clock, cnt, xin, xout)
-    layout = (obj_class, cls_base, cls_size, cls_count)
-    on_demand = mode != SWAPADVISOR
-
-    for i in range(n):
-        op = order[i]
-        now = est[i - 1] if i > 0 else 0.0
-        m = 0
-        for k in range(need_ptr[op], need_ptr[op + 1]):
-            t = need_idx[k]
-            if not fixed[t]:
-                needs[m] = t
-                m += 1
-                locked[t] = i
-        # Largest first: fewer fragmentation failures.
-        srt = np.argsort(-sizes[needs[:m]], kind="mergesort")
-        start = now
-        attempt = 0
-        while True:
-            n_step = 0
-            failed = False
-            start = now
-            packed = 0
-            for jj in range(m):
-                t = needs[srt[jj]]
-                if resident[t]:
-                    continue
-                size = sizes[t] if obj_class[t] < 0 else cls_size[obj_class[t]]
-                produced = prod_pos[t] == i
-                if not produced and not host_copy[t]:
-                    raise ValueError("a tensor is needed before it was produced")
-                if attempt == 0:
-                    o = _best_window(state, layout, t, i, n, size, produced, arena, mode, beta,
-                                     gamma, delta, T, now)
-                elif obj_class[t] >= 0:
-                    raise ValueError("a size class has fewer objects than an op needs")
-                else:
-                    o = packed  # fallback: pack the op's needs from offset 0
-                packed += size
-                if o < 0:
-                    failed = True
-                    break
-                q = i - 1 if on_demand else -2
-                ready = _place(state, t, i, o, size, produced, q, on_demand, now)
-                cnt[5] = max(cnt[5], cnt[0])
-                cnt[6] += 1
-                start = max(start, ready)
-                step_res[n_step] = cnt[1] - 1
-                n_step += 1
-            if not failed:
-                break
-            # Undo this step's placements, evict every need of the op, and pack them.
-            cnt[4] += 1
-            for j2 in range(n_step):
-                _cancel(state, step_res[j2])
-            for jj in range(m):
-                t = needs[jj]
-                if resident[t] and last_use[t] < r_begin[cur_res[t]]:
-                    _cancel(state, cur_res[t])  # prefetched (vDNN), unused: cancel the fetch
-                elif resident[t]:
-                    _evict(state, t, _seg_find(seg_off, cnt[0], offset[t]), last_use[t])
-            op_wait[i] = -1
-            attempt = 1
-        est[i] = start + durations[op]
-        # vDNN: prefetch the next op's offloaded inputs one op ahead.
-        if mode == VDNN and i + 1 < n:
-            nxt = order[i + 1]
-            for k2 in range(need_ptr[nxt], need_ptr[nxt + 1]):
-                t = need_idx[k2]
-                if fixed[t] or resident[t] or prod_pos[t] == i + 1 or offload_after[t] < 0:
-                    continue
-                size = sizes[t] if obj_class[t] < 0 else cls_size[obj_class[t]]
-                o = _best_window(state, layout, t, i, n, size, False, arena, LRU, 0.0, 0.0, 0.0,
-                                 T, now)
-                if o >= 0:
-                    _place(state, t, i + 1, o, size, False, i - 1, True, now)
-                    locked[t] = i + 1
-        # After the op: release what is dead, extend what lives on.
-        for jj in range(m):
-            t = needs[jj]
-            last_use[t] = i
-            r_end[cur_res[t]] = i
-            c = cursor[t]
-            while c < use_ptr[t + 1] and use_pos[c] <= i:
-                c += 1
-            cursor[t] = c
-            if c == use_ptr[t + 1] and not is_output[t]:
-                resident[t] = False
-                release[t] = i
-                s = _seg_find(seg_off, cnt[0], offset[t])
-                cnt[0] = _seg_free(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, cnt[0], s,
-                                   i, -1, est[i])
-        # vDNN: offload forward activations after their last forward use.
-        if mode == VDNN:
-            for jj in range(m):
-                t = needs[jj]
-                if offload_after[t] == i and resident[t] and cursor[t] < use_ptr[t + 1]:
-                    _evict(state, t, _seg_find(seg_off, cnt[0], offset[t]), i)
-    end_on_device = np.zeros(n_t, np.bool_)
-    for t in range(n_t):
-        if resident[t]:
-            end_on_device[t] = True
-            r_end[cur_res[t]] = n - 1
-    nr, nh, nd = cnt[1], cnt[2], cnt[3]
-    return (r_t[:nr], r_off[:nr], r_begin[:nr], r_end[:nr], r_h2d[:nr], r_wait[:nr],
-            r_valid[:nr], h_t[:nh], h_q[:nh], h_r[:nh], h_dep[:nh], h_valid[:nh], d_t[:nd],
-            d_p[:nd], op_wait, end_on_device, cnt[4], big, cnt[5], cnt[6])
+    return use_ptr, use_pos, total
 
 
 @nb.njit(cache=True)
-def _next_use(state, v, i, n):
-    cursor, use_ptr, use_pos, is_output = state[15], state[16], state[17], state[18]
+def _new_tensors(order, graph, fixed, host_start, link, offload_after, layout, use_ptr,
+                 use_pos):
+    n = order.shape[0]
+    sizes = np.ascontiguousarray(graph.sizes)
+    n_t = sizes.shape[0]
+    pos_of_op = np.empty(n, np.int64)
+    for i in range(n):
+        pos_of_op[order[i]] = i
+    ten = structref.new(_TENSORS)
+    ten.sizes, ten.obj_class = sizes, np.ascontiguousarray(layout.obj_class)
+    ten.fixed, ten.is_output = fixed.copy(), graph.is_output.copy()
+    ten.prod_pos, ten.slot = np.full(n_t, -1, np.int64), sizes.copy()
+    ten.xin, ten.xout = np.empty(n_t), np.empty(n_t)
+    for t in range(n_t):
+        if graph.producer[t] >= 0:
+            ten.prod_pos[t] = pos_of_op[graph.producer[t]]
+        if layout.obj_class[t] >= 0:
+            ten.slot[t] = layout.size[layout.obj_class[t]]
+        ten.xin[t] = _xfer(sizes[t], link.h2d_bw, link.h2d_lat)
+        ten.xout[t] = _xfer(sizes[t], link.d2h_bw, link.d2h_lat)
+    ten.offload_after = offload_after.copy()
+    ten.use_ptr, ten.use_pos, ten.cursor = use_ptr, use_pos, use_ptr[:-1].copy()
+    ten.resident, ten.offset = np.zeros(n_t, np.bool_), np.zeros(n_t, np.int64)
+    ten.host_copy, ten.last_use = host_start.copy(), np.full(n_t, -1, np.int64)
+    ten.release, ten.out_key = np.full(n_t, -1, np.int64), np.full(n_t, -1, np.int64)
+    ten.out_end, ten.cur_res = np.zeros(n_t), np.full(n_t, -1, np.int64)
+    ten.locked = np.full(n_t, -1, np.int64)
+    return ten
+
+
+@nb.njit(cache=True)
+def _new_tables(cap, n_t, nseg, arena):
+    """Empty segments (one free segment of `arena` bytes), residency, swap-in (`cap` rows
+    each) and swap-out tables."""
+    seg = structref.new(_SEGMENTS)
+    seg.off, seg.size = np.zeros(nseg, np.int64), np.zeros(nseg, np.int64)
+    seg.tensor, seg.free_after = np.full(nseg, _NONE, np.int64), np.full(nseg, -1, np.int64)
+    seg.wait_key, seg.free_at = np.full(nseg, -1, np.int64), np.zeros(nseg)
+    seg.size[0] = arena
+    seg.count = 1
+    res = structref.new(_RESIDENCIES)
+    res.tensor, res.offset = np.empty(cap, np.int64), np.empty(cap, np.int64)
+    res.begin, res.end = np.empty(cap, np.int64), np.empty(cap, np.int64)
+    res.swap_in, res.wait_key = np.empty(cap, np.int64), np.empty(cap, np.int64)
+    res.free_after, res.free_at = np.empty(cap, np.int64), np.empty(cap)
+    res.valid, res.count = np.zeros(cap, np.bool_), 0
+    ins = structref.new(_SWAP_INS)
+    ins.tensor, ins.after = np.empty(cap, np.int64), np.empty(cap, np.int64)
+    ins.before, ins.wait_key = np.empty(cap, np.int64), np.empty(cap, np.int64)
+    ins.valid, ins.count = np.zeros(cap, np.bool_), 0
+    outs = structref.new(_SWAP_OUTS)
+    outs.tensor, outs.after = np.empty(n_t + 1, np.int64), np.empty(n_t + 1, np.int64)
+    outs.count = 0
+    return seg, res, ins, outs
+
+
+@nb.njit(cache=True)
+def _new_state(order, graph, fixed, host_start, arena, link, offload_after, layout):
+    n = order.shape[0]
+    n_t = graph.sizes.shape[0]
+    use_ptr, use_pos, total = _uses(order, graph, fixed)
+    cap = 3 * total + n_t + 4  # fallbacks and vDNN prefetches add residencies
+    st = structref.new(_STATE)
+    st.seg, st.res, st.ins, st.outs = _new_tables(cap, n_t, 2 * cap + 4, arena)
+    st.ten = _new_tensors(order, graph, fixed, host_start, link, offload_after, layout,
+                          use_ptr, use_pos)
+    st.cls_base = np.ascontiguousarray(layout.base)
+    st.cls_size = np.ascontiguousarray(layout.size)
+    st.cls_count = np.ascontiguousarray(layout.count)
+    st.arena, st.n = arena, n
+    st.t_compute = np.zeros(n + 1)
+    for i in range(n):
+        st.t_compute[i + 1] = st.t_compute[i] + graph.durations[order[i]]
+    st.op_wait, st.est = np.full(n, -1, np.int64), np.zeros(n)
+    st.d2h_free, st.h2d_free = 0.0, 0.0
+    st.fallbacks, st.max_segments, st.placements = 0, 0, 0
+    return st
+
+
+# ---------------------------------------------------------------- the walk
+@nb.njit(cache=True)
+def derive(order, graph, fixed, host_start, arena, link, policy, offload_after, layout):
+    """Swap derivation of one schedule (see the module docstring): `fixed` tensors stay on the
+    device outside the `arena` bytes, `host_start` ones start on the host. Returns a
+    Derivation."""
+    st = _new_state(order, graph, fixed, host_start, arena, link, offload_after, layout)
+    ten, est, sizes, durations = st.ten, st.est, graph.sizes, graph.durations
+    cap = st.res.tensor.shape[0]
+    needs = np.empty(cap, np.int64)
+    placed = np.empty(cap, np.int64)
+    for i in range(st.n):
+        op = order[i]
+        now = est[i - 1] if i > 0 else 0.0
+        m = _lock_needs(graph.need_ptr, graph.need_idx, ten, op, i, needs)
+        # Largest first: fewer fragmentation failures.
+        srt = np.argsort(-sizes[needs[:m]], kind="mergesort")
+        start, n_placed, failed = _place_needs(st, needs, srt, m, i, now, policy, placed,
+                                               False)
+        if failed:
+            _undo_step(st, needs, m, i, placed, n_placed)
+            start = _place_needs(st, needs, srt, m, i, now, policy, placed, True)[0]
+        est[i] = start + durations[op]
+        if policy.mode == VDNN and i + 1 < st.n:
+            _prefetch(st, graph.need_ptr, graph.need_idx, order[i + 1], i, now)
+        _after_op(st, needs, m, i)
+        if policy.mode == VDNN:
+            _offload(st, needs, m, i)
+    return _derivation(st)
+
+
+@nb.njit(cache=True)
+def _lock_needs(need_ptr, need_idx, ten, op, i, needs):
+    """Write the op's needs (tensors not fixed) into `needs`, lock them; return how many."""
+    fixed, locked = ten.fixed, ten.locked
+    m = 0
+    for k in range(need_ptr[op], need_ptr[op + 1]):
+        t = need_idx[k]
+        if not fixed[t]:
+            needs[m] = t
+            m += 1
+            locked[t] = i
+    return m
+
+
+@nb.njit(cache=True)
+def _place_needs(st, needs, srt, m, i, now, policy, placed, pack):
+    """Give each need of the op at i not resident a window, in `srt` order: the cheapest one,
+    or (`pack`) the next offset from 0. Returns (when the op can start, how many residencies
+    were made, listed in `placed`, and whether some need found no window)."""
+    ten = st.ten
+    resident, slot, prod_pos, host_copy = ten.resident, ten.slot, ten.prod_pos, ten.host_copy
+    on_demand = policy.mode != SWAPADVISOR
+    n_placed = 0
+    start = now
+    packed = 0
+    for jj in range(m):
+        t = needs[srt[jj]]
+        if resident[t]:
+            continue
+        size = slot[t]
+        produced = prod_pos[t] == i
+        if not produced and not host_copy[t]:
+            raise ValueError("a tensor is needed before it was produced")
+        if not pack:
+            o = _best_window(st, t, i, size, produced, policy, now)
+        elif ten.obj_class[t] >= 0:
+            raise ValueError("a size class has fewer objects than an op needs")
+        else:
+            o = packed
+        packed += size
+        if o < 0:
+            return start, n_placed, True
+        q = i - 1 if on_demand else _ASAP
+        ready = _place(st, t, i, o, size, produced, q, on_demand)
+        st.max_segments = max(st.max_segments, st.seg.count)
+        st.placements += 1
+        start = max(start, ready)
+        placed[n_placed] = st.res.count - 1
+        n_placed += 1
+    return start, n_placed, False
+
+
+@nb.njit(cache=True)
+def _undo_step(st, needs, m, i, placed, n_placed):
+    """Fragmentation fallback: undo this step's placements and evict every need of the op."""
+    ten = st.ten
+    st.fallbacks += 1
+    for j in range(n_placed):
+        _cancel(st, placed[j])
+    for jj in range(m):
+        t = needs[jj]
+        if ten.resident[t] and ten.last_use[t] < st.res.begin[ten.cur_res[t]]:
+            _cancel(st, ten.cur_res[t])  # prefetched (vDNN), unused: cancel the fetch
+        elif ten.resident[t]:
+            _evict(st, t, _seg_find(st.seg, ten.offset[t]), ten.last_use[t])
+    st.op_wait[i] = -1
+
+
+@nb.njit(cache=True)
+def _prefetch(st, need_ptr, need_idx, nxt, i, now):
+    """vDNN: prefetch the offloaded inputs of op `nxt` (at i + 1) one op ahead."""
+    ten = st.ten
+    fixed, resident, prod_pos, offload_after = (ten.fixed, ten.resident, ten.prod_pos,
+                                                ten.offload_after)
+    lru = Policy(LRU, 0.0, 0.0, 0.0)
+    for k in range(need_ptr[nxt], need_ptr[nxt + 1]):
+        t = need_idx[k]
+        if fixed[t] or resident[t] or prod_pos[t] == i + 1 or offload_after[t] < 0:
+            continue
+        size = ten.slot[t]
+        o = _best_window(st, t, i, size, False, lru, now)
+        if o >= 0:
+            _place(st, t, i + 1, o, size, False, i - 1, True)
+            ten.locked[t] = i + 1
+
+
+@nb.njit(cache=True)
+def _after_op(st, needs, m, i):
+    """After the op at i: release what is dead, extend what lives on."""
+    ten, res_end, seg = st.ten, st.res.end, st.seg
+    last_use, cur_res, cursor, use_ptr, use_pos = (ten.last_use, ten.cur_res, ten.cursor,
+                                                   ten.use_ptr, ten.use_pos)
+    for jj in range(m):
+        t = needs[jj]
+        last_use[t] = i
+        res_end[cur_res[t]] = i
+        c = cursor[t]
+        while c < use_ptr[t + 1] and use_pos[c] <= i:
+            c += 1
+        cursor[t] = c
+        if c == use_ptr[t + 1] and not ten.is_output[t]:
+            ten.resident[t] = False
+            ten.release[t] = i
+            _seg_free(seg, _seg_find(seg, ten.offset[t]), i, -1, st.est[i])
+
+
+@nb.njit(cache=True)
+def _offload(st, needs, m, i):
+    """vDNN: offload forward activations after their last forward use (at i)."""
+    ten = st.ten
+    offload_after, resident, cursor, use_ptr = (ten.offload_after, ten.resident, ten.cursor,
+                                                ten.use_ptr)
+    for jj in range(m):
+        t = needs[jj]
+        if offload_after[t] == i and resident[t] and cursor[t] < use_ptr[t + 1]:
+            _evict(st, t, _seg_find(st.seg, ten.offset[t]), i)
+
+
+@nb.njit(cache=True)
+def _derivation(st):
+    ten = st.ten
+    n_t = ten.sizes.shape[0]
+    end_on_device = np.zeros(n_t, np.bool_)
+    for t in range(n_t):
+        if ten.resident[t]:
+            end_on_device[t] = True
+            st.res.end[ten.cur_res[t]] = st.n - 1
+    r, h, d = st.res, st.ins, st.outs
+    nr, nh, nd = r.count, h.count, d.count
+    res = ResidencyTable(tensor=r.tensor[:nr], offset=r.offset[:nr], begin=r.begin[:nr],
+                         end=r.end[:nr], swap_in=r.swap_in[:nr], wait_key=r.wait_key[:nr],
+                         valid=r.valid[:nr])
+    ins = SwapInTable(tensor=h.tensor[:nh], after=h.after[:nh], before=h.before[:nh],
+                      wait_key=h.wait_key[:nh], valid=h.valid[:nh])
+    outs = SwapOutTable(tensor=d.tensor[:nd], after=d.after[:nd])
+    return Derivation(residencies=res, swap_ins=ins, swap_outs=outs, op_wait=st.op_wait,
+                      end_on_device=end_on_device, fallbacks=st.fallbacks, big=n_t + 1,
+                      max_segments=st.max_segments, placements=st.placements)
+
+
+# ---------------------------------------------------------------- tensors
+@nb.njit(cache=True)
+def _advance(cursor, use_ptr, use_pos, v, i):
+    """Move v's cursor (into its uses) to its first use at or after position i; return it."""
     c = cursor[v]
     while c < use_ptr[v + 1] and use_pos[c] < i:
         c += 1
     cursor[v] = c
+    return c
+
+
+@nb.njit(cache=True)
+def _next_use(cursor, use_ptr, use_pos, is_output, v, i, n):
+    """The position of v's next use from i on; n if none but v is an output, else -1."""
+    c = _advance(cursor, use_ptr, use_pos, v, i)
     if c < use_ptr[v + 1]:
         return use_pos[c]
     return n if is_output[v] else -1
 
 
 @nb.njit(cache=True)
-def _evict(state, v, k, p):
+def _evict(st, v, k, p):
     """Evict resident tensor v (segment k) whose residency ends after position p: swap it out
     after p if it has no host copy and is needed again (or returned)."""
-    seg_off = state[0]
-    seg_size = state[1]
-    seg_t = state[2]
-    seg_fp = state[3]
-    seg_dk = state[4]
-    seg_rt = state[5]
-    resident = state[6]
-    host_copy = state[8]
-    release = state[10]
-    own_d2h = state[11]
-    own_rt = state[12]
-    cur_res = state[13]
-    cursor = state[15]
-    use_ptr = state[16]
-    is_output = state[18]
-    r_end = state[22]
-    d_t = state[33]
-    d_p = state[34]
-    est = state[36]
-    clock = state[37]
-    cnt = state[38]
-    xout = state[40]
-    big = host_copy.shape[0] + 1
-    c = cursor[v]
-    future = c < use_ptr[v + 1] or is_output[v]
+    ten = st.ten
+    big = ten.sizes.shape[0] + 1
+    c = ten.cursor[v]
+    future = c < ten.use_ptr[v + 1] or ten.is_output[v]
     dk = -1
-    rt = est[p] if p >= 0 else 0.0
-    if future and not host_copy[v]:
-        nd = cnt[3]
-        d_t[nd] = v
-        d_p[nd] = p
+    rt = st.est[p] if p >= 0 else 0.0
+    if future and not ten.host_copy[v]:
+        outs = st.outs
+        nd = outs.count
+        outs.tensor[nd] = v
+        outs.after[nd] = p
         dk = p * big + nd
-        own_d2h[v] = dk
-        s = max(clock[0], rt)
-        clock[0] = s + xout[v]
-        rt = clock[0]
-        own_rt[v] = rt
-        cnt[3] = nd + 1
-        host_copy[v] = True
-    resident[v] = False
-    release[v] = p
-    r_end[cur_res[v]] = p
-    cnt[0] = _seg_free(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, cnt[0], k, p, dk, rt)
+        ten.out_key[v] = dk
+        s = max(st.d2h_free, rt)
+        st.d2h_free = s + ten.xout[v]
+        rt = st.d2h_free
+        ten.out_end[v] = rt
+        outs.count = nd + 1
+        ten.host_copy[v] = True
+    ten.resident[v] = False
+    ten.release[v] = p
+    st.res.end[ten.cur_res[v]] = p
+    _seg_free(st.seg, k, p, dk, rt)
+
+
+# ---------------------------------------------------------------- choosing a window
+# Per segment, what evicting it means: `cost` (link time, stall, Belady), the time it is free
+# (`ready`: free or clean; `ready_dirty`: its occupant's last use, before the swap-out of
+# `out` seconds), whether a need of the op holds it (`locked`), its occupant's last use and
+# bytes (LRU and tie-breaks).
+SegmentCosts = namedtuple("SegmentCosts", ["cost", "ready", "ready_dirty", "out", "locked",
+                                           "last_use", "nbytes"])
+# What a window's cost depends on besides its segments.
+Target = namedtuple("Target", ["mode", "gamma", "produced", "own_ready", "d2h_free",
+                               "h2d_free", "xin", "now", "arena"])
 
 
 @nb.njit(cache=True)
-def _best_window(state, layout, t, i, n, size, produced, arena, mode, beta, gamma, delta, T,
-                 now):
-    """The offset of the cheapest window for t (see the module docstring), -1 if every
-    window holds a tensor the op needs. Candidate windows start where a segment starts or
-    end where one ends (arena), or are the objects of t's size class; a two-pointer sweep
-    scores them all in time linear in the segments."""
-    obj_class, cls_base, cls_size, cls_count = layout
-    seg_off = state[0]
-    seg_size = state[1]
-    seg_t = state[2]
-    seg_rt = state[5]
-    host_copy = state[8]
-    last_use = state[9]
-    own_rt = state[12]
-    locked = state[14]
-    est = state[36]
-    clock = state[37]
-    cnt = state[38]
-    xin = state[39]
-    xout = state[40]
-    ns = cnt[0]
-    # Per segment: eviction cost, ready time (clean / dirty), swap-out time, lock, last use.
-    vc = np.zeros(ns)
-    rt_plain = np.full(ns, -np.inf)
-    rt_dirty = np.full(ns, -np.inf)
-    out = np.zeros(ns)
-    lk = np.zeros(ns, np.int64)
-    lu = np.full(ns, -2.0)
-    vb = np.zeros(ns)
+def _segment_costs(st, i, policy, now):
+    ns = st.seg.count
+    seg_tensor, seg_size, seg_free_at = st.seg.tensor, st.seg.size, st.seg.free_at
+    ten = st.ten
+    locked, last_use, host_copy, xin, xout = (ten.locked, ten.last_use, ten.host_copy, ten.xin,
+                                              ten.xout)
+    cursor, use_ptr, use_pos, is_output = ten.cursor, ten.use_ptr, ten.use_pos, ten.is_output
+    est, t_compute, n = st.est, st.t_compute, st.n
+    mode, beta, delta = policy.mode, policy.beta, policy.delta
+    cost, ready, ready_dirty = np.zeros(ns), np.full(ns, -np.inf), np.full(ns, -np.inf)
+    out, lk, lu, nbytes = np.zeros(ns), np.zeros(ns, np.int64), np.full(ns, -2.0), np.zeros(ns)
     for k in range(ns):
-        v = seg_t[k]
+        v = seg_tensor[k]
         if v == _NONE:
-            rt_plain[k] = seg_rt[k]
+            ready[k] = seg_free_at[k]
             continue
         if locked[v] >= i:
             lk[k] = 1
             continue
         luv = last_use[v]
         lu[k] = luv
-        vb[k] = seg_size[k]
+        nbytes[k] = seg_size[k]
         rt = est[luv] if luv >= 0 else 0.0
         if mode != SWAPADVISOR:
-            rt_plain[k] = max(rt, now)
+            ready[k] = max(rt, now)
             continue
-        nu = _next_use(state, v, i, n)
+        nu = _next_use(cursor, use_ptr, use_pos, is_output, v, i, n)
         out_v = 0.0
         if not host_copy[v] and nu >= 0:
             out_v = xout[v]
-            rt_dirty[k] = rt
+            ready_dirty[k] = rt
             out[k] = out_v
         else:
-            rt_plain[k] = rt
+            ready[k] = rt
         if 0 <= nu < n:
             in_v = xin[v]
-            vc[k] = (beta * (in_v + out_v) + max(0.0, out_v + in_v - (T[nu] - T[i]))
-                     + delta * in_v * n / (nu - i + 1.0))
+            cost[k] = (beta * (in_v + out_v)
+                       + max(0.0, out_v + in_v - (t_compute[nu] - t_compute[i]))
+                       + delta * in_v * n / (nu - i + 1.0))
         else:
-            vc[k] = beta * out_v
-    base_ready = 0.0 if produced else own_rt[t]
+            cost[k] = beta * out_v
+    return SegmentCosts(cost=cost, ready=ready, ready_dirty=ready_dirty, out=out, locked=lk,
+                        last_use=lu, nbytes=nbytes)
+
+
+@nb.njit(cache=True)
+def _best_window(st, t, i, size, produced, policy, now):
+    """The offset of the cheapest window for t (see the module docstring), -1 if every
+    window holds a tensor the op needs. Candidate windows start where a segment starts or
+    end where one ends (arena), or are the objects of t's size class; a two-pointer sweep
+    scores them all in time linear in the segments."""
+    sc = _segment_costs(st, i, policy, now)
+    seg = st.seg
+    ns = seg.count
+    c = st.ten.obj_class[t]
+    cand = np.empty(max(ns, st.cls_count[c] if c >= 0 else 0), np.int64)
+    target = Target(mode=policy.mode, gamma=policy.gamma, produced=produced,
+                    own_ready=0.0 if produced else st.ten.out_end[t], d2h_free=st.d2h_free,
+                    h2d_free=st.h2d_free, xin=st.ten.xin[t], now=now, arena=st.arena)
+    # Sliding-window maxima of ready, ready_dirty and last_use (indices, values decreasing).
+    deques = np.empty((3, ns), np.int64)
     best_cost = np.inf
     best_o = -1
-    dq_p = np.empty(ns, np.int64)  # sliding-window maxima (indices, values decreasing)
-    dq_d = np.empty(ns, np.int64)
-    dq_l = np.empty(ns, np.int64)
-    c = obj_class[t]
-    passes = 2 if c < 0 else 1
-    cand = np.empty(max(ns, cls_count[c] if c >= 0 else 0), np.int64)
-    for variant in range(passes):
-        nc = 0
-        if c >= 0:
-            for j in range(cls_count[c]):
-                cand[nc] = cls_base[c] + j * cls_size[c]
-                nc += 1
+    for variant in range(2 if c < 0 else 1):
+        if c >= 0:  # the objects of t's class
+            nc = st.cls_count[c]
+            for j in range(nc):
+                cand[j] = st.cls_base[c] + j * st.cls_size[c]
         else:
-            for k in range(ns):
-                o = seg_off[k] if variant == 0 else seg_off[k] + seg_size[k] - size
-                if variant == 1 and o == seg_off[k]:
-                    continue
-                cand[nc] = o
-                nc += 1
-        hp = tp = hd = td = hl = tl = 0
-        b = 0
-        e = -1  # window covers segments b..e
-        s_vc = 0.0
-        s_out = 0.0
-        s_lk = 0
-        s_vb = 0.0
-        for ci in range(nc):
-            o = cand[ci]
-            if o < 0 or o + size > arena:
-                continue
-            # Advance the end pointer over segments starting before o + size.
-            while e + 1 < ns and seg_off[e + 1] < o + size:
-                e += 1
-                s_vc += vc[e]
-                s_out += out[e]
-                s_lk += lk[e]
-                s_vb += vb[e]
-                while tp > hp and rt_plain[dq_p[tp - 1]] <= rt_plain[e]:
-                    tp -= 1
-                dq_p[tp] = e
-                tp += 1
-                while td > hd and rt_dirty[dq_d[td - 1]] <= rt_dirty[e]:
-                    td -= 1
-                dq_d[td] = e
-                td += 1
-                while tl > hl and lu[dq_l[tl - 1]] <= lu[e]:
-                    tl -= 1
-                dq_l[tl] = e
-                tl += 1
-            # Advance the start pointer past segments ending at or before o.
-            while b <= e and seg_off[b] + seg_size[b] <= o:
-                s_vc -= vc[b]
-                s_out -= out[b]
-                s_lk -= lk[b]
-                s_vb -= vb[b]
-                if hp < tp and dq_p[hp] == b:
-                    hp += 1
-                if hd < td and dq_d[hd] == b:
-                    hd += 1
-                if hl < tl and dq_l[hl] == b:
-                    hl += 1
-                b += 1
-            if s_lk > 0:
-                continue
-            if mode == SWAPADVISOR:
-                ready = base_ready
-                if hp < tp:
-                    ready = max(ready, rt_plain[dq_p[hp]])
-                if s_out > 0.0:
-                    ready = max(ready, max(clock[0], rt_dirty[dq_d[hd]]) + s_out)
-                if produced:
-                    late = ready - now
-                else:
-                    late = max(ready, clock[1]) + xin[t] - now
-                # Tie-break: evict fewer bytes.
-                cost = s_vc + gamma * max(0.0, late) + 1e-15 * s_vb
-            else:
-                maxlu = lu[dq_l[hl]] if hl < tl else -2.0
-                cost = (maxlu + 2.0) * 1e12 + s_vb / (arena + 1.0)
-            if cost < best_cost:
-                best_cost = cost
-                best_o = o
-                if cost <= 0.0:
-                    return best_o  # a free window, ready in time: nothing can beat it
+            nc = _window_starts(seg, size, variant, cand)
+        best_cost, best_o = _sweep(seg.off, seg.size, ns, sc, cand, nc, size, target, deques,
+                                   best_cost, best_o)
+        if best_cost <= 0.0:
+            break  # a free window, ready in time: nothing can beat it
     return best_o
 
 
 @nb.njit(cache=True)
-def _place(state, t, i, o, size, produced, q, on_demand, now):
-    """Evict the occupants of [o, o + size), put t there for position i (produced by the op
-    there, or swapped in after position q; q = -2: as early as the window allows). Returns
-    the estimated time the op at i can use it."""
-    seg_off = state[0]
-    seg_size = state[1]
-    seg_t = state[2]
-    seg_fp = state[3]
-    seg_dk = state[4]
-    seg_rt = state[5]
-    resident = state[6]
-    offset = state[7]
-    host_copy = state[8]
-    last_use = state[9]
-    release = state[10]
-    own_d2h = state[11]
-    own_rt = state[12]
-    cur_res = state[13]
-    r_t = state[19]
-    r_off = state[20]
-    r_begin = state[21]
-    r_end = state[22]
-    r_h2d = state[23]
-    r_wait = state[24]
-    r_avail = state[25]
-    r_rt = state[26]
-    r_valid = state[27]
-    h_t = state[28]
-    h_q = state[29]
-    h_r = state[30]
-    h_dep = state[31]
-    h_valid = state[32]
-    op_wait = state[35]
-    est = state[36]
-    clock = state[37]
-    cnt = state[38]
-    xin = state[39]
-    k0 = _seg_find(seg_off, cnt[0], o)
-    k = k0
-    # Evict the occupants (each becomes a free segment in place).
-    while k < cnt[0] and seg_off[k] < o + size:
-        v = seg_t[k]
-        if v != _NONE:
-            _next_use(state, v, i, host_copy.shape[0] + 10**9)
-            _evict(state, v, k, i - 1 if on_demand else last_use[v])
-            k = _seg_find(seg_off, cnt[0], o)  # merging may have shifted segments
+def _window_starts(seg, size, variant, cand):
+    """Write into `cand` where each segment starts (variant 0) or where a window of `size`
+    bytes ending with it starts (variant 1, when that differs); return how many."""
+    off, seg_size = seg.off, seg.size
+    nc = 0
+    for k in range(seg.count):
+        o = off[k] if variant == 0 else off[k] + seg_size[k] - size
+        if variant == 1 and o == off[k]:
             continue
-        k += 1
-    k0 = _seg_find(seg_off, cnt[0], o)
-    avail = release[t] if not produced else -1
-    wait_key = own_d2h[t] if not produced else -1
-    ready = 0.0 if produced else own_rt[t]
-    k = k0
-    while k < cnt[0] and seg_off[k] < o + size:
-        avail = max(avail, seg_fp[k])
-        wait_key = max(wait_key, seg_dk[k])
-        ready = max(ready, seg_rt[k])
-        k += 1
-    k1 = k - 1
-    seg_end = seg_off[k1] + seg_size[k1]
-    lfp, ldk, lrt = seg_fp[k0], seg_dk[k0], seg_rt[k0]
-    rfp, rdk, rrt = seg_fp[k1], seg_dk[k1], seg_rt[k1]
-    left_off = seg_off[k0]
-    ns = _seg_remove(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, cnt[0], k0, k1)
-    kk = k0
-    if left_off < o:
-        ns = _seg_insert(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, ns, kk, left_off,
-                         o - left_off, _NONE, lfp, ldk, lrt)
-        kk += 1
-    ns = _seg_insert(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, ns, kk, o, size, t, -1,
-                     -1, 0.0)
-    kk += 1
-    if seg_end > o + size:
-        ns = _seg_insert(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, ns, kk, o + size,
-                         seg_end - o - size, _NONE, rfp, rdk, rrt)
-    cnt[0] = ns
-    resident[t] = True
-    offset[t] = o
-    nr = cnt[1]
-    r_t[nr] = t
-    r_off[nr] = o
-    r_end[nr] = i
-    r_wait[nr] = wait_key
-    r_avail[nr] = avail
-    r_rt[nr] = ready
-    r_valid[nr] = True
+        cand[nc] = o
+        nc += 1
+    return nc
+
+
+@nb.njit(cache=True)
+def _push_max(dq, head, tail, values, e):
+    """Append index e to a deque of indices of decreasing values; return the new tail."""
+    while tail > head and values[dq[tail - 1]] <= values[e]:
+        tail -= 1
+    dq[tail] = e
+    return tail + 1
+
+
+@nb.njit(cache=True)
+def _sweep(seg_off, seg_size, ns, sc, cand, nc, size, target, deques, best_cost, best_o):
+    """Score the windows at `cand[:nc]` (sorted); return the best (cost, offset) of them and
+    the best so far. Stops at the first window that costs nothing."""
+    cost, out, locked, nbytes = sc.cost, sc.out, sc.locked, sc.nbytes
+    ready, ready_dirty, last_use = sc.ready, sc.ready_dirty, sc.last_use
+    dq_p, dq_d, dq_l = deques[0], deques[1], deques[2]
+    hp = tp = hd = td = hl = tl = 0
+    b = 0
+    e = -1  # the window covers segments b..e
+    s_vc = 0.0
+    s_out = 0.0
+    s_lk = 0
+    s_vb = 0.0
+    for ci in range(nc):
+        o = cand[ci]
+        if o < 0 or o + size > target.arena:
+            continue
+        while e + 1 < ns and seg_off[e + 1] < o + size:  # take segments starting before the end
+            e += 1
+            s_vc += cost[e]
+            s_out += out[e]
+            s_lk += locked[e]
+            s_vb += nbytes[e]
+            tp = _push_max(dq_p, hp, tp, ready, e)
+            td = _push_max(dq_d, hd, td, ready_dirty, e)
+            tl = _push_max(dq_l, hl, tl, last_use, e)
+        while b <= e and seg_off[b] + seg_size[b] <= o:  # drop segments ending before o
+            s_vc -= cost[b]
+            s_out -= out[b]
+            s_lk -= locked[b]
+            s_vb -= nbytes[b]
+            if hp < tp and dq_p[hp] == b:
+                hp += 1
+            if hd < td and dq_d[hd] == b:
+                hd += 1
+            if hl < tl and dq_l[hl] == b:
+                hl += 1
+            b += 1
+        if s_lk > 0:
+            continue
+        c = _window_cost(target, s_vc, s_out, s_vb, ready[dq_p[hp]] if hp < tp else -np.inf,
+                         ready_dirty[dq_d[hd]] if hd < td else -np.inf,
+                         last_use[dq_l[hl]] if hl < tl else -2.0)
+        if c < best_cost:
+            best_cost = c
+            best_o = o
+            if c <= 0.0:
+                break
+    return best_cost, best_o
+
+
+@nb.njit(cache=True)
+def _window_cost(target, s_vc, s_out, s_vb, ready, ready_dirty, last_use):
+    """The cost of a window given the sums of its segments' cost, out and nbytes, and the
+    latest ready, ready_dirty and last_use of its segments (-inf, -inf, -2 if none)."""
+    tg = target
+    if tg.mode != SWAPADVISOR:
+        return (last_use + 2.0) * 1e12 + s_vb / (tg.arena + 1.0)
+    ready = max(tg.own_ready, ready)
+    if s_out > 0.0:
+        ready = max(ready, max(tg.d2h_free, ready_dirty) + s_out)
+    if tg.produced:
+        late = ready - tg.now
+    else:
+        late = max(ready, tg.h2d_free) + tg.xin - tg.now
+    # Tie-break: evict fewer bytes.
+    return s_vc + tg.gamma * max(0.0, late) + 1e-15 * s_vb
+
+
+# ---------------------------------------------------------------- placing
+@nb.njit(cache=True)
+def _place(st, t, i, o, size, produced, q, on_demand):
+    """Evict the occupants of [o, o + size), put t there for position i (produced by the op
+    there, or swapped in after position q; q = _ASAP: as early as the window allows).
+    Returns the estimated time the op at i can use it."""
+    ten = st.ten
+    _evict_window(st, i, o, size, on_demand)
+    avail, wait_key, ready = _occupy(st.seg, ten, t, o, size, produced)
+    ten.resident[t] = True
+    ten.offset[t] = o
+    res = st.res
+    nr = res.count
+    res.tensor[nr] = t
+    res.offset[nr] = o
+    res.end[nr] = i
+    res.wait_key[nr] = wait_key
+    res.free_after[nr] = avail
+    res.free_at[nr] = ready
+    res.valid[nr] = True
     if produced:
-        r_begin[nr] = i
-        r_h2d[nr] = -1
-        op_wait[i] = max(op_wait[i], wait_key)
+        res.begin[nr] = i
+        res.swap_in[nr] = -1
+        st.op_wait[i] = max(st.op_wait[i], wait_key)
         usable = ready
     else:
-        if q == -2:
-            q = avail
-        q = max(q, avail)
-        nh = cnt[2]
-        h_t[nh] = t
-        h_q[nh] = q
-        h_r[nh] = i
-        h_dep[nh] = wait_key
-        h_valid[nh] = True
-        r_begin[nr] = q + 1
-        r_h2d[nr] = nh
-        cnt[2] = nh + 1
-        issue = est[q] if q >= 0 else 0.0
-        s = max(clock[1], ready, issue)
-        clock[1] = s + xin[t]
-        usable = clock[1]
-    cur_res[t] = nr
-    cnt[1] = nr + 1
+        usable = _swap_in(st, t, i, q, avail, wait_key, ready, nr)
+    ten.cur_res[t] = nr
+    res.count = nr + 1
     return usable
 
 
 @nb.njit(cache=True)
-def _cancel(state, rr):
-    """Undo residency rr (and its swap-in): its window is free again as it was before."""
-    seg_off = state[0]
-    seg_size = state[1]
-    seg_t = state[2]
-    seg_fp = state[3]
-    seg_dk = state[4]
-    seg_rt = state[5]
-    resident = state[6]
-    r_t = state[19]
-    r_off = state[20]
-    r_h2d = state[23]
-    r_wait = state[24]
-    r_avail = state[25]
-    r_rt = state[26]
-    r_valid = state[27]
-    h_valid = state[32]
-    cnt = state[38]
-    t = r_t[rr]
-    r_valid[rr] = False
-    if r_h2d[rr] >= 0:
-        h_valid[r_h2d[rr]] = False
-    resident[t] = False
-    s = _seg_find(seg_off, cnt[0], r_off[rr])
-    cnt[0] = _seg_free(seg_off, seg_size, seg_t, seg_fp, seg_dk, seg_rt, cnt[0], s, r_avail[rr],
-                       r_wait[rr], r_rt[rr])
+def _evict_window(st, i, o, size, on_demand):
+    """Evict the occupants of [o, o + size) (each becomes a free segment in place)."""
+    seg, ten = st.seg, st.ten
+    seg_off, seg_tensor = seg.off, seg.tensor  # not reallocated: safe across _evict
+    k = _seg_find(seg, o)
+    while k < seg.count and seg_off[k] < o + size:
+        v = seg_tensor[k]
+        if v != _NONE:
+            _advance(ten.cursor, ten.use_ptr, ten.use_pos, v, i)
+            _evict(st, v, k, i - 1 if on_demand else ten.last_use[v])
+            k = _seg_find(seg, o)  # merging may have shifted segments
+            continue
+        k += 1
 
 
 @nb.njit(cache=True)
+def _occupy(seg, ten, t, o, size, produced):
+    """Make the free segments over [o, o + size) one segment holding t. Returns when the
+    window is free for t: (after which position, after which swap-out key, estimated time),
+    counting t's own swap-out unless the op makes it."""
+    k0 = _seg_find(seg, o)
+    avail = ten.release[t] if not produced else -1
+    wait_key = ten.out_key[t] if not produced else -1
+    ready = 0.0 if produced else ten.out_end[t]
+    seg_off, free_after, seg_wait_key, free_at = (seg.off, seg.free_after, seg.wait_key,
+                                                  seg.free_at)
+    k = k0
+    while k < seg.count and seg_off[k] < o + size:
+        avail = max(avail, free_after[k])
+        wait_key = max(wait_key, seg_wait_key[k])
+        ready = max(ready, free_at[k])
+        k += 1
+    k1 = k - 1
+    seg_end = seg.off[k1] + seg.size[k1]
+    lfp, ldk, lrt = seg.free_after[k0], seg.wait_key[k0], seg.free_at[k0]
+    rfp, rdk, rrt = seg.free_after[k1], seg.wait_key[k1], seg.free_at[k1]
+    left_off = seg.off[k0]
+    _seg_remove(seg, k0, k1)
+    kk = k0
+    if left_off < o:
+        _seg_insert(seg, kk, left_off, o - left_off, _NONE, lfp, ldk, lrt)
+        kk += 1
+    _seg_insert(seg, kk, o, size, t, -1, -1, 0.0)
+    kk += 1
+    if seg_end > o + size:
+        _seg_insert(seg, kk, o + size, seg_end - o - size, _NONE, rfp, rdk, rrt)
+    return avail, wait_key, ready
+
+
+@nb.njit(cache=True)
+def _swap_in(st, t, i, q, avail, wait_key, ready, nr):
+    """Record the swap-in of t into residency nr, issued after position q (at the earliest
+    once the window is free); return its estimated end."""
+    if q == _ASAP:
+        q = avail
+    q = max(q, avail)
+    ins = st.ins
+    nh = ins.count
+    ins.tensor[nh] = t
+    ins.after[nh] = q
+    ins.before[nh] = i
+    ins.wait_key[nh] = wait_key
+    ins.valid[nh] = True
+    st.res.begin[nr] = q + 1
+    st.res.swap_in[nr] = nh
+    ins.count = nh + 1
+    issue = st.est[q] if q >= 0 else 0.0
+    s = max(st.h2d_free, ready, issue)
+    st.h2d_free = s + st.ten.xin[t]
+    return st.h2d_free
+
+
+@nb.njit(cache=True)
+def _cancel(st, rr):
+    """Undo residency rr (and its swap-in): its window is free again as it was before."""
+    res = st.res
+    t = res.tensor[rr]
+    res.valid[rr] = False
+    if res.swap_in[rr] >= 0:
+        st.ins.valid[res.swap_in[rr]] = False
+    st.ten.resident[t] = False
+    _seg_free(st.seg, _seg_find(st.seg, res.offset[rr]), res.free_after[rr], res.wait_key[rr],
+              res.free_at[rr])
+
+
+# ---------------------------------------------------------------- simulation
+@nb.njit(cache=True)
 def fifo_orders(h_q, h_r, h_valid, d_p, big):
     """Stream orders: swap-outs by issue position, swap-ins by the position that needs them
-    (earliest deadline first), their issue positions raised so the IR order is that order."""
+    (earliest deadline first), their issue positions raised so the IR order is that order.
+    Takes the swap-ins' issue positions, needing positions and validity and the swap-outs'
+    issue positions; returns (d2h order, h2d order, final h2d issue positions)."""
     nd = d_p.shape[0]
     dkey = np.empty(nd, np.int64)
     for e in range(nd):
@@ -701,13 +864,13 @@ def fifo_orders(h_q, h_r, h_valid, d_p, big):
 
 @nb.njit(cache=True)
 def simulate(dur_pos, d_p, d_bytes, d_order, h_q, h_r, h_dep, h_bytes, h_order, op_wait,
-             h2d_bw, h2d_lat, d2h_bw, d2h_lat, big):
+             link, big):
     """Three streams: compute runs ops in position order; d2h and h2d run their copies in
-    FIFO order. A d2h starts after the op it follows; an h2d after the op it is issued after
-    and the d2h it depends on; an op after its swap-ins and the d2h it waits for.
+    FIFO order. A d2h (issued after position d_p) starts after the op it follows; an h2d
+    (issued after h_q, needed at h_r) after the op it is issued after and the d2h h_dep; an op
+    after its swap-ins and the d2h op_wait. Dependencies name d2h events by key.
     Each stream's order must have non-decreasing issue positions (the IR order).
-    Dependencies name d2h events by key (position * big + id).
-    Returns (op start, op end, d2h start/end by event id, h2d start/end by event id)."""
+    Returns a Timeline."""
     n = dur_pos.shape[0]
     op_s = np.zeros(n)
     op_e = np.zeros(n)
@@ -728,7 +891,7 @@ def simulate(dur_pos, d_p, d_bytes, d_order, h_q, h_r, h_dep, h_bytes, h_order, 
             e = d_order[pd]
             s = max(d_free, op_e[d_p[e]])
             d_s[e] = s
-            d_e[e] = s + d2h_lat + d_bytes[e] / d2h_bw
+            d_e[e] = s + link.d2h_lat + d_bytes[e] / link.d2h_bw
             d_free = d_e[e]
             pd += 1
         if i == n:
@@ -741,7 +904,7 @@ def simulate(dur_pos, d_p, d_bytes, d_order, h_q, h_r, h_dep, h_bytes, h_order, 
             if h_dep[e] >= 0:
                 s = max(s, d_e[h_dep[e] % big])
             h_s[e] = s
-            h_e[e] = s + h2d_lat + h_bytes[e] / h2d_bw
+            h_e[e] = s + link.h2d_lat + h_bytes[e] / link.h2d_bw
             h_free = h_e[e]
             ready[h_r[e]] = max(ready[h_r[e]], h_e[e])
             ph += 1
@@ -751,4 +914,4 @@ def simulate(dur_pos, d_p, d_bytes, d_order, h_q, h_r, h_dep, h_bytes, h_order, 
         op_s[i] = s
         op_e[i] = s + dur_pos[i]
         prev = op_e[i]
-    return op_s, op_e, d_s, d_e, h_s, h_e
+    return Timeline(op_s, op_e, d_s, d_e, h_s, h_e)

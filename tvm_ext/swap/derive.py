@@ -22,6 +22,7 @@ import numpy as np
 from . import _core
 from .plan import Residency, SwapIn, SwapOut, SwapPlan
 from .problem import ALIGNMENT, SwapProblem
+from .simulator import link, simulate
 
 MODES = {"swapadvisor": _core.SWAPADVISOR, "lru": _core.LRU, "vdnn": _core.VDNN}
 CLASS_TOLERANCE = 0.05  # sizes within 5% share a class (e.g. 500 MiB tensors in 512 MiB objects)
@@ -58,6 +59,21 @@ class Knobs:
     keep: float = 0.02
 
 
+@dataclasses.dataclass
+class Evaluation:
+    """One schedule derived (`_core.Derivation`) and simulated."""
+
+    makespan: float
+    derived: _core.Derivation
+    d_order: np.ndarray  # swap-out ids in d2h stream order
+    h_order: np.ndarray  # valid swap-in ids in h2d stream order
+    q_final: np.ndarray  # issue position of each swap-in, raised to keep the stream order
+    fixed: np.ndarray  # tensors on the device for the whole call
+    arena: int  # bytes of the planned region
+    op_start: np.ndarray  # simulated, by position
+    op_end: np.ndarray
+
+
 class Evaluator:
     """Scores schedules of one problem under one policy; `plan()` builds the SwapPlan."""
 
@@ -74,6 +90,9 @@ class Evaluator:
         self.producer = np.asarray(problem.producers, dtype=np.int64)
         self.is_output = np.zeros(problem.num_tensors, dtype=bool)
         self.is_output[problem.outputs] = True
+        self.graph = _core.Graph(self.need_ptr, self.need_idx, self.producer, problem.sizes,
+                                 problem.durations, self.is_output)
+        self.link = link(problem)
         self.evaluations = 0
         self._fixed_cache: dict[float, tuple[np.ndarray, int]] = {}
         self.class_sizes, self.class_of = size_classes(problem)
@@ -193,14 +212,15 @@ class Evaluator:
             self._demand = demand
         return self._demand
 
-    def layout_arrays(self, counts: np.ndarray | None):
-        """The size-class arguments of `_core.derive` (an arena when counts is None)."""
+    def layout_arrays(self, counts: np.ndarray | None) -> _core.Layout:
+        """The size-class layout of `counts` objects per class (an arena when None)."""
         if counts is None:
             none = np.zeros(1, dtype=np.int64)
-            return np.full(self.problem.num_tensors, -1, dtype=np.int64), none, none, none
+            return _core.Layout(np.full(self.problem.num_tensors, -1, dtype=np.int64), none,
+                                none, none)
         sizes = self.class_sizes
         base = np.concatenate([[0], np.cumsum(counts * sizes)[:-1]]).astype(np.int64)
-        return self.class_of, base, sizes, np.asarray(counts, dtype=np.int64)
+        return _core.Layout(self.class_of, base, sizes, np.asarray(counts, dtype=np.int64))
 
     def offload_after(self, order: np.ndarray) -> np.ndarray:
         """vDNN: the position after which each forward activation read by the backward pass
@@ -225,43 +245,42 @@ class Evaluator:
         return out
 
     # ---------------------------------------------------------------- scoring
-    def run(self, order: np.ndarray, knobs: Knobs, counts: np.ndarray | None = None):
-        """(simulated time, raw tables) of `order` with one arena, or with size classes of
-        `counts` objects each."""
+    def run(self, order: np.ndarray, knobs: Knobs,
+            counts: np.ndarray | None = None) -> Evaluation:
+        """Derive and simulate `order` with one arena, or with size classes of `counts`
+        objects each."""
         p = self.problem
         order = np.asarray(order, dtype=np.int64)
         fixed, arena = self.fixed(knobs.keep)
         if counts is not None:
             arena = int((np.asarray(counts) * self.class_sizes).sum())
         # Plain floats and ints only: another argument type would compile another version.
-        raw = _core.derive(order, self.need_ptr, self.need_idx, self.producer, p.sizes,
-                           p.host_start, fixed, self.is_output, p.durations, int(arena),
-                           float(p.h2d_bandwidth), float(p.h2d_latency),
-                           float(p.d2h_bandwidth), float(p.d2h_latency),
-                           self.mode, float(knobs.beta), float(knobs.gamma), float(knobs.delta),
-                           self.offload_after(order), *self.layout_arrays(counts))
-        h_t, h_q, h_r, h_dep, h_valid, d_t, d_p, op_wait = raw[7:15]
-        big = raw[17]
-        d_order, h_order, q_final = _core.fifo_orders(h_q, h_r, h_valid, d_p, big)
-        sim = _core.simulate(p.durations[order], d_p, p.sizes[d_t].astype(np.float64), d_order,
-                             q_final, h_r, h_dep, p.sizes[h_t].astype(np.float64), h_order,
-                             op_wait, p.h2d_bandwidth, p.h2d_latency, p.d2h_bandwidth,
-                             p.d2h_latency, big)
-        op_e, d_e = sim[1], sim[3]
+        policy = _core.Policy(self.mode, float(knobs.beta), float(knobs.gamma),
+                              float(knobs.delta))
+        derived = _core.derive(order, self.graph, fixed, p.host_start, int(arena), self.link,
+                               policy, self.offload_after(order), self.layout_arrays(counts))
+        ins, outs = derived.swap_ins, derived.swap_outs
+        d_order, h_order, q_final = _core.fifo_orders(ins.after, ins.before, ins.valid,
+                                                      outs.after, derived.big)
+        sim = _core.simulate(p.durations[order], outs.after,
+                             p.sizes[outs.tensor].astype(np.float64), d_order, q_final,
+                             ins.before, ins.wait_key, p.sizes[ins.tensor].astype(np.float64),
+                             h_order, derived.op_wait, self.link, derived.big)
+        op_e, d_e = sim.op_end, sim.d2h_end
         makespan = max(op_e[-1] if len(op_e) else 0.0, d_e.max() if len(d_e) else 0.0)
         self.evaluations += 1
-        return float(makespan), (raw, d_order, h_order, q_final, fixed, arena, sim[:2])
+        return Evaluation(float(makespan), derived, d_order, h_order, q_final, fixed, arena,
+                          sim.op_start, sim.op_end)
 
     def score(self, order: np.ndarray, knobs: Knobs, counts: np.ndarray | None = None) -> float:
-        return self.run(order, knobs, counts)[0]
+        return self.run(order, knobs, counts).makespan
 
     def score_with_stalls(self, order: np.ndarray, knobs: Knobs,
                           counts: np.ndarray | None = None) -> tuple[float, np.ndarray]:
         """(simulated time, how long each position's op waited after its predecessor)."""
-        makespan, extra = self.run(order, knobs, counts)
-        op_s, op_e = extra[-1]
-        stalls = op_s - np.concatenate([[0.0], op_e[:-1]])
-        return makespan, np.maximum(stalls, 0.0)
+        ev = self.run(order, knobs, counts)
+        stalls = ev.op_start - np.concatenate([[0.0], ev.op_end[:-1]])
+        return ev.makespan, np.maximum(stalls, 0.0)
 
     # ---------------------------------------------------------------- the plan
     def plan(self, order: np.ndarray, knobs: Knobs, planner: str,
@@ -269,75 +288,86 @@ class Evaluator:
              counts: np.ndarray | None = None) -> SwapPlan:
         """The SwapPlan of `order` under `knobs` (and size-class `counts`), renumbered into
         stream order."""
-        from .simulator import simulate
-
         start = time.perf_counter()
         p = self.problem
         order = np.asarray(order, dtype=np.int64)
-        makespan, (raw, d_order, h_order, q_final, fixed, arena, _) = self.run(order, knobs,
-                                                                                counts)
-        (r_t, r_off, r_begin, r_end, r_h2d, r_wait, r_valid, h_t, h_q, h_r, h_dep, _,
-         d_t, d_p, _, end_dev, fallbacks, big, max_segments, placements) = raw
-        d_index = np.empty(len(d_order), dtype=np.int64)
-        d_index[d_order] = np.arange(len(d_order))
-        h_index = np.full(len(h_q), -1, dtype=np.int64)
-        h_index[h_order] = np.arange(len(h_order))
-        swap_outs = [SwapOut(int(d_t[e]), int(d_p[e]), int(p.sizes[d_t[e]])) for e in d_order]
-
-        def out_index(key: int) -> int:
-            return -1 if key < 0 else int(d_index[key % big])
-
-        valid = np.nonzero(r_valid)[0]
-        res_index = np.full(len(r_valid), -1, dtype=np.int64)
-        res_index[valid] = np.arange(len(valid))
-        if counts is None:
-            pool_of = np.zeros(len(r_t), dtype=np.int64)
-            base = np.zeros(1, dtype=np.int64)
-        else:  # one pool per size class that has objects
-            cls_base = self.layout_arrays(counts)[1]
-            used = np.nonzero(np.asarray(counts) > 0)[0]
-            pool_index = np.full(len(counts), -1, dtype=np.int64)
-            pool_index[used] = np.arange(len(used))
-            pool_of = pool_index[self.class_of[r_t]]
-            base = cls_base[used]
-        residencies = []
-        for r in valid:
-            e = r_h2d[r]
-            begin = int(q_final[e] + 1) if e >= 0 else int(r_begin[r])
-            residencies.append(Residency(
-                int(r_t[r]), int(pool_of[r]), int(r_off[r] - base[pool_of[r]]),
-                int(p.sizes[r_t[r]]), begin, int(r_end[r]),
-                "swap_in" if e >= 0 else "produced", int(h_index[e]) if e >= 0 else -1,
-                out_index(int(r_wait[r]))))
-        res_of_h2d = {int(r_h2d[r]): int(res_index[r]) for r in valid if r_h2d[r] >= 0}
-        swap_ins = [SwapIn(int(h_t[e]), int(q_final[e]), int(h_r[e]), int(p.sizes[h_t[e]]),
-                           res_of_h2d[int(e)], out_index(int(h_dep[e]))) for e in h_order]
+        ev = self.run(order, knobs, counts)
+        d = ev.derived
+        residencies, swap_outs, swap_ins = self._tables(ev, counts)
         if counts is None:
             pools = [max((r.offset + r.nbytes for r in residencies), default=0)]
             classes: list[list[int]] = []
         else:
-            classes = [[int(self.class_sizes[c]), int(counts[c])] for c in used]
+            classes = [[int(self.class_sizes[c]), int(n)] for c, n in enumerate(counts) if n > 0]
             pools = [size * count for size, count in classes]
-        pinned = np.nonzero(fixed)[0].tolist()
-        host_start = np.nonzero(p.host_start & ~fixed)[0].tolist()
-        outputs_on_host = [t for t in p.outputs if not end_dev[t] and not fixed[t]]
+        fixed = ev.fixed
         plan = SwapPlan(
             planner=planner, budget=p.budget, schedule=order.tolist(),
-            pools=[int(x) for x in pools], size_classes=classes, pinned=pinned,
-            host_start=host_start,
-            outputs_on_host=outputs_on_host, residencies=residencies, swap_outs=swap_outs,
-            swap_ins=swap_ins, predicted_time=makespan,
+            pools=[int(x) for x in pools], size_classes=classes,
+            pinned=np.nonzero(fixed)[0].tolist(),
+            host_start=np.nonzero(p.host_start & ~fixed)[0].tolist(),
+            outputs_on_host=[t for t in p.outputs if not d.end_on_device[t] and not fixed[t]],
+            residencies=residencies, swap_outs=swap_outs, swap_ins=swap_ins,
+            predicted_time=ev.makespan,
             predicted_peak=int(sum(pools)) + int(p.sizes[fixed].sum()),
             planning_time=planning_time,
             info={"layout": "arena" if counts is None else "size classes",
-                  "arena": int(arena), "fallbacks": int(fallbacks),
-                  "max_segments": int(max_segments), "placements": int(placements),
+                  "arena": int(ev.arena), "fallbacks": int(d.fallbacks),
+                  "max_segments": int(d.max_segments), "placements": int(d.placements),
                   "beta": knobs.beta, "gamma": knobs.gamma, "delta": knobs.delta,
                   "keep": knobs.keep, **(info or {})})
         sim = simulate(p, plan)
-        if abs(sim.makespan - makespan) > 1e-9 * max(1.0, makespan):
+        if abs(sim.makespan - ev.makespan) > 1e-9 * max(1.0, ev.makespan):
             raise AssertionError(f"simulator disagrees with the search core: {sim.makespan} "
-                                 f"vs {makespan}")
+                                 f"vs {ev.makespan}")
         plan.info["peak_live"] = sim.peak_memory
         plan.planning_time = planning_time + (time.perf_counter() - start)
         return plan
+
+    def _tables(self, ev: Evaluation, counts: np.ndarray | None
+                ) -> tuple[list[Residency], list[SwapOut], list[SwapIn]]:
+        """The residencies, swap-outs and swap-ins of a derivation, in the plan's numbering:
+        copies in stream order, residencies in pools (one per size class with objects)."""
+        sizes = self.problem.sizes
+        res, ins, outs = ev.derived.residencies, ev.derived.swap_ins, ev.derived.swap_outs
+        big = ev.derived.big
+        d_index = np.empty(len(ev.d_order), dtype=np.int64)
+        d_index[ev.d_order] = np.arange(len(ev.d_order))
+        h_index = np.full(len(ins.after), -1, dtype=np.int64)
+        h_index[ev.h_order] = np.arange(len(ev.h_order))
+        swap_outs = [SwapOut(int(outs.tensor[e]), int(outs.after[e]), int(sizes[outs.tensor[e]]))
+                     for e in ev.d_order]
+
+        def out_index(key: int) -> int:
+            return -1 if key < 0 else int(d_index[key % big])
+
+        valid = np.nonzero(res.valid)[0]
+        res_index = np.full(len(res.valid), -1, dtype=np.int64)
+        res_index[valid] = np.arange(len(valid))
+        pool_of, base = self._pools(res.tensor, counts)
+        residencies = []
+        for r in valid:
+            e = res.swap_in[r]
+            begin = int(ev.q_final[e] + 1) if e >= 0 else int(res.begin[r])
+            residencies.append(Residency(
+                int(res.tensor[r]), int(pool_of[r]), int(res.offset[r] - base[pool_of[r]]),
+                int(sizes[res.tensor[r]]), begin, int(res.end[r]),
+                "swap_in" if e >= 0 else "produced", int(h_index[e]) if e >= 0 else -1,
+                out_index(int(res.wait_key[r]))))
+        res_of_h2d = {int(res.swap_in[r]): int(res_index[r]) for r in valid
+                      if res.swap_in[r] >= 0}
+        swap_ins = [SwapIn(int(ins.tensor[e]), int(ev.q_final[e]), int(ins.before[e]),
+                           int(sizes[ins.tensor[e]]), res_of_h2d[int(e)],
+                           out_index(int(ins.wait_key[e]))) for e in ev.h_order]
+        return residencies, swap_outs, swap_ins
+
+    def _pools(self, tensors: np.ndarray, counts: np.ndarray | None
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """(pool of each residency of `tensors`, offset of each pool in the derivation's
+        region): one arena, or one pool per size class that has objects."""
+        if counts is None:
+            return np.zeros(len(tensors), dtype=np.int64), np.zeros(1, dtype=np.int64)
+        used = np.nonzero(np.asarray(counts) > 0)[0]
+        pool_index = np.full(len(counts), -1, dtype=np.int64)
+        pool_index[used] = np.arange(len(used))
+        return pool_index[self.class_of[tensors]], self.layout_arrays(counts).base[used]

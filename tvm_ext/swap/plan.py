@@ -38,11 +38,12 @@ import json
 
 import numpy as np
 
+from ..errors import InternalError
 from .problem import ALIGNMENT, SwapProblem
 
 
-class PlanError(AssertionError):
-    """A plan breaks one of its invariants (see `SwapPlan.validate`)."""
+class PlanError(InternalError):
+    """A plan breaks one of its invariants (see `simulator.validate`)."""
 
 
 @dataclasses.dataclass
@@ -139,20 +140,33 @@ class SwapPlan:
         }
 
     # ---------------------------------------------------------------- invariants
-    def validate(self, problem: SwapProblem) -> None:
+    def check_structure(self, problem: SwapProblem) -> None:
         """Raise `PlanError` unless: the schedule is topological; pools plus pinned bytes fit
         the budget; windows are aligned and inside their pool; no two residencies share bytes
         at the same position; every op finds each tensor it needs resident (produced there or
         swapped in before it); a swap-in of a tensor made on the device comes after its
-        swap-out; a region is written only after the swap-out of what it held; the simulated
-        device memory never exceeds the budget."""
-        from .simulator import simulate  # the simulator imports this module
-
-        n = problem.num_ops
+        swap-out; a region is written only after the swap-out of what it held.
+        `simulator.validate` checks these and the simulated iteration."""
         if not problem.is_topological(self.schedule):
             raise PlanError("the schedule is not a topological order of the ops")
         if self.planner == "ideal":
             return
+        self._check_memory(problem)
+        self._check_windows(problem)
+        swapped_out_at: dict[int, int] = {}
+        for k, s in enumerate(self.swap_outs):
+            if s.tensor in swapped_out_at:
+                raise PlanError(f"tensor {s.tensor} is swapped out twice")
+            swapped_out_at[s.tensor] = k
+        self._check_needs(problem)
+        self._check_copies(problem, swapped_out_at)
+        for r in self.residencies:
+            if r.source == "produced" and problem.producers[r.tensor] != self.schedule[r.begin]:
+                raise PlanError(f"tensor {r.tensor} is produced at a position that does not "
+                                f"make it")
+
+    def _check_memory(self, problem: SwapProblem) -> None:
+        """Pools and pinned tensors fit the budget; size-class pools hold whole objects."""
         sizes = problem.sizes
         pinned = set(self.pinned)
         if not set(np.nonzero(problem.pinned)[0].tolist()) <= pinned:
@@ -173,13 +187,16 @@ class SwapPlan:
                 size = self.size_classes[r.pool][0]
                 if r.offset % size or r.nbytes > size:
                     raise PlanError(f"tensor {r.tensor} is not in one object of its class")
+
+    def _check_windows(self, problem: SwapProblem) -> None:
+        """Windows are aligned, inside their pool, and no two share bytes at once."""
+        n = problem.num_ops
         for r in self.residencies:
             if r.offset % ALIGNMENT or r.offset < 0 or r.offset + r.nbytes > self.pools[r.pool]:
                 raise PlanError(f"residency of tensor {r.tensor} at {r.offset} is outside "
                                 f"pool {r.pool} or unaligned")
-            if r.nbytes != sizes[r.tensor] or not 0 <= r.begin <= r.end < n:
+            if r.nbytes != problem.sizes[r.tensor] or not 0 <= r.begin <= r.end < n:
                 raise PlanError(f"residency of tensor {r.tensor} is malformed: {r}")
-        # No two residencies overlap in bytes while both hold their window.
         by_pool: dict[int, list[Residency]] = {}
         for r in self.residencies:
             by_pool.setdefault(r.pool, []).append(r)
@@ -193,17 +210,15 @@ class SwapPlan:
                         raise PlanError(f"tensors {a.tensor} and {r.tensor} share bytes at "
                                         f"position {r.begin}")
                 active.append(r)
-        # Every need is resident where it is used.
+
+    def _check_needs(self, problem: SwapProblem) -> None:
+        """Every need of an op not pinned is resident where the op runs."""
+        pinned = set(self.pinned)
         position = {op: i for i, op in enumerate(self.schedule)}
         covering: dict[int, list[Residency]] = {}
         for r in self.residencies:
             covering.setdefault(r.tensor, []).append(r)
-        swapped_out_at: dict[int, int] = {}
-        for k, s in enumerate(self.swap_outs):
-            if s.tensor in swapped_out_at:
-                raise PlanError(f"tensor {s.tensor} is swapped out twice")
-            swapped_out_at[s.tensor] = k
-        for op in range(n):
+        for op in range(problem.num_ops):
             i = position[op]
             for t in problem.needs(op):
                 if t in pinned:
@@ -212,6 +227,10 @@ class SwapPlan:
                 if not rs:
                     raise PlanError(f"op {problem.op_names[op]} at position {i} needs tensor "
                                     f"{problem.tensor_names[t]}, which is not resident")
+
+    def _check_copies(self, problem: SwapProblem, swapped_out_at: dict[int, int]) -> None:
+        """Streams are in issue order, copies match their residencies, and a swap-in of a
+        tensor made on the device follows (and waits for) its swap-out."""
         for stream in (self.swap_ins, self.swap_outs):
             if any(a.after > b.after for a, b in itertools.pairwise(stream)):
                 raise PlanError("a copy stream is not in issue order")
@@ -233,17 +252,6 @@ class SwapPlan:
                                     f"swap-out")
                 if s.wait_swap_out < out:
                     raise PlanError(f"swap-in {k} does not wait for the swap-out of its data")
-        for r in self.residencies:
-            if r.source == "produced" and problem.producers[r.tensor] != self.schedule[r.begin]:
-                raise PlanError(f"tensor {r.tensor} is produced at a position that does not "
-                                f"make it")
-        result = simulate(problem, self)
-        if result.memory_bytes.size and result.memory_bytes.max() > problem.budget:
-            raise PlanError("simulated device memory exceeds the budget")
-        for k, s in enumerate(self.swap_ins):
-            out = swapped_out_at.get(s.tensor)
-            if out is not None and result.h2d_start[k] < result.d2h_end[out] - 1e-12:
-                raise PlanError(f"swap-in {k} starts before its swap-out has finished")
 
     # ---------------------------------------------------------------- serialization
     def to_dict(self) -> dict:

@@ -19,29 +19,24 @@ import numpy as np
 
 from ..cost.hardware import Hardware, get_hardware
 from ..cost.roofline import op_times as roofline_op_times
-from ..graph import DataflowGraph
+from ..errors import InputError
+from ..ir.graph import DataflowGraph
+from ..units import format_size, parse_size
 
 ALIGNMENT = 256  # byte alignment of every tensor placed in a pool (CUDA's allocation granule)
 
 
-class InfeasibleBudgetError(ValueError):
+class InfeasibleBudgetError(InputError):
     """The device budget is below what a single op needs resident while it runs."""
 
     def __init__(self, budget: int, minimum: int, op_name: str, pinned: int = 0):
         self.budget, self.minimum, self.op_name = int(budget), int(minimum), op_name
         super().__init__(
-            f"device budget {_fmt(budget)} cannot run this graph: op {op_name!r} alone needs "
-            f"{_fmt(minimum - pinned)} resident while it runs"
-            + (f" plus {_fmt(pinned)} of constants kept on the device" if pinned else "")
-            + f", so the smallest feasible budget is {_fmt(minimum)} ({minimum} bytes); "
+            f"device budget {format_size(budget, 2)} cannot run this graph: op {op_name!r} alone "
+            f"needs {format_size(minimum - pinned, 2)} resident while it runs"
+            + (f" plus {format_size(pinned, 2)} of constants kept on the device" if pinned else "")
+            + f", so the smallest feasible budget is {format_size(minimum, 2)} ({minimum} bytes); "
             f"raise the budget to at least that")
-
-
-def _fmt(nbytes: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(nbytes) >= scale:
-            return f"{nbytes / scale:.2f} {unit}"
-    return f"{int(nbytes)} B"
 
 
 def align(nbytes: int, alignment: int = ALIGNMENT) -> int:
@@ -104,7 +99,8 @@ class SwapProblem:
     ) -> SwapProblem:
         """The problem of one call of `graph`'s function on `hardware` with `budget` bytes.
 
-        op_times: measured seconds per op (e.g. `tvm_ext.cost.measure`); roofline otherwise.
+        op_times: measured seconds per op (`tvm_ext.cost.calibration.op_times_measured`);
+            roofline otherwise.
         count_scratch: kernel scratch (`workspace` tensors) counts against the budget. Off by
             default: on TVM's CPU backend scratch is not allocated by the VM allocator.
         pin_constants: module constants stay on the device (the VM loads them there).
@@ -245,3 +241,17 @@ def _unique(items) -> list[int]:
     for x in items:
         seen.setdefault(int(x), None)
     return list(seen)
+
+
+def problem_for_budget(
+    graph: DataflowGraph,
+    device_memory: int | str,
+    hardware: str | Hardware = "h100",
+    op_times: Sequence[float] | None = None,
+) -> SwapProblem:
+    """The swap problem of `graph` under `device_memory` (bytes, "512MiB", "25%" of the
+    no-swap peak, or "min": the smallest budget any plan can run in)."""
+    problem = SwapProblem.from_graph(graph, 1, hardware, op_times)
+    if isinstance(device_memory, str) and device_memory.strip().lower() == "min":
+        return problem.with_budget(problem.min_budget()[0])
+    return problem.with_budget(parse_size(device_memory, reference=problem.no_swap_peak()))

@@ -11,6 +11,8 @@ latency + bytes / bandwidth. Dependencies:
 The makespan is the end of the last op or copy. Device memory at time t is the pinned bytes
 plus the bytes of every residency holding its window at t: from its op's start (produced) or
 its copy's start (swapped in) to its last op's end, or to the end of its swap-out.
+`validate` checks a plan's invariants, including those only a simulation shows (device memory
+within the budget, each swap-in after its data's swap-out).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import dataclasses
 import numpy as np
 
 from . import _core
-from .plan import SwapPlan
+from .plan import PlanError, SwapPlan
 from .problem import SwapProblem
 
 
@@ -71,13 +73,40 @@ def simulate(problem: SwapProblem, plan: SwapPlan) -> SimResult:
     for r in plan.residencies:
         if r.source == "produced" and r.wait_swap_out >= 0:
             op_wait[r.begin] = max(op_wait[r.begin], key(r.wait_swap_out))
-    op_s, op_e, d_s, d_e, h_s, h_e = _core.simulate(
+    tl = _core.simulate(
         dur, d_p, d_bytes, np.arange(len(d_p), dtype=np.int64), h_q, h_r, h_dep, h_bytes,
-        np.arange(len(h_q), dtype=np.int64), op_wait, problem.h2d_bandwidth,
-        problem.h2d_latency, problem.d2h_bandwidth, problem.d2h_latency, big)
-    makespan = max(float(op_e[-1]) if n else 0.0, float(d_e.max()) if len(d_e) else 0.0)
-    times, nbytes = _memory(problem, plan, op_s, op_e, d_e, h_s, makespan)
-    return SimResult(makespan, op_s, op_e, d_s, d_e, h_s, h_e, times, nbytes)
+        np.arange(len(h_q), dtype=np.int64), op_wait, link(problem), big)
+    makespan = max(float(tl.op_end[-1]) if n else 0.0,
+                   float(tl.d2h_end.max()) if len(tl.d2h_end) else 0.0)
+    times, nbytes = _memory(problem, plan, tl.op_start, tl.op_end, tl.d2h_end, tl.h2d_start,
+                            makespan)
+    return SimResult(makespan, op_start=tl.op_start, op_end=tl.op_end, d2h_start=tl.d2h_start,
+                     d2h_end=tl.d2h_end, h2d_start=tl.h2d_start, h2d_end=tl.h2d_end,
+                     memory_times=times, memory_bytes=nbytes)
+
+
+def link(problem: SwapProblem) -> _core.Link:
+    """The problem's copy links, as the compiled core takes them."""
+    # Plain floats only: another argument type would compile another version of the core.
+    return _core.Link(float(problem.h2d_bandwidth), float(problem.h2d_latency),
+                      float(problem.d2h_bandwidth), float(problem.d2h_latency))
+
+
+def validate(problem: SwapProblem, plan: SwapPlan) -> None:
+    """Raise `PlanError` unless `plan` holds the invariants of `SwapPlan.check_structure`
+    and, simulated, never takes more device memory than the budget nor starts a swap-in
+    before the swap-out of its tensor has finished."""
+    plan.check_structure(problem)
+    if plan.planner == "ideal":
+        return
+    swapped_out_at = {s.tensor: k for k, s in enumerate(plan.swap_outs)}
+    result = simulate(problem, plan)
+    if result.memory_bytes.size and result.memory_bytes.max() > problem.budget:
+        raise PlanError("simulated device memory exceeds the budget")
+    for k, s in enumerate(plan.swap_ins):
+        out = swapped_out_at.get(s.tensor)
+        if out is not None and result.h2d_start[k] < result.d2h_end[out] - 1e-12:
+            raise PlanError(f"swap-in {k} starts before its swap-out has finished")
 
 
 def _memory(problem, plan, op_s, op_e, d_e, h_s, makespan):

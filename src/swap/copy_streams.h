@@ -1,0 +1,39 @@
+/*!
+ * \file swap/copy_streams.h
+ * \brief Asynchronous tensor copies on dedicated copy streams (see copy_streams.cc for the
+ * calling convention the SwapOffload pass emits).
+ */
+#ifndef TVM_EXT_SWAP_COPY_STREAMS_H_
+#define TVM_EXT_SWAP_COPY_STREAMS_H_
+
+#include <tvm/ffi/container/tensor.h>
+
+#include <cstdint>
+#include <string>
+
+namespace tvm_ext {
+namespace swap {
+
+/*! \brief `wait_all` on every stream of every device. */
+constexpr int64_t kAllStreams = -1;
+
+/*!
+ * \brief Enqueue `dst <- src` on copy stream `stream_id` and return at once. Shapes and dtypes are
+ * checked here; a failure names the tensor (`name`) and poisons the stream.
+ */
+void CopyAsync(tvm::ffi::Tensor src, tvm::ffi::Tensor dst, int64_t stream_id,
+               const std::string& name);
+
+/*!
+ * \brief Make the caller (CPU: block; CUDA: the compute stream) wait until no copy enqueued on
+ * `stream_id` before this call reads or writes the memory of `tensor`. Raises if the stream failed.
+ */
+void Wait(tvm::ffi::Tensor tensor, int64_t stream_id);
+
+/*! \brief Block until every copy on `stream_id` (or every stream: kAllStreams) has completed. */
+void WaitAll(int64_t stream_id);
+
+}  // namespace swap
+}  // namespace tvm_ext
+
+#endif  // TVM_EXT_SWAP_COPY_STREAMS_H_

@@ -1,0 +1,79 @@
+/*!
+ * \file swap/cuda_driver.h
+ * \brief The few CUDA driver entry points the copy streams need (streams, events), resolved at
+ * run time from libcuda.so.1, so that the runtime library builds and loads without CUDA.
+ *
+ * cudaStream_t / cudaEvent_t are the driver's CUstream / CUevent, so handles mix freely with
+ * those of TVM's CUDA runtime. The driver is used only for devices of type kDLCUDA, which cannot
+ * exist unless the real driver is loaded.
+ */
+#ifndef TVM_EXT_SWAP_CUDA_DRIVER_H_
+#define TVM_EXT_SWAP_CUDA_DRIVER_H_
+
+#include <dlfcn.h>
+
+#include <sstream>
+#include <string>
+
+namespace tvm_ext {
+
+struct CudaDriver {
+  using CUresult = int;
+  using CUstream = void*;
+  using CUevent = void*;
+  static constexpr CUresult kSuccess = 0;
+  static constexpr CUresult kNotReady = 600;
+  static constexpr unsigned kStreamNonBlocking = 0x1;
+  static constexpr unsigned kEventDisableTiming = 0x2;
+
+  CUresult (*StreamCreate)(CUstream*, unsigned) = nullptr;
+  CUresult (*EventCreate)(CUevent*, unsigned) = nullptr;
+  CUresult (*EventRecord)(CUevent, CUstream) = nullptr;
+  CUresult (*EventQuery)(CUevent) = nullptr;
+  CUresult (*EventDestroy)(CUevent) = nullptr;
+  CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned) = nullptr;
+  CUresult (*GetErrorString)(CUresult, const char**) = nullptr;
+
+  /*! \brief The driver if libcuda.so.1 is loadable and has every entry point, else nullptr. */
+  static const CudaDriver* Get() {
+    static const CudaDriver* inst = Load();
+    return inst;
+  }
+
+  std::string Describe(CUresult r) const {
+    const char* msg = nullptr;
+    if (GetErrorString) GetErrorString(r, &msg);
+    std::ostringstream os;
+    os << "CUDA error " << r << (msg ? std::string(" (") + msg + ")" : "");
+    return os.str();
+  }
+
+ private:
+  static const CudaDriver* Load() {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) return nullptr;
+    auto* d = new CudaDriver();
+    bool ok = Bind(lib, "cuStreamCreate", &d->StreamCreate) &&
+              Bind(lib, "cuEventCreate", &d->EventCreate) &&
+              Bind(lib, "cuEventRecord", &d->EventRecord) &&
+              Bind(lib, "cuEventQuery", &d->EventQuery) &&
+              Bind(lib, "cuEventDestroy_v2", &d->EventDestroy) &&
+              Bind(lib, "cuStreamWaitEvent", &d->StreamWaitEvent);
+    Bind(lib, "cuGetErrorString", &d->GetErrorString);
+    if (!ok) {  // e.g. tvm_ext's no-device stub: no CUDA tensor can exist then anyway
+      delete d;
+      return nullptr;
+    }
+    return d;
+  }
+  template <typename F>
+  static bool Bind(void* lib, const char* name, F* fn) {
+    *fn = reinterpret_cast<F>(dlsym(lib, name));
+    return *fn != nullptr;
+  }
+};
+
+}  // namespace tvm_ext
+
+#endif  // TVM_EXT_SWAP_CUDA_DRIVER_H_

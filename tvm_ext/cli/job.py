@@ -1,0 +1,200 @@
+"""The compile job behind scripts/compile.py once its arguments are valid: load the model, read
+its graph, tune, plan, build, export, run and check, and report each step."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+
+from tvm_ext import driver, pipeline, schedules
+from tvm_ext.ir.targets import is_cpu
+from tvm_ext.models import ZOO, ModelLoadError, load_model
+from tvm_ext.runtime.cuda import DEFAULT_ARCH, CudaUnavailableError
+from tvm_ext.units import format_size
+
+from .args import MAX_CPU_WORKERS, model_load_message, read_overrides
+from .check import check_against_reference
+from .partitioned import load_plan, main_partitioned
+from .presets import default_hardware
+from .report import remove_stale_sidecars, replacing, write_report
+from .swapped import plan_swaps_for, run_swapped, write_swap_sidecar
+
+
+def compile_model(args) -> int:
+    """Load, plan, build, export, run and check the model the arguments name; the exit status."""
+    report: dict = {"model": args.model, "target": args.target, "host": platform.node()}
+    loaded = _load(args, report)
+    if loaded is None:
+        return 2
+    model, target = loaded
+    graph, live = _read_graph(model, target, report)
+    if args.devices is not None:
+        problem = device_count_problem(args, graph, target)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+
+    failed, tune_db = _tune(args, model, target, report)
+    if failed:
+        return failed
+    if args.devices is not None:
+        return main_partitioned(args, report, model, target, tune_db)
+
+    plan = None
+    if args.device_memory:
+        plan, swap_info = plan_swaps_for(args, graph, target)
+        if plan is None:
+            return 2
+        report["swap"] = swap_info
+    start = time.perf_counter()
+    executable = driver.build(model, target, dump_dir=args.dump_dir, tune_db=tune_db,
+                              swap_plan=plan)
+    report["compile_seconds"] = time.perf_counter() - start
+    print(f"compile {report['compile_seconds']:.2f} s for {target.kind.name}")
+    if args.output:
+        _export(args, report, executable, graph, plan, target)
+    status = 0
+    if args.run or args.check:
+        status = _run(args, report, model, graph, plan, executable, target, tune_db, live)
+    write_report(args, report)
+    return status
+
+
+def _load(args, report: dict):
+    """The model and the target, or None after printing why they cannot be had."""
+    if args.model not in ZOO and os.path.isdir(args.model):
+        print(f"error: MODEL {args.model} is a directory; give a zoo model "
+              f"({', '.join(ZOO)}) or a .pt2, .onnx or .py file", file=sys.stderr)
+        return None
+    overrides, problem = read_overrides(args, ZOO)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return None
+    try:
+        model = load_model(args.model, args.size, args.training, **overrides)
+        target = driver.resolve_target(args.target, args.arch or DEFAULT_ARCH)
+    except ModelLoadError as err:
+        print(f"error: {model_load_message(err, args.model)}", file=sys.stderr)
+        return None
+    except (CudaUnavailableError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return None
+    report["model_summary"] = model.summary()
+    kind = "training step" if model.training else "inference"
+    print(f"model   {model.name} ({kind}), {len(model.params)} parameters, "
+          f"{format_size(model.param_bytes)}")
+    return model, target
+
+
+def _read_graph(model, target, report: dict):
+    """The fused graph and its liveness peak without kernel scratch (what the allocators see
+    of an unplanned build)."""
+    graph = driver.fused_graph(model, target)
+    gsum = graph.summary()
+    report["graph"] = gsum
+    live = graph.peak_memory(kinds=("parameter", "input", "constant", "activation", "gradient"))
+    print(f"graph   {gsum['ops']} ops ({gsum['kernels']} kernels), {gsum['gflops']:.3f} GFLOP, "
+          f"liveness peak {format_size(live)} without kernel scratch "
+          f"({format_size(gsum['peak_bytes'])} with)")
+    return graph, live
+
+
+def _export(args, report: dict, executable, graph, plan, target) -> None:
+    """--output: the module, and the swap plan's sidecar when there is a plan."""
+    side = args.output + ".swap.json"
+    files = (args.output, side) if plan is not None else (args.output,)
+    with replacing(*files) as temps:
+        driver.export(executable, temps[0])
+        if plan is not None:
+            write_swap_sidecar(temps[1], graph, plan, target)
+    remove_stale_sidecars(args.output, keep=(".swap.json",) if plan is not None else ())
+    report["output"] = args.output
+    print(f"export  {args.output}")
+    if plan is not None:
+        print(f"export  {side} (the plan, and which arguments go to the host)")
+
+
+def _run(args, report: dict, model, graph, plan, executable, target, tune_db, live) -> int:
+    """--run / --check on this machine's device; the exit status."""
+    device = driver.device_of(target)
+    if not device.exist:
+        print(f"error: no {target.kind.name} device here to run on; --output exports a "
+              "module for a machine that has one", file=sys.stderr)
+        return 2
+    arguments = model.random_arguments(args.seed)
+    if plan is not None:
+        return run_swapped(args, report, model, graph, plan, executable, target, arguments,
+                           tune_db)
+    result = driver.run(executable, arguments, device, repeat=args.repeat)
+    report["run"] = {
+        "latency_ms_median": result.median_ms,
+        "latencies_ms": result.latencies_ms,
+        "measured_peak_bytes": result.peak_bytes,
+        "argument_bytes": result.argument_bytes,
+        "predicted_unplanned_peak_bytes": live,
+    }
+    print(f"run     {result.median_ms:.3f} ms (median of {args.repeat}), measured peak "
+          f"{format_size(result.peak_bytes)} on {device} (arguments "
+          f"{format_size(result.argument_bytes)})")
+    if not args.check:
+        return 0
+    return check_against_reference(args, report, model, target, device, arguments,
+                                   result.outputs, "the plain TVM build")
+
+
+def device_count_problem(args, graph, target) -> str | None:
+    """Why --devices K cannot be useful here (None if it can)."""
+    k = args.devices
+    # Kernel scratch buffers are flat bytes, not a dimension any split runs over.
+    extent = max((int(d) for t in graph.tensors if t.kind != "workspace" for d in t.shape),
+                 default=1)
+    if k > extent:
+        return (f"--devices {k}: no tensor of this model has a dimension longer than {extent}, "
+                f"so a plan over {k} devices would mostly replicate; use --devices {extent} "
+                "or fewer")
+    if (args.run or args.check) and is_cpu(target) and k > MAX_CPU_WORKERS:
+        return (f"--devices {k} with --run/--check runs {k} worker threads on this machine's "
+                f"{os.cpu_count()} cores; at most {MAX_CPU_WORKERS} (plan or --output without "
+                "--run for more)")
+    return None
+
+
+def _tune(args, model, target, report: dict) -> tuple[int, str | None]:
+    """--tune-trials / --tune-db: tune if asked. Returns (exit status if it failed, else 0;
+    the work dir to build with, None without tuning)."""
+    if not args.tune_trials and not args.tune_db:
+        return 0, None
+    work_dir = args.tune_db or schedules.DEFAULT_WORK_DIR
+    # With --devices, tune the kernels each device runs (the partitioned module's).
+    popts = {}
+    hardware = default_hardware(args, target)
+    if args.partition_plan:
+        try:
+            popts = {"partition_plan": load_plan(args.partition_plan),
+                     "partition_options": {"hardware": hardware}}
+        except (OSError, ValueError):
+            popts = {}  # reported when the plan is applied
+    elif args.devices is not None and args.devices >= 1:
+        popts = {"num_devices": args.devices, "partition_options": {
+            "hardware": hardware, "strategy": args.strategy, "link": args.link}}
+    if args.tune_trials:
+        try:
+            tuning = driver.tune(model.mod, target, work_dir, args.tune_trials, **popts)
+        except KeyboardInterrupt:
+            print("tuning interrupted: the records so far are kept; run the same command "
+                  "again to resume", file=sys.stderr)
+            return 130, None
+        report["tuning"] = tuning.to_json()
+    elif not os.path.isdir(work_dir):
+        print(f"error: no tuning work dir {work_dir}: create one with --tune-trials N",
+              file=sys.stderr)
+        return 2, None
+    staged = pipeline.module_at_schedule_phase(model.mod, target, **popts)
+    tuned, default = schedules.coverage(staged, target, work_dir)
+    report.setdefault("tuning", {}).update(kernels_tuned=tuned, kernels_default=default)
+    print(f"tuning  {len(tuned)} of {len(tuned) + len(default)} kernels scheduled from "
+          f"{schedules.database_dir(work_dir, target)}"
+          + (f"; {len(default)} keep the default schedules" if default else ""))
+    return 0, work_dir

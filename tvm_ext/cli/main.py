@@ -1,0 +1,36 @@
+"""scripts/compile.py: compile a model with the tvm_ext pipeline (see `--help`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .args import build_parser, output_path_problem, refuse_idle_options
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    refuse_idle_options(parser, args)
+    problem = output_path_problem(args)
+    if problem is None and args.tune_db and os.path.exists(args.tune_db) \
+            and not os.path.isdir(args.tune_db):
+        problem = f"--tune-db {args.tune_db} is a file; it takes a directory (MetaSchedule's " \
+                  "work dir)"
+    if problem is None and args.dump_dir and os.path.exists(args.dump_dir) \
+            and not os.path.isdir(args.dump_dir):
+        problem = f"--dump-dir {args.dump_dir} is a file; it takes a directory"
+    if problem is None and args.devices is not None and args.devices < 1:
+        problem = f"--devices takes a number of devices >= 1, got {args.devices}"
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    # TVM and the model load only once the arguments are valid: --help and argument errors
+    # stay instant.
+    from .job import compile_model
+
+    return compile_model(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

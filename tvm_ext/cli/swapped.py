@@ -1,0 +1,97 @@
+"""--device-memory: plan the swaps, write the plan's sidecar, run the swapped module."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from tvm_ext import driver
+from tvm_ext.errors import CheckError
+from tvm_ext.ir.targets import vm_devices
+from tvm_ext.swap import InfeasibleBudgetError, plan_swaps
+from tvm_ext.swap.placement import argument_devices
+from tvm_ext.swap.problem import problem_for_budget
+from tvm_ext.swap.timeline_plot import plot_plan
+from tvm_ext.units import format_size
+
+from .check import check_against_torch
+from .presets import default_hardware
+from .report import replacing
+
+
+def plan_swaps_for(args, graph, target):
+    """Plan before any compilation, so that a budget too small costs nothing."""
+    hardware = default_hardware(args, target)
+    try:
+        problem = problem_for_budget(graph, args.device_memory, hardware)
+        plan = plan_swaps(problem, args.planner, time_budget_s=args.swap_time_budget,
+                          seed=args.seed)
+    except (InfeasibleBudgetError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return None, None
+    ideal = plan_swaps(problem, "ideal")
+    info = {**plan.summary(), "no_swap_peak": problem.no_swap_peak(),
+            "ideal_time": ideal.predicted_time, "hardware": hardware}
+    print(f"swap    budget {format_size(problem.budget)} of no-swap peak "
+          f"{format_size(problem.no_swap_peak())}: {plan.planner} plans "
+          f"{format_size(plan.predicted_peak)}, swaps {format_size(plan.bytes_swapped)}, "
+          f"predicted {plan.predicted_time * 1e3:.3f} ms ({hardware}; ideal "
+          f"{ideal.predicted_time * 1e3:.3f} ms), planned in {plan.planning_time:.1f} s")
+    if args.plot:
+        with replacing(args.plot) as (temp,):
+            plot_plan(problem, plan, temp)
+        info["plot"] = args.plot
+        print(f"plot    {args.plot}")
+    return plan, info
+
+
+def write_swap_sidecar(path: str, graph, plan, target) -> None:
+    with open(path, "w") as f:
+        json.dump({"plan": plan.to_dict(), "argument_devices": argument_devices(graph, plan),
+                   "devices": ["device", "host"], "target": str(target.kind.name)}, f)
+
+
+def run_swapped(args, report, model, graph, plan, executable, target, arguments,
+                 tune_db=None) -> int:
+    """Run the swapped module beside the unswapped one: outputs must match exactly (same
+    kernels) and the measured device peak must fit the budget."""
+    device, host = vm_devices(target)
+    swapped = driver.run(executable, arguments, device, repeat=args.repeat, host=host,
+                           arg_devices=argument_devices(graph, plan))
+    plain = driver.run(driver.build(model, target, tune_db=tune_db), arguments, device,
+                         repeat=args.repeat)
+    constants = graph.bytes_of_kind("constant")  # loaded with the module, not by the VM
+    measured = swapped.peak_bytes + constants
+    budget = plan.budget
+    report["run"] = {
+        "latency_ms_median": swapped.median_ms, "no_swap_latency_ms_median": plain.median_ms,
+        "measured_peak_bytes": measured, "planned_peak_bytes": plan.predicted_peak,
+        "budget_bytes": budget, "no_swap_measured_peak_bytes": plain.peak_bytes,
+        "host_peak_bytes": swapped.host_peak_bytes,
+    }
+    ratio = swapped.median_ms / plain.median_ms if plain.median_ms else float("nan")
+    print(f"memory  planned peak {format_size(plan.predicted_peak)}, measured peak "
+          f"{format_size(measured)} on {device} (budget {format_size(budget)}; no-swap build "
+          f"{format_size(plain.peak_bytes)}); host {format_size(swapped.host_peak_bytes)}")
+    print(f"run     {swapped.median_ms:.3f} ms swapped vs {plain.median_ms:.3f} ms without "
+          f"swapping ({ratio:.2f}x), median of {args.repeat}")
+    status = 0
+    if args.check:
+        try:
+            driver.compare(swapped.outputs, plain.outputs, rtol=0, atol=0)
+        except CheckError as err:
+            print(f"check   FAILED: {err}", file=sys.stderr)
+            status = 1
+        if measured > budget:
+            print(f"check   FAILED: measured peak {measured} bytes exceeds the budget {budget}",
+                  file=sys.stderr)
+            status = 1
+        report["check"] = {"ok": status == 0, "reference": "the unswapped TVM build",
+                           "exact": True, "rtol": 0, "atol": 0,
+                           "within_budget": measured <= budget}
+        if status == 0:
+            print(f"check   OK: {len(swapped.outputs)} outputs equal the unswapped build exactly "
+                  "(rtol 0, atol 0), and the measured peak fits the budget")
+        status = max(status, check_against_torch(args, report, model, arguments,
+                                                 swapped.outputs))
+    return status

@@ -1,0 +1,81 @@
+"""Measured kernel times against the roofline: per-op durations, comparison, calibration.
+
+Takes `KernelTiming`s (from `tvm_ext.driver.measure_kernels`) as plain numbers: `op_times_measured`
+turns them into per-op durations for a `SwapProblem`; `compare` lines each kernel's roofline
+estimate up against its measurement, and `calibrate` fits a preset's efficiencies to them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..ir.graph import DataflowGraph
+from .hardware import Hardware, get_hardware
+from .roofline import op_time
+
+
+@dataclasses.dataclass
+class KernelTiming:
+    name: str
+    seconds: float  # median of the repeats
+    flops: float
+    bytes_moved: int
+    calls: int  # ops of the graph that call it
+
+
+def op_times_measured(graph: DataflowGraph, timings: dict[str, KernelTiming]) -> np.ndarray:
+    """Per-op seconds for `SwapProblem.from_graph(op_times=...)`: a kernel op takes its
+    kernel's measured time, views and builtins nothing."""
+    out = np.zeros(graph.num_ops)
+    for op in graph.ops:
+        if op.kind == "kernel":
+            if op.kernel not in timings:
+                raise KeyError(f"no measurement for kernel {op.kernel}")
+            out[op.id] = timings[op.kernel].seconds
+    return out
+
+
+def compare(timings: dict[str, KernelTiming], hardware: str | Hardware = "cpu") -> list[dict]:
+    """Roofline vs measured, kernel by kernel, slowest measured first."""
+    hw = get_hardware(hardware)
+    rows = []
+    for k in sorted(timings.values(), key=lambda k: -k.seconds):
+        est = op_time(k.flops, k.bytes_moved, hw)
+        compute = k.flops / (hw.peak_flops * hw.compute_efficiency)
+        memory = k.bytes_moved / (hw.mem_bandwidth * hw.bandwidth_efficiency)
+        rows.append({"kernel": k.name, "calls": k.calls, "gflops": k.flops / 1e9,
+                     "mbytes": k.bytes_moved / 1e6, "measured_s": k.seconds, "roofline_s": est,
+                     "bound": "compute" if compute >= memory else "memory",
+                     "ratio": k.seconds / est if est > 0 else float("inf")})
+    return rows
+
+
+def calibrate(timings: dict[str, KernelTiming], hardware: str | Hardware = "cpu") -> Hardware:
+    """The preset with efficiencies and launch overhead fitted to the measurements: each
+    kernel's time is modelled as overhead + max(flops / F, bytes / B); F and B are set so that
+    the compute-bound kernels together, and the memory-bound ones together, take the measured
+    time in one iteration (a sum over the graph's calls, not a median: a swap plan cares
+    about where the time goes). The
+    overhead is half the fastest kernel's time."""
+    hw = get_hardware(hardware)
+    ks = [k for k in timings.values() if k.seconds > 0]
+    if not ks:
+        return hw
+    overhead = float(min(k.seconds for k in ks)) * 0.5
+    ce, be = hw.compute_efficiency, hw.bandwidth_efficiency
+    for _ in range(5):  # the bound of a kernel depends on the rates being fitted
+        comp, mem = [], []
+        for k in ks:
+            c = k.flops / (hw.peak_flops * ce)
+            m = k.bytes_moved / (hw.mem_bandwidth * be)
+            work = max(k.seconds - overhead, 1e-9)
+            # Weighted by how often the graph calls the kernel.
+            (comp if c >= m else mem).append((c * k.calls, m * k.calls, work * k.calls))
+        if comp:
+            ce *= sum(c for c, _, _ in comp) / sum(w for _, _, w in comp)
+        if mem:
+            be *= sum(m for _, m, _ in mem) / sum(w for _, _, w in mem)
+    return dataclasses.replace(hw, name=f"{hw.name}-calibrated", compute_efficiency=ce,
+                               bandwidth_efficiency=be, launch_overhead=overhead)

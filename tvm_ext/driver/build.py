@@ -1,0 +1,68 @@
+"""Build and export a model: targets, the fused graph the planners read, compilation.
+
+Each step is a plain function so tests and benchmarks use the same code as the CLI.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+from .. import pipeline
+from ..ir.graph import DataflowGraph
+from ..ir.graph_builder import build_graph
+from ..ir.kernel_dims import problem_from_module
+from ..ir.targets import is_cpu
+from ..models import Model
+from ..partition import PartitionProblem
+from ..runtime.cuda import DEFAULT_ARCH, cuda_target, ensure_cuda_runtime
+
+
+def resolve_target(name: str, arch: str = DEFAULT_ARCH) -> tvm.target.Target:
+    """`llvm`, `cuda` (any machine: see `tvm_ext.runtime.cuda`) or any TVM target string."""
+    if name == "cuda":
+        ensure_cuda_runtime()
+        return cuda_target(arch)
+    return tvm.target.Target(name)
+
+
+def device_of(target: tvm.target.Target, index: int = 0) -> tvm.runtime.Device:
+    """The device a target's kernels run on."""
+    if is_cpu(target):
+        return tvm.cpu(index)
+    return tvm.device(target.kind.name, index)
+
+
+def fused_graph(model: Model | tvm.IRModule, target: tvm.target.Target) -> DataflowGraph:
+    """The DataflowGraph of the model as the pipeline fuses it for `target`."""
+    return build_graph(pipeline.fuse(_module(model), target))
+
+
+def partition_problem(model: Model | tvm.IRModule,
+                      target: tvm.target.Target | str = "llvm") -> PartitionProblem:
+    """The `PartitionProblem` of the model as the pipeline fuses it for `target`."""
+    target = resolve_target(target) if isinstance(target, str) else target
+    return problem_from_module(pipeline.fuse(_module(model), target))
+
+
+def _module(model: Model | tvm.IRModule) -> tvm.IRModule:
+    return model.mod if isinstance(model, Model) else model
+
+
+def build(model: Model, target: tvm.target.Target, **pipeline_options) -> relax.VMExecutable:
+    """Compile through the registered `tvm_ext` pipeline."""
+    pipeline = relax.get_pipeline("tvm_ext", target=target, **pipeline_options)
+    with target:
+        return tvm.compile(model.mod, target, relax_pipeline=pipeline)
+
+
+def build_reference(model: Model, target: tvm.target.Target) -> relax.VMExecutable:
+    """A plain `tvm.compile` with TVM's default pipeline: the reference for `--check`."""
+    with target:
+        return tvm.compile(model.mod, target)
+
+
+def export(executable: relax.VMExecutable, path: str) -> str:
+    """Write a deployable shared library."""
+    executable.export_library(path)
+    return path

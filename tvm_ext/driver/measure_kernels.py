@@ -1,0 +1,61 @@
+"""Kernel times measured on this machine: the counterpart of the roofline.
+
+`measure_kernels(model, target)` fuses the model as the pipeline does (`pipeline.fuse`, the
+module the DataflowGraph is read from), compiles every PrimFunc alone, and times it on random
+inputs with `time_evaluator`. `tvm_ext.cost.calibration` compares and calibrates against them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import tirx
+
+from .. import pipeline
+from ..cost.calibration import KernelTiming
+from ..ir.graph import DataflowGraph
+from ..ir.graph_builder import build_graph
+from .build import device_of
+
+
+def _random_args(func, dev, rng):
+    args = []
+    for param in func.params:
+        shape = [int(s) for s in param.shape]
+        dtype = str(param.dtype)
+        if dtype.startswith(("int", "uint")):
+            data = rng.integers(0, 2, size=shape).astype(dtype)  # valid indices for gathers
+        elif dtype == "bool":
+            data = rng.random(size=shape) < 0.5
+        else:
+            data = rng.standard_normal(size=shape).astype(dtype)
+        args.append(tvm.runtime.tensor(data, dev))
+    return args
+
+
+def measure_kernels(model, target=None, graph: DataflowGraph | None = None, *,
+                    number: int = 3, repeat: int = 3, seed: int = 0) -> dict[str, KernelTiming]:
+    """Seconds per call of every kernel the model's fused graph calls, measured here."""
+    target = target or tvm.target.Target("llvm")
+    mod = pipeline.fuse(model.mod, target)
+    graph = graph or build_graph(mod)
+    calls: dict[str, list] = {}
+    for op in graph.ops:
+        if op.kind == "kernel":
+            calls.setdefault(op.kernel, []).append(op)
+    dev = device_of(target)
+    rng = np.random.default_rng(seed)
+    timings = {}
+    for gv, func in mod.functions.items():
+        name = gv.name_hint
+        if not isinstance(func, tirx.PrimFunc) or name not in calls:
+            continue
+        func = func.with_attr("global_symbol", name)
+        with target:
+            lib = tvm.compile(tvm.IRModule({name: func}), target)
+        args = _random_args(func, dev, rng)
+        seconds = lib.mod.time_evaluator(name, dev, number=number, repeat=repeat)(*args).median
+        op = calls[name][0]
+        timings[name] = KernelTiming(name, float(seconds), op.flops, op.bytes_moved,
+                                     len(calls[name]))
+    return timings

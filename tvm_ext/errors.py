@@ -1,0 +1,40 @@
+"""The errors tvm_ext raises, in four families a caller can tell apart:
+
+- `InputError`: the input cannot be handled as given (a model, an option, a budget, a plan or a
+  file); the message says what to change. Also a `ValueError`.
+- `UnavailableError`: this machine lacks something the request needs (the runtime library, a
+  CUDA driver, NCCL, a device to time on). Also a `RuntimeError`.
+- `RunError`: running a compiled module failed where it ran (a worker of a session, a copy
+  stream); the message names where and why. Also a `RuntimeError`.
+- `InternalError`: an invariant of tvm_ext itself is broken (a plan that breaks its own rules, a
+  compiled module whose numbers differ from the reference): a bug to report. Also a
+  `RuntimeError`.
+
+Every one derives from `TvmExtError`.
+"""
+
+from __future__ import annotations
+
+
+class TvmExtError(Exception):
+    """Base of every error tvm_ext raises on purpose."""
+
+
+class InputError(TvmExtError, ValueError):
+    """The input (model, option, budget, plan, file) cannot be handled as given."""
+
+
+class UnavailableError(TvmExtError, RuntimeError):
+    """Something the request needs is missing on this machine."""
+
+
+class RunError(TvmExtError, RuntimeError):
+    """Running a compiled module failed on a device or a worker."""
+
+
+class InternalError(TvmExtError, RuntimeError):
+    """An invariant of tvm_ext is broken: a bug, not a problem with the input."""
+
+
+class CheckError(InternalError):
+    """A compiled module's outputs disagree with the reference beyond tolerance."""

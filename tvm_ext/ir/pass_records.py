@@ -1,0 +1,28 @@
+"""What the rewriting passes record on the function they rewrite (function attributes), and
+reading it back: a rewritten function is recognised by its record, so each pass is idempotent
+and PartitionOperators refuses a function SwapOffload already rewrote."""
+
+from __future__ import annotations
+
+import json
+
+import tvm
+
+from ..errors import InputError
+
+PARTITION_ATTR = "tvm_ext.partition"  # JSON: layouts, plan summary, fallbacks
+SWAP_PLAN_ATTR = "tvm_ext.swap_plan"  # JSON: the swap plan's summary
+SWAP_ARGS_ATTR = "tvm_ext.swap_arguments"  # per argument "device" or "host"
+
+
+def has_record(func, attr: str) -> bool:
+    """Whether `func` carries the record `attr` (a pass already rewrote it)."""
+    return func.attrs is not None and attr in func.attrs
+
+
+def partition_record(mod: tvm.IRModule, function: str = "main") -> dict:
+    """The record of a function PartitionOperators rewrote: `mesh`, and per argument and output
+    `name`, `shape` (whole), `dtype` and `layout`, the plan summary and the fallbacks."""
+    if not has_record(mod[function], PARTITION_ATTR):
+        raise InputError(f"{function} is not partitioned (no {PARTITION_ATTR} attribute)")
+    return json.loads(str(mod[function].attrs[PARTITION_ATTR]))

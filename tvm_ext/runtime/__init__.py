@@ -1,0 +1,36 @@
+"""The Python side of the tvm_ext runtime library: loading it (`library`), device memory
+accounting (`memory`), asynchronous swap copy streams (`swap_streams`), Disco sessions and
+collectives (`distributed`) and CUDA without a driver (`cuda`).
+
+Nothing here needs TVM's compiler: an exported module runs with TVM's runtime and this package.
+"""
+
+from __future__ import annotations
+
+from .library import LIBRARY_NAME, RuntimeLibraryError, get_function, library_path, load_library
+from .memory import (
+    MemoryStats,
+    PeakMeasurement,
+    empty,
+    is_tracked,
+    measure_peak,
+    memory_stats,
+    reset_peak,
+    to_device,
+)
+
+__all__ = [
+    "LIBRARY_NAME",
+    "MemoryStats",
+    "PeakMeasurement",
+    "RuntimeLibraryError",
+    "empty",
+    "get_function",
+    "is_tracked",
+    "library_path",
+    "load_library",
+    "measure_peak",
+    "memory_stats",
+    "reset_peak",
+    "to_device",
+]

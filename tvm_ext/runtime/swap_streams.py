@@ -1,0 +1,242 @@
+"""The swap runtime: asynchronous copies on copy streams, waits, host buffers, statistics.
+
+Thin wrappers over the `tvm_ext.swap.*` globals of the C++ runtime library
+(src/swap/copy_streams.cc), plus builders of the Relax calls that a swap pass emits. The calling
+convention, for a non-dataflow function after CallTIRRewrite (device and host are positions in
+the VM's device list, e.g. `[tvm.cpu(0), tvm.cpu(1)]` or `[tvm.cuda(0), tvm.cpu(0)]`):
+
+    hpool = R.call_builtin_with_ctx("tvm_ext.swap.host_storage",
+                (R.shape([nbytes]), R.prim_value(host), R.prim_value(dev)), ty_args=R.Object)
+    a_host = R.memory.alloc_tensor(hpool, R.prim_value(offset), R.shape(shape), R.dtype(dtype))
+    R.call_packed("tvm_ext.swap.copy_async", a, a_host, R.prim_value(S), R.str("a"),
+                  ty_args=R.Tuple([]))                                      # swap-out
+    R.call_packed("tvm_ext.swap.wait", a, R.prim_value(S), ty_args=R.Tuple([]))
+                                                   # before a's device memory is overwritten
+    R.call_packed("tvm_ext.swap.copy_async", a_host, a2, R.prim_value(S), R.str("a"),
+                  ty_args=R.Tuple([]))                                      # swap-in
+    R.call_packed("tvm_ext.swap.wait", a2, R.prim_value(S), ty_args=R.Tuple([]))
+                                                   # before a2's first consumer
+    R.call_packed("tvm_ext.swap.wait_all", R.prim_value(-1), ty_args=R.Tuple([]))
+                                                   # before returning
+
+`copy_async_call`, `wait_call`, `wait_all_call`, `host_storage_call` and `host_empty_call` build
+exactly these calls. See src/swap/copy_streams.cc for the semantics (FIFO per stream, automatic
+ordering of copies on different streams that touch the same memory, poisoning on failure).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import tvm
+from tvm import relax
+from tvm.script import relax as R
+
+from .library import get_function
+
+COPY_ASYNC = "tvm_ext.swap.copy_async"
+WAIT = "tvm_ext.swap.wait"
+WAIT_ALL = "tvm_ext.swap.wait_all"
+HOST_STORAGE = "tvm_ext.swap.host_storage"
+HOST_EMPTY = "tvm_ext.swap.host_empty"
+ALL_STREAMS = -1
+"""`wait_all(ALL_STREAMS)` waits for every copy stream of every device."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Runtime calls (Python side: tests, benchmarks, hand-driven swapping)
+# ------------------------------------------------------------------------------------------------
+
+
+def copy_async(
+    src: tvm.runtime.Tensor, dst: tvm.runtime.Tensor, stream: int = 0, name: str = ""
+) -> None:
+    """Enqueue `dst <- src` on copy stream `stream` and return at once.
+
+    Raises ValueError naming `name` (and poisons the stream) if the shapes or dtypes differ.
+    """
+    get_function(COPY_ASYNC)(src, dst, stream, name)
+
+
+def wait(tensor: tvm.runtime.Tensor, stream: int = 0) -> None:
+    """Wait until no copy enqueued on `stream` still reads or writes `tensor`'s memory.
+
+    On CPU the caller blocks; on CUDA the compute stream waits. Raises if the stream failed.
+    """
+    get_function(WAIT)(tensor, stream)
+
+
+def wait_all(stream: int = ALL_STREAMS) -> None:
+    """Block until every copy on `stream` (default: every stream) is done; raise if one failed."""
+    get_function(WAIT_ALL)(stream)
+
+
+def is_idle(stream: int = ALL_STREAMS) -> bool:
+    """Whether `stream` (default: every stream) has no copy in flight. Does not block."""
+    return bool(get_function("tvm_ext.swap.is_idle")(stream))
+
+
+def host_empty(
+    shape: Sequence[int], dtype: str, host: tvm.runtime.Device, device: tvm.runtime.Device
+) -> tvm.runtime.Tensor:
+    """A host buffer for tensors swapped out of `device`, counted by `memory_stats`.
+
+    Pinned (on `cuda_host:0`) when `device` is CUDA, so that copies are asynchronous; otherwise
+    ordinary memory on `host` (e.g. cpu:1 as the host of cpu:0 in the CPU stand-in).
+    """
+    shape = tuple(int(s) for s in shape)
+    return get_function("tvm_ext.swap.host_empty_on")(shape, dtype, host, device)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamStats:
+    """What one copy stream did since the last reset.
+
+    `busy_ns` is the time copies ran; `overlap_ns` the part of it during which no caller was
+    blocked in a wait (i.e. copying while the caller computed); `wait_ns` the time callers spent
+    blocked on this stream. Times are measured on CPU streams only (`timed`); CUDA streams count
+    copies and bytes.
+    """
+
+    device: tvm.runtime.Device
+    stream: int
+    copies: int
+    bytes: int
+    busy_ns: int
+    overlap_ns: int
+    wait_ns: int
+    waits: int
+    timed: bool
+
+
+def stream_stats() -> list[StreamStats]:
+    """Statistics of every copy stream created so far."""
+    out = []
+    for row in get_function("tvm_ext.swap.stats")():
+        dev_type, dev_id, stream, *counts, timed = (int(v) for v in row)
+        out.append(StreamStats(tvm.runtime.device(dev_type, dev_id), stream, *counts, bool(timed)))
+    return out
+
+
+def stats(stream: int = 0) -> StreamStats:
+    """Statistics of copy stream `stream`, summed over devices (zeros if it was never used)."""
+    rows = [s for s in stream_stats() if s.stream == stream]
+    total = StreamStats(tvm.cpu(0), stream, 0, 0, 0, 0, 0, 0, timed=True)
+    for s in rows:
+        total = dataclasses.replace(
+            total,
+            device=s.device,
+            copies=total.copies + s.copies,
+            bytes=total.bytes + s.bytes,
+            busy_ns=total.busy_ns + s.busy_ns,
+            overlap_ns=total.overlap_ns + s.overlap_ns,
+            wait_ns=total.wait_ns + s.wait_ns,
+            waits=total.waits + s.waits,
+            timed=total.timed and s.timed,
+        )
+    return total
+
+
+def reset_stats() -> None:
+    """Zero the statistics and the trace (errors stay)."""
+    get_function("tvm_ext.swap.reset_stats")()
+
+
+def reset() -> None:
+    """Finish every copy in flight, then clear errors (un-poison streams), statistics and trace."""
+    get_function("tvm_ext.swap.reset")()
+
+
+@dataclasses.dataclass(frozen=True)
+class CopyRecord:
+    """One finished copy: timestamps in ns on the `now_ns` clock."""
+
+    stream: int
+    name: str
+    nbytes: int
+    enqueued_ns: int
+    start_ns: int
+    end_ns: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WaitRecord:
+    """A time span during which a caller was blocked waiting for `stream`."""
+
+    stream: int
+    start_ns: int
+    end_ns: int
+
+
+def set_tracing(enabled: bool) -> None:
+    """Record every copy and blocking wait (see `trace`); off by default."""
+    get_function("tvm_ext.swap.set_tracing")(bool(enabled))
+
+
+def trace() -> list[CopyRecord | WaitRecord]:
+    """The records since tracing was enabled or the last reset, in completion order."""
+    out: list[CopyRecord | WaitRecord] = []
+    for kind, stream, nbytes, t0, t1, t2, name in get_function("tvm_ext.swap.trace")():
+        if int(kind) == 0:
+            out.append(CopyRecord(int(stream), str(name), int(nbytes), int(t0), int(t1), int(t2)))
+        else:
+            out.append(WaitRecord(int(stream), int(t1), int(t2)))
+    return out
+
+
+def now_ns() -> int:
+    """The clock of the statistics and the trace (monotonic, ns)."""
+    return int(get_function("tvm_ext.swap.now_ns")())
+
+
+def inject_failure(stream: int, count: int = 1) -> None:
+    """Make the next `count` copies enqueued on `stream` fail while running, as a device error
+    would (fault injection, to test that failures are reported and poison the stream)."""
+    get_function("tvm_ext.swap.inject_failure")(stream, count)
+
+
+# ------------------------------------------------------------------------------------------------
+# Relax calls (what a swap pass emits)
+# ------------------------------------------------------------------------------------------------
+
+# Built with the TVMScript builders, so that they equal the hand-written calls above exactly.
+
+
+def copy_async_call(src: relax.Expr, dst: relax.Expr, stream: int, name: str) -> relax.Call:
+    """`R.call_packed("tvm_ext.swap.copy_async", src, dst, stream, name)`: swap-out or -in."""
+    return R.call_packed(
+        COPY_ASYNC, src, dst, R.prim_value(int(stream)), R.str(name), ty_args=R.Tuple([])
+    )
+
+
+def wait_call(tensor: relax.Expr, stream: int) -> relax.Call:
+    """`R.call_packed("tvm_ext.swap.wait", tensor, stream)`: before `tensor`'s memory is reused
+    (swap-out) or read (swap-in). Passing the tensor also keeps it alive until here."""
+    return R.call_packed(WAIT, tensor, R.prim_value(int(stream)), ty_args=R.Tuple([]))
+
+
+def wait_all_call(stream: int = ALL_STREAMS) -> relax.Call:
+    """`R.call_packed("tvm_ext.swap.wait_all", stream)`: before the function returns."""
+    return R.call_packed(WAIT_ALL, R.prim_value(int(stream)), ty_args=R.Tuple([]))
+
+
+def host_storage_call(nbytes: int, host_index: int, device_index: int) -> relax.Call:
+    """A host pool of `nbytes` for tensors swapped out of VM device `device_index` (pinned when
+    that device is CUDA); place tensors in it with `R.memory.alloc_tensor`."""
+    args = (R.shape([int(nbytes)]), R.prim_value(int(host_index)), R.prim_value(int(device_index)))
+    return R.call_builtin_with_ctx(HOST_STORAGE, args, ty_args=R.Object)
+
+
+def host_empty_call(
+    shape: Sequence[int], dtype: str, host_index: int, device_index: int
+) -> relax.Call:
+    """One host tensor for a tensor swapped out of VM device `device_index`."""
+    dims = [int(s) for s in shape]
+    args = (
+        R.shape(dims),
+        R.dtype(dtype),
+        R.prim_value(int(host_index)),
+        R.prim_value(int(device_index)),
+    )
+    return R.call_builtin_with_ctx(HOST_EMPTY, args, ty_args=R.Tensor(dims, dtype))
