@@ -65,6 +65,8 @@ class SwapOffload:
         plan: a `SwapPlan` (or its JSON) to apply instead of planning.
         op_times: measured seconds per op, instead of the roofline.
         function: the function to rewrite.
+        reserved_bytes: device memory outside the graph (the vendor library's workspace): an
+            absolute budget is shared with it.
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class SwapOffload:
         plan: SwapPlan | str | None = None,
         op_times: Sequence[float] | None = None,
         function: str = "main",
+        reserved_bytes: int = 0,
     ):
         if device_memory is None and plan is None:
             raise ValueError("SwapOffload needs device_memory or a plan")
@@ -91,6 +94,7 @@ class SwapOffload:
         self.plan = SwapPlan.from_json(plan) if isinstance(plan, str) else plan
         self.op_times = op_times
         self.function = function
+        self.reserved_bytes = reserved_bytes
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
         names = [gv.name_hint for gv in mod.functions]
@@ -102,7 +106,9 @@ class SwapOffload:
         func = given[self.function]
         if self.plan is not None:
             budget = self.plan.budget if self.device_memory is None else self.device_memory
-            problem = problem_for_budget(graph, budget, self.hardware, self.op_times)
+            # A plan's own budget is what it was planned under, the reserve already out.
+            reserved = self.reserved_bytes if self.device_memory is not None else 0
+            problem = problem_for_budget(graph, budget, self.hardware, self.op_times, reserved)
             plan = self.plan
             try:
                 validate(problem, plan)
@@ -110,7 +116,8 @@ class SwapOffload:
                 raise SwapOffloadError(f"the plan given does not fit this function: {err}") \
                     from err
         else:
-            problem = problem_for_budget(graph, self.device_memory, self.hardware, self.op_times)
+            problem = problem_for_budget(graph, self.device_memory, self.hardware, self.op_times,
+                                         self.reserved_bytes)
             plan = plan_swaps(problem, self.planner, time_budget_s=self.time_budget_s,
                               seed=self.seed)
         target = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")

@@ -17,6 +17,7 @@ from .database import (
     open_database,
     target_key,
 )
+from .default_cpu import ApplyDefaultCPUSchedules
 from .default_gpu import ApplyDefaultGPUSchedules
 from .tasks import TuningTask, extract_tasks
 from .tuning import NoDeviceError, TuningReport, can_time, tune_tasks
@@ -25,6 +26,7 @@ DEFAULT_WORK_DIR = "tvm_ext_tune_db"
 
 __all__ = [
     "DEFAULT_WORK_DIR",
+    "ApplyDefaultCPUSchedules",
     "ApplyDefaultGPUSchedules",
     "ApplyTuningDatabase",
     "NoDeviceError",

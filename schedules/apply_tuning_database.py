@@ -2,9 +2,10 @@
 
 Runs in the pipeline's schedule phase, before dlight. Each PrimFunc whose workload has a timed
 record gets the best one (MetaSchedule's `MetaScheduleApplyDatabase`, which marks it
-`tirx.is_scheduled`); the others are left as they are and get TVM's defaults afterwards (dlight
-on GPUs, the plain lowering on CPUs). Untimed (build-only) records live elsewhere and are never
-applied. A missing database applies nothing and creates nothing.
+`tirx.is_scheduled`; this pass also marks it `tvm_ext.tuned`); the others are left as they are
+and get the default schedules afterwards (dlight on GPUs, `ApplyDefaultCPUSchedules` on CPUs).
+Untimed (build-only) records live elsewhere and are never applied. A missing database applies
+nothing and creates nothing.
 """
 
 from __future__ import annotations
@@ -12,7 +13,15 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from tvm_ext.ir.pass_records import LIBRARY_ATTR
+
 from .database import database_dir, has_database, open_database, record_seconds
+
+TUNED_ATTR = "tvm_ext.tuned"  # on a kernel scheduled from a tuning record
+
+
+def _scheduled(func: tvm.tirx.PrimFunc) -> bool:
+    return func.attrs is not None and bool(func.attrs.get("tirx.is_scheduled", False))
 
 
 @tvm.transform.module_pass(opt_level=0, name="ApplyTuningDatabase")
@@ -34,7 +43,13 @@ class ApplyTuningDatabase:
             return mod
         db = open_database(db_dir, create=False)
         with target, db:
-            return relax.transform.MetaScheduleApplyDatabase()(mod)
+            applied = relax.transform.MetaScheduleApplyDatabase()(mod)
+        for gv, func in applied.functions.items():
+            before = mod[gv] if gv in mod.functions else None
+            if isinstance(func, tvm.tirx.PrimFunc) and not func.same_as(before) and \
+                    _scheduled(func):
+                applied[gv] = func.with_attr(TUNED_ATTR, True)
+        return applied
 
 
 def kernel_workload(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
@@ -74,7 +89,7 @@ def coverage(staged: tvm.IRModule, target: tvm.target.Target, work_dir: str
     default schedules), by PrimFunc name."""
     times = kernel_times(staged, target, work_dir)
     names = [gv.name_hint for gv, f in staged.functions.items()
-             if isinstance(f, tvm.tirx.PrimFunc)
-             and not (f.attrs is not None and f.attrs.get("tirx.is_scheduled", False))]
+             if isinstance(f, tvm.tirx.PrimFunc) and not _scheduled(f)
+             and not (f.attrs is not None and LIBRARY_ATTR in f.attrs)]
     return [n for n in names if n in times], [n for n in names if n not in times]
 

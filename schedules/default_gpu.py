@@ -7,6 +7,10 @@ have both kinds (the loss gradient, `take_backward` of an embedding). This pass 
 rules in order per kernel, moving on when one raises; a kernel no rule schedules is run on a
 single GPU thread per top-level loop nest: correct for any kernel, slow, and reported in
 `ApplyDefaultGPUSchedules.serial_kernels`.
+
+A kernel that calls a vendor library (`tvm_ext.passes.DispatchLibraryKernels`) keeps its library
+blocks in host code (cuBLAS launches its own kernels); each of its other loop nests (the
+epilogue after a GEMM) runs one GPU thread per output element (`_library_kernel`).
 """
 
 from __future__ import annotations
@@ -14,8 +18,13 @@ from __future__ import annotations
 import warnings
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir.transform import PassContext, module_pass
+
+from tvm_ext.ir.pass_records import LIBRARY_ATTR, LIBRARY_BLOCK_PREFIX
+
+_THREADS = 256
 
 
 def _default_rules():
@@ -59,6 +68,45 @@ def _single_thread(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return sch.mod["main"]
 
 
+def _library_kernel(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """The loop nests of a kernel with library calls (those stay in host code) over GPU
+    threads: the outer spatial loops fused and split over blocks of `_THREADS` threads, the
+    rest (reduction loops) serial inside each thread."""
+    sch = s_tir.Schedule(func)
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        if sch.get(block).name_hint.startswith(LIBRARY_BLOCK_PREFIX):
+            continue
+        loops = sch.get_loops(block)
+        spatial = _outer_spatial_loops(sch, block, loops)
+        if spatial:
+            fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+            bx, tx = sch.split(fused, [None, _THREADS])
+        else:
+            tx = sch.add_unit_loop(loops[0] if loops else block)
+            bx = sch.add_unit_loop(tx)
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+    return sch.mod["main"]
+
+
+def _outer_spatial_loops(sch, block, loops) -> list:
+    """The outer loops of `block` that feed only spatial block variables."""
+    target = sch.get(block)
+    realizes: list = []
+    tvm_ffi.structural_walk(sch.mod["main"].body, [(s_tir.SBlockRealize, realizes.append)])
+    realize = next(r for r in realizes if r.block.same_as(target))
+    reduce_vars: set = set()
+    for iv, value in zip(target.iter_vars, realize.iter_values, strict=True):
+        if iv.iter_type != tirx.IterVar.DataPar:
+            tvm_ffi.structural_walk(value, [(tvm.ir.expr.Var, reduce_vars.add)])
+    out = []
+    for loop in loops:
+        if sch.get(loop).loop_var in reduce_vars:
+            break
+        out.append(loop)
+    return out
+
+
 @module_pass(opt_level=0, name="ApplyDefaultGPUSchedules")
 class ApplyDefaultGPUSchedules:
     """dlight's default GPU rules, robust to rules that fail (see the module docstring)."""
@@ -75,7 +123,9 @@ class ApplyDefaultGPUSchedules:
             target = func.attrs.get("target") if func.attrs is not None else None
             target = target or tvm.target.Target.current(allow_none=False)
             scheduled = None
-            for rule in self.rules:
+            if func.attrs is not None and LIBRARY_ATTR in func.attrs:
+                scheduled = _library_kernel(func)
+            for rule in [] if scheduled is not None else self.rules:
                 try:
                     space = rule.apply(func, target, False)
                 except Exception:

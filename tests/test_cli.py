@@ -75,6 +75,7 @@ def test_exported_module_runs_with_runtime_only(tmp_path):
     """A module exported by tvm_ext runs where only TVM's runtime library (no compiler) and the
     tvm_ext runtime library are loaded."""
     from tvm_ext import runtime
+    from tvm_ext.runtime import blas
 
     so = tmp_path / "mlp.so"
     assert main(["mlp", "--output", str(so)]) == 0
@@ -88,7 +89,8 @@ shapes = [(4, 16), (32, 16), (32,), (8, 32), (8,)]
 out = machine["main"](*[tvm.runtime.tensor(np.ones(s, "float32")) for s in shapes])
 print(out.numpy().shape)
 """
-    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
+    # The GEMMs call the BLAS the runtime library loads: where it is on the machine deployed to.
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1", TVM_EXT_BLAS_LIB=blas.cpu_blas_path())
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr

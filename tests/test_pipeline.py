@@ -26,10 +26,11 @@ def test_phase_dumps(zoo_cache, llvm, tmp_path):
     assert "fused_" in (tmp_path / "02_legalize.py").read_text()
 
 
-def test_gpu_targets_get_default_schedules():
+def test_targets_get_default_schedules():
     cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     assert pipeline.is_gpu(cuda) and pipeline.schedule_passes(cuda)
-    assert pipeline.schedule_passes(tvm.target.Target("llvm")) == []
+    cpu = pipeline.schedule_passes(tvm.target.Target("llvm"))
+    assert [type(p).__name__ for p in cpu] == ["ApplyDefaultCPUSchedules"]
 
 
 @pytest.mark.parametrize("name", ["gpt", "resnet"])

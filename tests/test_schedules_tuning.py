@@ -2,7 +2,8 @@
 re-tuning, the same kernels), interruption, and build-only tuning for CUDA without a GPU.
 
 Budgets are a handful of trials on zoo `tiny` models: these check the mechanics, not speed
-(benchmarks/tuning.py measures the speed-up).
+(benchmarks/tuning.py measures the speed-up). They tune with `--no-library`, so that the GEMMs
+are kernels to tune rather than library calls.
 """
 
 import json
@@ -19,6 +20,7 @@ import tvm
 
 from tvm_ext import cli, driver, pipeline, schedules
 from tvm_ext.models import get_model
+from tvm_ext.schedules.apply_tuning_database import TUNED_ATTR
 from tvm_ext.schedules.database import RECORD_FILE, WORKLOAD_FILE
 from tvm_ext.schedules.tuning import COST_MODEL_FILE
 
@@ -45,7 +47,8 @@ def tuned(tmp_path_factory):
     """compile.py mlp --tune-trials 6 --tune-db DIR --run --check: the first (tuning) call."""
     work = tmp_path_factory.mktemp("tune")
     report = work / "first.json"
-    status = cli.main(["mlp", "--tune-trials", str(TRIALS), "--tune-db", str(work / "db"),
+    status = cli.main(["mlp", "--no-library", "--tune-trials", str(TRIALS), "--tune-db",
+                       str(work / "db"),
                        "--check", "--report", str(report)])
     assert status == 0
     return str(work / "db"), json.loads(report.read_text())
@@ -62,9 +65,9 @@ def test_compile_tunes_stores_and_applies(tuned, mlp, llvm, capsys):
     assert any(t["best_s"] for t in tuning["tasks"])
     # The build applied the records (and --check passed: tuned outputs match a plain build).
     assert tuning["kernels_tuned"] and report["check"]["ok"]
-    scheduled = pipeline.scheduled_module(mlp.mod, llvm, work_dir)
+    scheduled = pipeline.scheduled_module(mlp.mod, llvm, work_dir, library=False)
     applied = [gv.name_hint for gv, f in scheduled.functions.items()
-               if isinstance(f, tvm.tirx.PrimFunc) and f.attrs.get("tirx.is_scheduled", False)]
+               if isinstance(f, tvm.tirx.PrimFunc) and f.attrs.get(TUNED_ATTR, False)]
     assert sorted(applied) == sorted(tuning["kernels_tuned"])
 
 
@@ -72,16 +75,17 @@ def test_second_call_tunes_nothing_and_builds_the_same_kernels(tuned, mlp, llvm,
     work_dir, first = tuned
     db_dir = schedules.database_dir(work_dir, llvm)
     files = _db_files(db_dir)
-    kernels = pipeline.scheduled_module(mlp.mod, llvm, work_dir)
+    kernels = pipeline.scheduled_module(mlp.mod, llvm, work_dir, library=False)
     report = tmp_path / "second.json"
-    assert cli.main(["mlp", "--tune-trials", str(TRIALS), "--tune-db", work_dir,
+    assert cli.main(["mlp", "--no-library", "--tune-trials", str(TRIALS), "--tune-db", work_dir,
                      "--report", str(report)]) == 0
     second = json.loads(report.read_text())["tuning"]
     assert second["trials_run"] == 0
     assert second["trials_before"] == first["tuning"]["trials_run"]
     assert _db_files(db_dir) == files
     assert second["kernels_tuned"] == first["tuning"]["kernels_tuned"]
-    tvm.ir.assert_structural_equal(pipeline.scheduled_module(mlp.mod, llvm, work_dir), kernels)
+    tvm.ir.assert_structural_equal(
+        pipeline.scheduled_module(mlp.mod, llvm, work_dir, library=False), kernels)
 
 
 def test_a_larger_budget_tunes_the_difference(tuned, mlp, llvm, tmp_path):
@@ -89,7 +93,7 @@ def test_a_larger_budget_tunes_the_difference(tuned, mlp, llvm, tmp_path):
     shutil.copytree(tuned[0], work_dir)
     before = tuned[1]["tuning"]["trials_run"]
     report = driver.tune(mlp.mod, llvm, work_dir, before + 2, trials_per_iter=2,
-                            log=lambda line: None)
+                         log=lambda line: None, library=False)
     assert report.trials_before == before
     assert 2 <= report.trials_run <= 4
 
@@ -104,7 +108,7 @@ _INTERRUPTED_RUN = textwrap.dedent("""
     from tvm_ext import driver, schedules
     from tvm_ext.models import get_model
     driver.tune(get_model("mlp", "tiny").mod, driver.resolve_target("llvm"), sys.argv[1],
-                   500, trials_per_iter=2)
+                   500, trials_per_iter=2, library=False)
 """)
 
 
@@ -134,7 +138,7 @@ def test_an_interrupted_run_keeps_its_records(tmp_path, mlp, llvm, sig):
     kept = len(db)
     assert kept >= 1
     # Resuming counts what was kept: with that budget there is nothing left to tune.
-    again = driver.tune(mlp.mod, llvm, work_dir, kept, log=lambda line: None)
+    again = driver.tune(mlp.mod, llvm, work_dir, kept, log=lambda line: None, library=False)
     assert again.trials_before == kept and again.trials_run == 0
 
 
@@ -142,7 +146,8 @@ def test_an_interrupted_run_keeps_its_records(tmp_path, mlp, llvm, sig):
 def test_cuda_without_gpu_builds_candidates_and_times_none(tmp_path, mlp, capsys):
     target = driver.resolve_target("cuda")
     work_dir = str(tmp_path / "db")
-    report = driver.tune(mlp.mod, target, work_dir, 4, measure=False, trials_per_iter=2)
+    report = driver.tune(mlp.mod, target, work_dir, 4, measure=False, trials_per_iter=2,
+                         library=False)
     out = capsys.readouterr().out
     assert "NO candidate was timed" in out
     assert not report.timed and report.trials_run >= 4
@@ -152,9 +157,10 @@ def test_cuda_without_gpu_builds_candidates_and_times_none(tmp_path, mlp, capsys
     # Untimed records are kept apart and never applied: the build falls back to dlight.
     assert report.database.endswith(".untimed")
     assert not os.path.exists(schedules.database_dir(work_dir, target))
-    scheduled = pipeline.scheduled_module(mlp.mod, target, work_dir)
+    scheduled = pipeline.scheduled_module(mlp.mod, target, work_dir, library=False)
     kernels = [f for f in scheduled.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
     assert kernels and all(f.attrs.get("tirx.is_scheduled", False) for f in kernels)  # dlight
-    driver.build(mlp, target, tune_db=work_dir)  # compiles through nvcc
-    again = driver.tune(mlp.mod, target, work_dir, 4, measure=False, log=lambda line: None)
+    driver.build(mlp, target, tune_db=work_dir, library=False)  # compiles through nvcc
+    again = driver.tune(mlp.mod, target, work_dir, 4, measure=False, log=lambda line: None,
+                        library=False)
     assert again.trials_run == 0

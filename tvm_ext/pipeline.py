@@ -15,12 +15,17 @@ Phases, in order (each a list of passes, so a caller can rebuild the pipeline fr
                               device after partitioning). It reads the module as the
                               graph builder does, so it runs before the kernels are
                               scheduled (scheduling changes their scratch buffers).
-5. `schedule_passes`          kernels tuned with MetaSchedule (records of a `tune_db` work dir,
-                              see tvm_ext.schedules), then default GPU schedules (dlight) for
-                              kernels without one.
-6. `dataflow_lower_passes`    RewriteDataflowReshape, ToNonDataflow, RemovePurityChecking,
+5. `library_kernels_passes`   with `library` (the default): GEMM and convolution loop nests
+                              of every kernel call the vendor library through the runtime
+                              library (DispatchLibraryKernels: OpenBLAS on CPU, cuBLAS on
+                              CUDA), after planning, so the planners read the kernels' TIR
+                              and a partitioned kernel's chunk dispatches too.
+6. `schedule_passes`          kernels tuned with MetaSchedule (records of a `tune_db` work dir,
+                              see tvm_ext.schedules), then default schedules (dlight on GPU,
+                              `ApplyDefaultCPUSchedules` on CPU) for kernels without one.
+7. `dataflow_lower_passes`    RewriteDataflowReshape, ToNonDataflow, RemovePurityChecking,
                               CallTIRRewrite.
-7. `finalize_passes`          memory planning, builtin lowering, VM shape lowering.
+8. `finalize_passes`          memory planning, builtin lowering, VM shape lowering.
 
 With `dump_dir`, the module is written after each phase as `NN_<phase>.py` (TVMScript).
 """
@@ -33,10 +38,15 @@ import tvm
 from tvm import relax
 
 from tvm_ext.partition import PartitionPlan
-from tvm_ext.passes import PartitionOperators, SwapOffload
-from tvm_ext.schedules import ApplyDefaultGPUSchedules, ApplyTuningDatabase
+from tvm_ext.passes import DispatchLibraryKernels, PartitionOperators, SwapOffload
+from tvm_ext.schedules import (
+    ApplyDefaultCPUSchedules,
+    ApplyDefaultGPUSchedules,
+    ApplyTuningDatabase,
+)
 
-from .ir.targets import is_gpu
+from .ir.targets import is_cpu, is_gpu
+from .runtime.blas import cublas_workspace_bytes
 
 SCHEDULE_PHASE = "schedule"
 
@@ -69,25 +79,41 @@ def partition_passes(target: tvm.target.Target, num_devices: int | None = None,
     return [PartitionOperators(num_devices, plan=partition_plan, **partition_options)]
 
 
+def library_kernels_passes(target: tvm.target.Target, library: bool = True) -> list:
+    """DispatchLibraryKernels, unless `library` is False (pure TVM code generation)."""
+    return [DispatchLibraryKernels(target)] if library else []
+
+
 def schedule_passes(target: tvm.target.Target, tune_db: str | None = None) -> list:
     """`tune_db`: a tuning work dir (tvm_ext.schedules); its records are applied first."""
     tuned = []
     if tune_db is not None:
         tuned = [ApplyTuningDatabase(tune_db, target)]
-    if not is_gpu(target):
-        return tuned
-    # dlight's rules for the kernels no record scheduled (see schedules/default_gpu.py).
-    return [*tuned, ApplyDefaultGPUSchedules()]
+    # Default schedules for the kernels no record scheduled: dlight's rules on GPU
+    # (schedules/default_gpu.py), parallel and vectorised loops on CPU (default_cpu.py).
+    if is_gpu(target):
+        return [*tuned, ApplyDefaultGPUSchedules()]
+    if is_cpu(target):
+        return [*tuned, ApplyDefaultCPUSchedules()]
+    return tuned
 
 
 def swap_passes(target: tvm.target.Target, device_memory=None, swap_plan=None,
-                **swap_options) -> list:
+                library: bool = True, **swap_options) -> list:
     """SwapOffload under `device_memory` (bytes, "512MiB", "25%"), or applying `swap_plan`;
     nothing without either. `swap_options` go to SwapOffload (hardware, planner,
-    time_budget_s, seed)."""
+    time_budget_s, seed). With `library` on a GPU, an absolute budget leaves cuBLAS its
+    workspace."""
     if device_memory is None and swap_plan is None:
         return []
+    swap_options.setdefault("reserved_bytes", library_reserved_bytes(target, library))
     return [SwapOffload(device_memory, plan=swap_plan, **swap_options)]
+
+
+def library_reserved_bytes(target: tvm.target.Target, library: bool = True) -> int:
+    """Device memory the vendor library holds outside the graph: cuBLAS' workspace on a GPU
+    (OpenBLAS on CPU allocates in host memory of its own)."""
+    return cublas_workspace_bytes() if library and is_gpu(target) else 0
 
 
 def dataflow_lower_passes(target: tvm.target.Target) -> list:
@@ -125,6 +151,7 @@ def phases(
     target: tvm.target.Target, *, memory_planning: bool = True, tune_db: str | None = None,
     device_memory=None, swap_plan=None, swap_options: dict | None = None,
     num_devices: int | None = None, partition_plan=None, partition_options: dict | None = None,
+    library: bool = True,
 ) -> list[tuple[str, list]]:
     """The pipeline as (phase name, passes) pairs."""
     return [
@@ -132,7 +159,9 @@ def phases(
         ("legalize", legalize_passes(target)),
         ("partition", partition_passes(target, num_devices, partition_plan,
                                        **(partition_options or {}))),
-        ("swap", swap_passes(target, device_memory, swap_plan, **(swap_options or {}))),
+        ("swap", swap_passes(target, device_memory, swap_plan, library,
+                             **(swap_options or {}))),
+        ("library_kernels", library_kernels_passes(target, library)),
         (SCHEDULE_PHASE, schedule_passes(target, tune_db)),
         ("dataflow_lower", dataflow_lower_passes(target)),
         ("finalize", finalize_passes(target, memory_planning)),
@@ -202,6 +231,7 @@ def tvm_ext_pipeline(
     num_devices: int | None = None,
     partition_plan=None,
     partition_options: dict | None = None,
+    library: bool = True,
     start_phase: str | None = None,
 ) -> tvm.transform.Pass:
     """The tvm_ext pipeline for `tvm.compile(mod, target, relax_pipeline=...)`.
@@ -223,6 +253,8 @@ def tvm_ext_pipeline(
         partition_plan: a `tvm_ext.partition.PartitionPlan` (or its JSON) to apply.
         partition_options: more PartitionOperators arguments (hardware, strategy, link,
             topology).
+        library: GEMMs and convolutions call the vendor library through the runtime
+            library (OpenBLAS on CPU, cuBLAS on CUDA); False keeps TVM's generated code.
         start_phase: skip the phases before this one (for a module that has been through
             them, e.g. one PartitionOperators already rewrote).
     """
@@ -239,7 +271,7 @@ def tvm_ext_pipeline(
                             device_memory=device_memory, swap_plan=swap_plan,
                             swap_options=swap_options, num_devices=num_devices,
                             partition_plan=partition_plan,
-                            partition_options=partition_options)
+                            partition_options=partition_options, library=library)
             names = [name for name, _ in stages]
             if start_phase is not None and start_phase not in names:
                 raise ValueError(f"the tvm_ext pipeline has no phase {start_phase!r}; phases: "

@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="relative tolerance of --check (default 1e-5 against TVM; per dtype "
                         "against PyTorch, see tvm_ext.models.reference)")
     p.add_argument("--atol", type=float, default=None, help="absolute tolerance of --check")
+    p.add_argument("--no-library", dest="library", action="store_false",
+                   help="generate every kernel with TVM, GEMMs and convolutions included "
+                        "(default: they call OpenBLAS on CPU, cuBLAS on CUDA)")
     p.add_argument("--dump-dir", help="write the module after each pipeline phase there")
     p.add_argument("--tune-trials", type=int, default=0, metavar="N",
                    help="tune the kernels with MetaSchedule (XGBoost cost model), N trials in "

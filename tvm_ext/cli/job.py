@@ -50,7 +50,7 @@ def compile_model(args) -> int:
         report["swap"] = swap_info
     start = time.perf_counter()
     executable = driver.build(model, target, dump_dir=args.dump_dir, tune_db=tune_db,
-                              swap_plan=plan)
+                              swap_plan=plan, library=args.library)
     report["compile_seconds"] = time.perf_counter() - start
     print(f"compile {report['compile_seconds']:.2f} s for {target.kind.name}")
     if args.output:
@@ -168,17 +168,17 @@ def _tune(args, model, target, report: dict) -> tuple[int, str | None]:
         return 0, None
     work_dir = args.tune_db or schedules.DEFAULT_WORK_DIR
     # With --devices, tune the kernels each device runs (the partitioned module's).
-    popts = {}
+    popts = {"library": args.library}
     hardware = default_hardware(args, target)
     if args.partition_plan:
         try:
-            popts = {"partition_plan": load_plan(args.partition_plan),
-                     "partition_options": {"hardware": hardware}}
+            popts.update(partition_plan=load_plan(args.partition_plan),
+                         partition_options={"hardware": hardware})
         except (OSError, ValueError):
-            popts = {}  # reported when the plan is applied
+            pass  # reported when the plan is applied
     elif args.devices is not None and args.devices >= 1:
-        popts = {"num_devices": args.devices, "partition_options": {
-            "hardware": hardware, "strategy": args.strategy, "link": args.link}}
+        popts.update(num_devices=args.devices, partition_options={
+            "hardware": hardware, "strategy": args.strategy, "link": args.link})
     if args.tune_trials:
         try:
             tuning = driver.tune(model.mod, target, work_dir, args.tune_trials, **popts)

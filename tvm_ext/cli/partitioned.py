@@ -68,7 +68,8 @@ def main_partitioned(args, report: dict, model, target, tune_db) -> int:
         build = build_partitioned(
             model, target, k, hardware=hardware, strategy=args.strategy, link=args.link,
             plan=plan, device_memory=args.device_memory, swap_options=swap_options,
-            memory_planning=not measure, dump_dir=args.dump_dir, tune_db=tune_db)
+            memory_planning=not measure, dump_dir=args.dump_dir, tune_db=tune_db,
+            library=args.library)
     except (PartitionError, NotApplicable, InfeasibleBudgetError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

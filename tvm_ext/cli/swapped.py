@@ -8,6 +8,7 @@ import sys
 from tvm_ext import driver
 from tvm_ext.errors import CheckError
 from tvm_ext.ir.targets import vm_devices
+from tvm_ext.pipeline import library_reserved_bytes
 from tvm_ext.swap import InfeasibleBudgetError, plan_swaps
 from tvm_ext.swap.placement import argument_devices
 from tvm_ext.swap.problem import problem_for_budget
@@ -23,7 +24,8 @@ def plan_swaps_for(args, graph, target):
     """Plan before any compilation, so that a budget too small costs nothing."""
     hardware = default_hardware(args, target)
     try:
-        problem = problem_for_budget(graph, args.device_memory, hardware)
+        problem = problem_for_budget(graph, args.device_memory, hardware,
+                                     reserved=library_reserved_bytes(target, args.library))
         plan = plan_swaps(problem, args.planner, time_budget_s=args.swap_time_budget,
                           seed=args.seed)
     except (InfeasibleBudgetError, ValueError) as err:
@@ -58,8 +60,8 @@ def run_swapped(args, report, model, graph, plan, executable, target, arguments,
     device, host = vm_devices(target)
     swapped = driver.run(executable, arguments, device, repeat=args.repeat, host=host,
                            arg_devices=argument_devices(graph, plan))
-    plain = driver.run(driver.build(model, target, tune_db=tune_db), arguments, device,
-                         repeat=args.repeat)
+    plain = driver.run(driver.build(model, target, tune_db=tune_db, library=args.library),
+                       arguments, device, repeat=args.repeat)
     constants = graph.bytes_of_kind("constant")  # loaded with the module, not by the VM
     measured = swapped.peak_bytes + constants
     budget = plan.budget

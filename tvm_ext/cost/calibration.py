@@ -23,6 +23,7 @@ class KernelTiming:
     flops: float
     bytes_moved: int
     calls: int  # ops of the graph that call it
+    library: bool = False  # its GEMM/convolution ran in a vendor library
 
 
 def op_times_measured(graph: DataflowGraph, timings: dict[str, KernelTiming]) -> np.ndarray:
@@ -42,11 +43,13 @@ def compare(timings: dict[str, KernelTiming], hardware: str | Hardware = "cpu") 
     hw = get_hardware(hardware)
     rows = []
     for k in sorted(timings.values(), key=lambda k: -k.seconds):
-        est = op_time(k.flops, k.bytes_moved, hw)
-        compute = k.flops / (hw.peak_flops * hw.compute_efficiency)
+        est = op_time(k.flops, k.bytes_moved, hw, library=k.library)
+        efficiency = hw.library_efficiency if k.library else hw.compute_efficiency
+        compute = k.flops / (hw.peak_flops * efficiency)
         memory = k.bytes_moved / (hw.mem_bandwidth * hw.bandwidth_efficiency)
         rows.append({"kernel": k.name, "calls": k.calls, "gflops": k.flops / 1e9,
-                     "mbytes": k.bytes_moved / 1e6, "measured_s": k.seconds, "roofline_s": est,
+                     "mbytes": k.bytes_moved / 1e6, "library": k.library,
+                     "measured_s": k.seconds, "roofline_s": est,
                      "bound": "compute" if compute >= memory else "memory",
                      "ratio": k.seconds / est if est > 0 else float("inf")})
     return rows
@@ -54,28 +57,34 @@ def compare(timings: dict[str, KernelTiming], hardware: str | Hardware = "cpu") 
 
 def calibrate(timings: dict[str, KernelTiming], hardware: str | Hardware = "cpu") -> Hardware:
     """The preset with efficiencies and launch overhead fitted to the measurements: each
-    kernel's time is modelled as overhead + max(flops / F, bytes / B); F and B are set so that
-    the compute-bound kernels together, and the memory-bound ones together, take the measured
-    time in one iteration (a sum over the graph's calls, not a median: a swap plan cares
-    about where the time goes). The
-    overhead is half the fastest kernel's time."""
+    kernel's time is modelled as overhead + max(flops / F, bytes / B); F (one rate for
+    generated kernels, one for those whose GEMM or convolution runs in a vendor library) and B
+    are set so that each group of compute-bound kernels, and the memory-bound ones together,
+    take the measured time in one iteration (a sum over the graph's calls, not a median: a
+    swap plan cares about where the time goes). The overhead is half the fastest kernel's
+    time."""
     hw = get_hardware(hardware)
     ks = [k for k in timings.values() if k.seconds > 0]
     if not ks:
         return hw
     overhead = float(min(k.seconds for k in ks)) * 0.5
-    ce, be = hw.compute_efficiency, hw.bandwidth_efficiency
+    rates = {False: hw.compute_efficiency, True: hw.library_efficiency}
+    be = hw.bandwidth_efficiency
     for _ in range(5):  # the bound of a kernel depends on the rates being fitted
-        comp, mem = [], []
+        comp: dict[bool, list] = {False: [], True: []}
+        mem = []
         for k in ks:
-            c = k.flops / (hw.peak_flops * ce)
+            c = k.flops / (hw.peak_flops * rates[k.library])
             m = k.bytes_moved / (hw.mem_bandwidth * be)
             work = max(k.seconds - overhead, 1e-9)
             # Weighted by how often the graph calls the kernel.
-            (comp if c >= m else mem).append((c * k.calls, m * k.calls, work * k.calls))
-        if comp:
-            ce *= sum(c for c, _, _ in comp) / sum(w for _, _, w in comp)
+            (comp[k.library] if c >= m else mem).append((c * k.calls, m * k.calls,
+                                                         work * k.calls))
+        for library, group in comp.items():
+            if group:
+                rates[library] *= sum(c for c, _, _ in group) / sum(w for _, _, w in group)
         if mem:
             be *= sum(m for _, m, _ in mem) / sum(w for _, _, w in mem)
-    return dataclasses.replace(hw, name=f"{hw.name}-calibrated", compute_efficiency=ce,
-                               bandwidth_efficiency=be, launch_overhead=overhead)
+    return dataclasses.replace(hw, name=f"{hw.name}-calibrated", compute_efficiency=rates[False],
+                               library_efficiency=rates[True], bandwidth_efficiency=be,
+                               launch_overhead=overhead)

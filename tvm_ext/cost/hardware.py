@@ -33,6 +33,7 @@ class Hardware:
     host_to_device: Link  # swap-in direction
     device_to_host: Link  # swap-out direction
     compute_efficiency: float = 0.6  # fraction of peak FLOP/s a tuned kernel reaches
+    library_efficiency: float = 0.8  # fraction of peak FLOP/s a vendor-library GEMM reaches
     bandwidth_efficiency: float = 0.8  # fraction of peak bandwidth a streaming kernel reaches
     launch_overhead: float = 5e-6  # seconds per kernel
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import tvm
 from tvm import relax
+from tvm.target import codegen
 
 from .. import pipeline
 from ..ir.graph import DataflowGraph
@@ -19,10 +20,13 @@ from ..runtime.cuda import DEFAULT_ARCH, cuda_target, ensure_cuda_runtime
 
 
 def resolve_target(name: str, arch: str = DEFAULT_ARCH) -> tvm.target.Target:
-    """`llvm`, `cuda` (any machine: see `tvm_ext.runtime.cuda`) or any TVM target string."""
+    """`llvm` (this machine's CPU: its vector width decides the default schedules'), `cuda`
+    (any machine: see `tvm_ext.runtime.cuda`) or any TVM target string."""
     if name == "cuda":
         ensure_cuda_runtime()
         return cuda_target(arch)
+    if name == "llvm":
+        return tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
     return tvm.target.Target(name)
 
 

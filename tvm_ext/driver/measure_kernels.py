@@ -1,8 +1,9 @@
 """Kernel times measured on this machine: the counterpart of the roofline.
 
 `measure_kernels(model, target)` fuses the model as the pipeline does (`pipeline.fuse`, the
-module the DataflowGraph is read from), compiles every PrimFunc alone, and times it on random
-inputs with `time_evaluator`. `tvm_ext.cost.calibration` compares and calibrates against them.
+module the DataflowGraph is read from), compiles every PrimFunc alone as the build does (library
+dispatch unless `library=False`, then the default schedules), and times it on random inputs
+with `time_evaluator`. `tvm_ext.cost.calibration` compares and calibrates against them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from .. import pipeline
 from ..cost.calibration import KernelTiming
 from ..ir.graph import DataflowGraph
 from ..ir.graph_builder import build_graph
+from ..ir.pass_records import LIBRARY_ATTR
 from .build import device_of
 
 
@@ -34,7 +36,8 @@ def _random_args(func, dev, rng):
 
 
 def measure_kernels(model, target=None, graph: DataflowGraph | None = None, *,
-                    number: int = 3, repeat: int = 3, seed: int = 0) -> dict[str, KernelTiming]:
+                    number: int = 3, repeat: int = 3, seed: int = 0,
+                    library: bool = True) -> dict[str, KernelTiming]:
     """Seconds per call of every kernel the model's fused graph calls, measured here."""
     target = target or tvm.target.Target("llvm")
     mod = pipeline.fuse(model.mod, target)
@@ -51,11 +54,15 @@ def measure_kernels(model, target=None, graph: DataflowGraph | None = None, *,
         if not isinstance(func, tirx.PrimFunc) or name not in calls:
             continue
         func = func.with_attr("global_symbol", name)
+        passes = pipeline.library_kernels_passes(target, library) + \
+            pipeline.schedule_passes(target)
         with target:
-            lib = tvm.compile(tvm.IRModule({name: func}), target)
+            kernel = tvm.transform.Sequential(passes)(tvm.IRModule({name: func}))
+            lib = tvm.compile(kernel, target)
         args = _random_args(func, dev, rng)
         seconds = lib.mod.time_evaluator(name, dev, number=number, repeat=repeat)(*args).median
         op = calls[name][0]
+        dispatched = LIBRARY_ATTR in (kernel[name].attrs or {})
         timings[name] = KernelTiming(name, float(seconds), op.flops, op.bytes_moved,
-                                     len(calls[name]))
+                                     len(calls[name]), dispatched)
     return timings

@@ -102,8 +102,9 @@ def build_partitioned(
     swap_plan = None
     if device_memory is not None:
         options = dict(swap_options or {})
+        reserved = pipeline.library_reserved_bytes(target, pipeline_options.get("library", True))
         problem = problem_for_budget(worker_graph, device_memory,
-                                     options.pop("hardware", hardware))
+                                     options.pop("hardware", hardware), reserved=reserved)
         swap_plan = plan_swaps(problem, options.pop("planner", "swapadvisor"), **options)
     build = PartitionedBuild(plan, graph, layouts_of(plan, graph), fallbacks, unrestricted,
                              worker_graph, swap_plan=swap_plan, memory_planning=memory_planning)

@@ -50,6 +50,7 @@ class Op:
     bytes_moved: int = 0
     workspace: int | None = None  # tensor id of the kernel's scratch, if any
     phase: str = "forward"  # "forward" or "backward"
+    library: bool = False  # its GEMM/convolution runs in a vendor library (by default)
 
 
 @dataclasses.dataclass

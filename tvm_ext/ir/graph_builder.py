@@ -93,7 +93,7 @@ class _Builder:
     def add_op(self, var, kernel, kind, inputs, cost: KernelCost | None) -> Op:
         op = Op(len(self.ops), var.name, kernel, kind, inputs, [])
         if cost is not None:
-            op.flops, op.bytes_moved = cost.flops, cost.bytes_moved
+            op.flops, op.bytes_moved, op.library = cost.flops, cost.bytes_moved, cost.library
         self.ops.append(op)
         for tid in dict.fromkeys(inputs):
             self.tensors[tid].consumers.append(op.id)

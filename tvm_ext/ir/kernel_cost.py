@@ -18,12 +18,15 @@ from tvm.ir import TensorLoad
 from tvm.ir.prim import expr as pe
 from tvm.s_tir import SBlock
 
+from .library_kernels import find_library_calls
+
 
 @dataclasses.dataclass(frozen=True)
 class KernelCost:
     flops: float
     bytes_moved: int
     scratch_bytes: int
+    library: bool = False  # a GEMM or convolution a vendor library computes (library_kernels)
 
 
 def buffer_bytes(shape, dtype: str) -> int:
@@ -78,4 +81,4 @@ def analyze_kernel(func: tirx.PrimFunc) -> KernelCost:
         shape = getattr(param, "shape", None)
         if shape is not None:
             moved += buffer_bytes(shape, param.dtype)
-    return KernelCost(float(flops), int(moved), int(scratch))
+    return KernelCost(float(flops), int(moved), int(scratch), bool(find_library_calls(func)))

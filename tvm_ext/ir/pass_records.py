@@ -13,6 +13,10 @@ from ..errors import InputError
 PARTITION_ATTR = "tvm_ext.partition"  # JSON: layouts, plan summary, fallbacks
 SWAP_PLAN_ATTR = "tvm_ext.swap_plan"  # JSON: the swap plan's summary
 SWAP_ARGS_ATTR = "tvm_ext.swap_arguments"  # per argument "device" or "host"
+# On a kernel: the runtime library functions it calls (DispatchLibraryKernels).
+LIBRARY_ATTR = "tvm_ext.library"
+# Name prefix of the blocks that call the library inside such a kernel.
+LIBRARY_BLOCK_PREFIX = "tvm_ext_library"
 
 
 def has_record(func, attr: str) -> bool:

@@ -199,7 +199,8 @@ class PartitionModel:
         for p, d in zip(self.mesh, strategy, strict=True):
             if d is None or d >= 0:
                 split *= p
-        return op_time(op.flops / split, op.bytes_moved / split, self.hardware, op.kind)
+        return op_time(op.flops / split, op.bytes_moved / split, self.hardware, op.kind,
+                       op.library)
 
     def inner_steps(self, op_id: int, strategy: Sequence[int | None]) -> list[Step]:
         """Allreduces inside a kernel whose reduction dim is split."""

@@ -248,10 +248,21 @@ def problem_for_budget(
     device_memory: int | str,
     hardware: str | Hardware = "h100",
     op_times: Sequence[float] | None = None,
+    reserved: int = 0,
 ) -> SwapProblem:
     """The swap problem of `graph` under `device_memory` (bytes, "512MiB", "25%" of the
-    no-swap peak, or "min": the smallest budget any plan can run in)."""
+    no-swap peak, or "min": the smallest budget any plan can run in). `reserved`: bytes of
+    device memory that are not the graph's (a vendor library's workspace); an absolute budget
+    is the whole device memory, so the plan gets what is left beside them (a percentage or
+    "min" is of the graph's own peak)."""
     problem = SwapProblem.from_graph(graph, 1, hardware, op_times)
-    if isinstance(device_memory, str) and device_memory.strip().lower() == "min":
+    text = device_memory.strip().lower() if isinstance(device_memory, str) else ""
+    if text == "min":
         return problem.with_budget(problem.min_budget()[0])
-    return problem.with_budget(parse_size(device_memory, reference=problem.no_swap_peak()))
+    budget = parse_size(device_memory, reference=problem.no_swap_peak())
+    if text.endswith("%"):
+        return problem.with_budget(budget)
+    if reserved and budget <= reserved:
+        raise InputError(f"a device budget of {format_size(budget)} leaves nothing beside the "
+                         f"{format_size(reserved)} the vendor library's workspace takes")
+    return problem.with_budget(budget - reserved)

@@ -1,0 +1,159 @@
+"""DispatchLibraryKernels: GEMMs and convolutions computed by a vendor library.
+
+Every kernel's GEMM and conv2d loop nests (`tvm_ext.ir.library_kernels`) are replaced, inside
+the kernel, by a block that calls the runtime library (`T.call_packed` on the buffers):
+
+* on CPU targets `tvm_ext.blas.gemm` and `tvm_ext.blas.conv2d` (OpenBLAS, loaded at run time);
+* on CUDA `tvm_ext.cublas.gemm` (cuBLAS, loaded at run time; convolutions stay generated).
+
+The kernel keeps its signature and its other loop nests (a bias add, an activation, the padding
+before a convolution), which the schedule phase schedules as usual. So nothing before the
+schedule phase changes: the partition and swap planners read the kernel's TIR as it was, and a
+partitioned kernel's chunk (a smaller GEMM) dispatches like any other. Dispatched kernels carry
+the attribute `tvm_ext.library` (the functions they call) and are not tuned.
+
+Run it in the schedule phase, before tuning records and default schedules (the "tvm_ext"
+pipeline's `library_kernels` phase, on unless `library=False`).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import tvm
+from tvm import tirx
+from tvm.s_tir import SBlock, SBlockRealize
+from tvm.tirx.buffer import buffer_data
+
+from tvm_ext.ir.library_kernels import LibraryCall, find_library_calls, root_statements
+from tvm_ext.ir.pass_records import LIBRARY_ATTR, LIBRARY_BLOCK_PREFIX
+from tvm_ext.ir.targets import is_cpu, is_gpu
+from tvm_ext.runtime import blas
+
+_FLOAT = ("float32", "float64")
+_GPU_INPUTS = ("float32", "float16", "bfloat16")
+
+
+def packed_function(call: LibraryCall, target: tvm.target.Target) -> str | None:
+    """The runtime library function that computes `call` on `target` (None: none does)."""
+    a, b, c = call.dtypes
+    if is_cpu(target):
+        if a == b == c and a in _FLOAT:
+            return f"tvm_ext.blas.{call.kind}"
+        return None
+    if target.kind.name == "cuda" and call.kind == "gemm":
+        if a == b and a in _GPU_INPUTS and c in ("float32", a):
+            return "tvm_ext.cublas.gemm"
+    return None
+
+
+def _full_region(buf):
+    ranges = [tvm.ir.Range.from_min_extent(0, e) for e in buf.ty.shape]
+    return tvm.ir.expr.TensorRegion(buf, ranges, tirx.BufferRegionType())
+
+
+def _array(buf, view: tuple[tuple[int, ...], ...] | None):
+    """The DLTensor of `buf` the library receives, its shape merged along `view` (the tensor
+    axes of each view axis; None: as it is)."""
+    shape = list(buf.ty.shape)
+    if view is not None:
+        merged = []
+        for axes in view:
+            extent = shape[axes[0]]
+            for a in axes[1:]:
+                extent = extent * shape[a]
+            merged.append(extent)
+        shape = merged
+    make_shape = tvm.ir.Call("tirx.tvm_stack_make_shape", shape,
+                             ret_ty=tvm.ir.PointerType(tvm.ir.PrimType("int64")))
+    return tvm.ir.Call(tvm.ir.Op.get("tirx.tvm_stack_make_array"),
+                       [buffer_data(buf), make_shape, 0, len(shape),
+                        tvm.runtime.const(0, buf.ty.dtype), buf.ty.elem_offset], ret_ty="handle")
+
+
+def _library_block(call: LibraryCall, function: str) -> SBlockRealize:
+    ints = []
+    views = call.views or (None, None, None)
+    if call.kind == "gemm":
+        for roles in call.roles:
+            ints += [len(roles), *roles]
+    else:
+        sh, sw, dh, dw, groups = call.conv
+        ints = [sh, sw, 0, 0, dh, dw, groups]
+    x, y, out = call.operands
+    arrays = [_array(b, v) for b, v in zip(call.operands, views, strict=True)]
+    body = tirx.Evaluate(tirx.call_packed(function, *arrays, *ints))
+    block = SBlock([], [_full_region(x), _full_region(y)], [_full_region(out)],
+                   f"{LIBRARY_BLOCK_PREFIX}_{call.block}", body)
+    return SBlockRealize([], True, block)
+
+
+def dispatch_kernel(func: tirx.PrimFunc, target: tvm.target.Target,
+                    min_flops: int = 0) -> tirx.PrimFunc | None:
+    """`func` with its library-computable nests calling the library (None: none)."""
+    stmts = root_statements(func)
+    if stmts is None:
+        return None
+    chosen = []
+    for call in find_library_calls(func):
+        function = packed_function(call, target)
+        if function is None or (call.flops is not None and call.flops < min_flops):
+            continue
+        stmts[call.stmt] = _library_block(call, function)
+        chosen.append(function)
+    if not chosen:
+        return None
+    root = func.body.block
+    body = tirx.SeqStmt(stmts) if len(stmts) > 1 else stmts[0]
+    new_root = SBlock([], [], [], root.name_hint, body, alloc_buffers=list(root.alloc_buffers),
+                      annotations=root.annotations)
+    out = tirx.PrimFunc(list(func.params), SBlockRealize([], True, new_root), func.ret_type,
+                        func.attrs)
+    return out.with_attr(LIBRARY_ATTR, sorted(set(chosen)))
+
+
+@tvm.transform.module_pass(opt_level=0, name="DispatchLibraryKernels")
+class DispatchLibraryKernels:
+    """Replace the GEMM and conv2d loop nests of every unscheduled kernel by calls to the
+    runtime library's vendor-library functions (see the module docstring).
+
+    Args:
+        target: the target (default: the current one).
+        min_flops: leave nests of fewer floating-point operations to generated code (the
+            call costs about a microsecond).
+    """
+
+    def __init__(self, target: tvm.target.Target | None = None, min_flops: int = 0):
+        self.target = target
+        self.min_flops = min_flops
+
+    def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        target = self.target or tvm.target.Target.current()
+        if target is None:
+            raise ValueError("DispatchLibraryKernels needs a target")
+        if not (is_cpu(target) or is_gpu(target)):
+            return mod
+        if is_cpu(target) and not blas.cpu_blas_available():
+            warnings.warn("no CPU BLAS library can be loaded here (pip install "
+                          "scipy-openblas32, or set TVM_EXT_BLAS_LIB): GEMMs and convolutions "
+                          "are generated by TVM", stacklevel=1)
+            return mod
+        updates = {}
+        for gv, func in mod.functions.items():
+            if not isinstance(func, tirx.PrimFunc) or _scheduled(func):
+                continue
+            new = dispatch_kernel(func, target, self.min_flops)
+            if new is not None:
+                updates[gv] = new
+        if not updates:
+            return mod
+        mod = mod.shallow_copy() if hasattr(mod, "shallow_copy") else mod
+        for gv, func in updates.items():
+            mod[gv] = func
+        return mod
+
+
+def _scheduled(func: tirx.PrimFunc) -> bool:
+    attrs = func.attrs
+    return attrs is not None and (bool(attrs.get("tirx.is_scheduled", False)) or
+                                  LIBRARY_ATTR in attrs)

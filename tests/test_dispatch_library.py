@@ -1,0 +1,180 @@
+"""DispatchLibraryKernels: built modules call the vendor library for their GEMMs and
+convolutions (counted at run time), compute what TVM's generated code computes, compose with
+partitioning, swapping and training steps, and leave everything to TVM with `library=False`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax, tirx
+
+from tvm_ext import cli, driver, pipeline
+from tvm_ext.ir.pass_records import LIBRARY_ATTR
+from tvm_ext.passes import DispatchLibraryKernels
+from tvm_ext.passes.dispatch_library import packed_function
+from tvm_ext.runtime import library
+from tvm_ext.runtime.distributed import Session
+
+GEMM, CONV = "tvm_ext.blas.gemm", "tvm_ext.blas.conv2d"
+
+
+@contextlib.contextmanager
+def counted_library_calls():
+    """Counts calls of the library functions by modules built (and first run) inside."""
+    library.load_library()
+    counts: Counter = Counter()
+    originals = {name: tvm_ffi.get_global_func(name) for name in (GEMM, CONV)}
+
+    def counting(name):
+        def call(*args):
+            counts[name] += 1
+            return originals[name](*args)
+        return call
+
+    for name in originals:
+        tvm_ffi.register_global_func(name, counting(name), override=True)
+    try:
+        yield counts
+    finally:
+        for name, func in originals.items():
+            tvm_ffi.register_global_func(name, func, override=True)
+
+
+def dispatched_kernels(mod: tvm.IRModule, target, **options) -> dict[str, list[str]]:
+    staged = pipeline.run_phases(mod, target, through="library_kernels", inclusive=True,
+                                 **options)
+    return {gv.name_hint: list(f.attrs[LIBRARY_ATTR]) for gv, f in staged.functions.items()
+            if isinstance(f, tirx.PrimFunc) and f.attrs is not None and LIBRARY_ATTR in f.attrs}
+
+
+def run_model(model, target, **options):
+    args = model.random_arguments(0)
+    return driver.run(driver.build(model, target, **options), args, tvm.cpu(), repeat=0).outputs
+
+
+@pytest.mark.parametrize("name, calls", [("gpt", {GEMM}), ("resnet", {GEMM, CONV})])
+def test_models_call_the_library_and_match_generated_code(name, calls, zoo_cache, llvm):
+    model = zoo_cache(name)
+    with counted_library_calls() as counts:
+        ours = run_model(model, llvm)
+    assert set(counts) == calls
+    assert set().union(*dispatched_kernels(model.mod, llvm).values()) == calls
+    with counted_library_calls() as counts:
+        generated = run_model(model, llvm, library=False)
+    assert not counts
+    assert dispatched_kernels(model.mod, llvm, library=False) == {}
+    driver.compare(ours, generated, rtol=1e-4, atol=1e-5)
+
+
+def test_training_step_dispatches_its_gradient_gemms(zoo_cache, llvm):
+    inference, training = zoo_cache("mlp"), zoo_cache("mlp", training=True)
+    with counted_library_calls() as forward:
+        run_model(inference, llvm)
+    with counted_library_calls() as step:
+        ours = run_model(training, llvm)
+    # Each layer's forward GEMM, plus the weight and input gradients.
+    assert step[GEMM] >= 2 * forward[GEMM]
+    driver.compare(ours, run_model(training, llvm, library=False), rtol=1e-4, atol=1e-5)
+
+
+def test_partitioned_build_dispatches_each_chunk_and_matches(zoo_cache, llvm):
+    model = zoo_cache("gpt")
+    args = model.random_arguments(0)
+    plain = run_model(model, llvm)
+    with counted_library_calls() as counts:
+        build = driver.build_partitioned(model, llvm, 2)
+        with Session(2) as sess:
+            result = driver.run_partitioned_build(sess, build, args)
+    assert counts[GEMM] > 0
+    driver.compare(result.outputs, plain, rtol=1e-4, atol=1e-5)
+
+
+def test_swapped_build_with_dispatch_is_exact_and_within_budget(tmp_path):
+    report = tmp_path / "report.json"
+    with counted_library_calls() as counts:
+        status = cli.main(["gpt", "--target", "llvm", "--device-memory", "50%", "--run",
+                           "--check", "--report", str(report)])
+    assert status == 0
+    assert counts[GEMM] > 0
+    data = json.loads(report.read_text())
+    assert data["run"]["measured_peak_bytes"] <= data["run"]["budget_bytes"]
+
+
+def _matmul_module(shape_a, shape_b, dtype="float32") -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType(shape_a, dtype))
+    b = relax.Var("b", relax.TensorType(shape_b, dtype))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.gelu(relax.op.matmul(a, b)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("shape_a, shape_b", [
+    ((8, 16), (16, 4)),
+    ((2, 3, 8, 16), (16, 4)),  # leading dims merged into M
+    ((1, 8, 16), (3, 16, 4)),  # A broadcast over the batch
+    ((2, 3, 8, 16), (2, 3, 16, 4)),
+])
+def test_gemm_layouts_match_numpy(shape_a, shape_b, llvm):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(shape_a).astype("float32")
+    b = rng.standard_normal(shape_b).astype("float32")
+    mod = _matmul_module(shape_a, shape_b)
+    assert dispatched_kernels(mod, llvm)
+    outputs = []
+    for use_library in (True, False):
+        with llvm:
+            ex = tvm.compile(mod, llvm, relax_pipeline=relax.get_pipeline(
+                "tvm_ext", target=llvm, library=use_library))
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        outputs.append(vm["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b)).numpy())
+    x = (a.astype("float64") @ b.astype("float64"))
+    gelu = 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    np.testing.assert_allclose(outputs[0], gelu, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-4, atol=1e-5)
+
+
+def test_target_support():
+    llvm = tvm.target.Target("llvm")
+    cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    from tvm_ext.ir.library_kernels import LibraryCall
+
+    def call(kind, *dtypes):
+        return LibraryCall(kind, 0, "b", (None, None, None), dtypes)
+
+    assert packed_function(call("gemm", *["float32"] * 3), llvm) == GEMM
+    assert packed_function(call("conv2d", *["float64"] * 3), llvm) == CONV
+    assert packed_function(call("gemm", "float16", "float16", "float16"), llvm) is None
+    assert packed_function(call("gemm", "float16", "float16", "float32"), cuda) == \
+        "tvm_ext.cublas.gemm"
+    assert packed_function(call("conv2d", *["float32"] * 3), cuda) is None
+
+
+def test_cuda_build_calls_cublas_from_host_code(zoo_cache):
+    cuda = driver.resolve_target("cuda")
+    model = zoo_cache("gpt")
+    assert set().union(*dispatched_kernels(model.mod, cuda).values()) == {"tvm_ext.cublas.gemm"}
+    scheduled = pipeline.scheduled_module(model.mod, cuda, None)
+    funcs = [f for f in scheduled.functions.values()
+             if isinstance(f, tirx.PrimFunc) and LIBRARY_ATTR in (f.attrs or {})]
+    assert funcs and all(f.attrs["tirx.is_scheduled"] for f in funcs)
+    driver.build(model, cuda)  # host code with the cuBLAS calls, device code for the rest
+
+
+def test_pass_leaves_scheduled_kernels_alone(llvm):
+    mod = pipeline.fuse(_matmul_module((8, 16), (16, 4)), llvm)
+    marked = tvm.IRModule({gv: (f.with_attr("tirx.is_scheduled", True)
+                                if isinstance(f, tirx.PrimFunc) else f)
+                           for gv, f in mod.functions.items()})
+    with llvm:
+        out = DispatchLibraryKernels()(marked)
+    tvm.ir.assert_structural_equal(out, marked)

@@ -1,0 +1,357 @@
+"""Which loop nests of a kernel a vendor library can compute: GEMMs and 2-D convolutions.
+
+A fused kernel (after `FuseTIR`) is a root block whose body is a sequence of loop nests, one
+per operator it fuses: `matmul` then a bias `add`, `pad` then `conv2d` then `relu`. This module
+reads each top-level nest and says which are, exactly, one of:
+
+* **GEMM**: `C[...] = C[...] + A[...] * B[...]` (init `C = 0`) over one reduction variable K,
+  every index a plain block variable (or 0 on a unit axis). Spatial variables read by both
+  operands are batch dims, one read only by A is M, one read only by B is N. Axis order is free
+  (a transposed operand is just another order); a batch dim missing from an operand broadcasts.
+* **conv2d** (NCHW data, OIHW weight): `Y[n, f, y, x] += X[n, c', y*sh + ry*dh, x*sw + rx*dw] *
+  W[f, c, ry, rx]` with `c' = c` or, grouped, `f // (F/g) * (C/g) + c`. Padding stays where
+  legalization put it, in the nest before (the data read is the padded buffer).
+
+Nothing is assumed: a nest that is not a perfect loop nest binding its block's variables over
+the full extents of every buffer axis they index does not match, and is left to TVM's own code.
+The roles (`LibraryCall.roles`) are those of the runtime library's `tvm_ext.blas.gemm`:
+0 = M, 1 = N, 2 = K, 3 + i = batch dim i, -1 = an axis read at index 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tvm
+from tvm import sym as arith
+from tvm import tirx
+from tvm.ir import TensorLoad
+from tvm.ir.prim import expr as pe
+from tvm.s_tir import SBlockRealize
+
+M, N, K, BATCH, UNIT = 0, 1, 2, 3, -1
+
+
+@dataclasses.dataclass(frozen=True)
+class LibraryCall:
+    """One top-level loop nest (`stmt`, its index in the root block) a library computes."""
+
+    kind: str  # "gemm" or "conv2d"
+    stmt: int
+    block: str
+    operands: tuple  # buffer Vars: (A, B, C) or (data, weight, out)
+    dtypes: tuple[str, ...]  # of the operands as stored
+    roles: tuple[tuple[int, ...], ...] = ()  # gemm: per operand, per axis of its view
+    # gemm: per operand, per view axis, the tensor axes merged into it (M, N or K spread
+    # over adjacent axes, e.g. [2, 3, 8, 16] @ [16, 4] is one 48x16 by 16x4 product).
+    views: tuple[tuple[tuple[int, ...], ...], ...] = ()
+    conv: tuple[int, ...] = ()  # conv2d: stride h, w, dilation h, w, groups
+    flops: int | None = None  # when the extents are static
+
+
+def root_statements(func: tirx.PrimFunc) -> list | None:
+    """The top-level statements of the kernel's root block (None: no root block)."""
+    root = func.body
+    if not isinstance(root, SBlockRealize) or root.block.iter_vars:
+        return None
+    body = root.block.body
+    return list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+
+
+def find_library_calls(func: tirx.PrimFunc) -> list[LibraryCall]:
+    """Every top-level nest of `func` a library can compute, in order."""
+    stmts = root_statements(func)
+    if stmts is None:
+        return []
+    calls = []
+    for i, stmt in enumerate(stmts):
+        block = _perfect_nest(stmt)
+        if block is None:
+            continue
+        call = _match_gemm(block, i) or _match_conv2d(block, i)
+        if call is not None:
+            calls.append(call)
+    return calls
+
+
+def _is_int(expr, value: int) -> bool:
+    return isinstance(expr, pe.IntImm) and int(expr.value) == value
+
+
+def _static(expr) -> int | None:
+    return int(expr.value) if isinstance(expr, pe.IntImm) else None
+
+
+def _perfect_nest(stmt):
+    """The block of a nest of serial loops from 0 that bind its variables one to one, over the
+    variables' whole domains, with no predicate; None otherwise."""
+    extents = {}
+    while isinstance(stmt, tirx.For):
+        if stmt.kind != tirx.ForKind.SERIAL or not _is_int(stmt.min, 0) or \
+                stmt.thread_binding is not None:
+            return None
+        extents[stmt.loop_var] = stmt.extent
+        stmt = stmt.body
+    if not isinstance(stmt, SBlockRealize) or not _is_int(stmt.predicate, 1):
+        return None
+    block = stmt.block
+    if block.match_buffers or block.alloc_buffers or len(block.iter_vars) != len(extents):
+        return None
+    analyzer = arith.Analyzer()
+    for iv, value in zip(block.iter_vars, stmt.iter_values, strict=True):
+        if value not in extents or not _is_int(iv.dom.min, 0) or \
+                not analyzer.can_prove_equal(iv.dom.extent, extents.pop(value)):
+            return None
+    return block
+
+
+def _loads(expr) -> tuple | None:
+    """(x, y, x dtype, y dtype) of `x * y` with x, y loads, each maybe cast."""
+    if not isinstance(expr, pe.Mul):
+        return None
+    out = []
+    for side in (expr.a, expr.b):
+        dtype = None
+        if isinstance(side, pe.Cast):
+            side = side.value
+        if not isinstance(side, TensorLoad):
+            return None
+        dtype = str(side.source.ty.dtype)
+        out.append((side, dtype))
+    return out[0][0], out[1][0], out[0][1], out[1][1]
+
+
+def _accumulation(block):
+    """(store, x load, y load) of `C[i] = C[i] + x * y` with `C[i] = 0` as init."""
+    store, init = block.body, block.init
+    if not isinstance(store, tirx.BufferStore) or not isinstance(init, tirx.BufferStore):
+        return None
+    if not init.buffer.same_as(store.buffer) or not _is_zero(init.value) or \
+            not _same_indices(init.indices, store.indices):
+        return None
+    value = store.value
+    if not isinstance(value, pe.Add):
+        return None
+    for acc, prod in ((value.a, value.b), (value.b, value.a)):
+        if isinstance(acc, TensorLoad) and acc.source.same_as(store.buffer) and \
+                _same_indices(acc.indices, store.indices):
+            loads = _loads(prod)
+            if loads is not None:
+                return store, loads[0], loads[1]
+    return None
+
+
+def _is_zero(expr) -> bool:
+    return isinstance(expr, (pe.IntImm, pe.FloatImm)) and float(expr.value) == 0.0
+
+
+def _same_indices(a, b) -> bool:
+    return len(a) == len(b) and all(x.same_as(y) for x, y in zip(a, b, strict=True))
+
+
+def _var_axes(indices, block_vars) -> dict | None:
+    """{block var: axis} of an access whose indices are plain block variables or 0 (unit
+    axes, `UNIT`); None when an index is anything else or a variable repeats."""
+    axes = {}
+    for axis, idx in enumerate(indices):
+        if isinstance(idx, tvm.ir.expr.Var) and idx in block_vars:
+            if idx in axes:
+                return None
+            axes[idx] = axis
+        elif not _is_int(idx, 0):
+            return None
+    return axes
+
+
+def _covers(buf, axes: dict, domains: dict) -> bool:
+    """Each variable spans its whole axis; every other axis has extent 1."""
+    analyzer = arith.Analyzer()
+    shape = buf.ty.shape
+    by_axis = {axis: var for var, axis in axes.items()}
+    for axis, extent in enumerate(shape):
+        var = by_axis.get(axis)
+        want = domains[var] if var is not None else 1
+        if not analyzer.can_prove_equal(extent, want):
+            return False
+    return True
+
+
+def _match_gemm(block, stmt: int) -> LibraryCall | None:
+    acc = _accumulation(block)
+    if acc is None:
+        return None
+    store, x, y = acc
+    spatial = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    reduce = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    if not reduce or len(spatial) + len(reduce) != len(block.iter_vars):
+        return None
+    domains = {iv.var: iv.dom.extent for iv in block.iter_vars}
+    c_axes, x_axes, y_axes = (_var_axes(a.indices, set(domains)) for a in (store, x, y))
+    if c_axes is None or x_axes is None or y_axes is None or set(c_axes) != set(spatial):
+        return None
+    if any(k not in x_axes or k not in y_axes for k in reduce):
+        return None
+    operands = (x.source, y.source, store.buffer)
+    if len({id(o) for o in operands}) != 3 or store.buffer.same_as(x.source) or \
+            store.buffer.same_as(y.source) or x.source.same_as(y.source):
+        return None
+    axes = (x_axes, y_axes, c_axes)
+    if not all(_covers(b, a, domains) for b, a in zip(operands, axes, strict=True)):
+        return None
+    groups = _gemm_groups(spatial, reduce, axes)
+    if groups is None:
+        return None
+    views = tuple(_view(a, len(b.ty.shape), groups) for a, b in zip(axes, operands,
+                                                                     strict=True))
+    if any(v is None for v in views):
+        return None
+    return LibraryCall("gemm", stmt, str(block.name_hint), operands,
+                       tuple(str(b.ty.dtype) for b in operands),
+                       tuple(tuple(r for r, _ in v) for v in views),
+                       views=tuple(tuple(ax for _, ax in v) for v in views), flops=_flops(block))
+
+
+def _gemm_groups(spatial, reduce, axes) -> dict | None:
+    """{var: (role, the group's vars in axis order)}: the variables read by A and C only form
+    M, by B and C only N, the reduction ones K, each group merged into one matrix axis, so it
+    must lie on adjacent axes, in one order, in both tensors that hold it (an M or N variable
+    that does not is a batch dim of C broadcast over one operand instead); the other
+    variables are batch dims, one role each."""
+    x_axes, y_axes, c_axes = axes
+    m_vars = _adjacent_run([v for v in spatial if v in x_axes and v not in y_axes],
+                           (c_axes, x_axes))
+    n_vars = _adjacent_run([v for v in spatial if v in y_axes and v not in x_axes],
+                           (c_axes, y_axes))
+    k_vars = _adjacent_run(list(reduce), (x_axes, y_axes))
+    if not m_vars or not n_vars or len(k_vars) != len(reduce):
+        return None
+    groups = {}
+    for role, order in ((M, m_vars), (N, n_vars), (K, k_vars)):
+        for v in order:
+            groups[v] = (role, tuple(order))
+    batch = [v for v in spatial if v not in groups]
+    for i, v in enumerate(sorted(batch, key=lambda v: c_axes[v])):
+        groups[v] = (BATCH + i, (v,))
+    return groups
+
+
+def _adjacent_run(candidates: list, holders: tuple) -> list:
+    """The candidates that lie on adjacent axes, in one order, in every tensor of `holders`,
+    growing from the one on the last axis of the first holder; in axis order."""
+    if not candidates:
+        return []
+    first = holders[0]
+    order = sorted(candidates, key=lambda v: -first[v])
+    run = [order[0]]
+    for v in order[1:]:
+        if all(held[v] == held[run[-1]] - 1 for held in holders):
+            run.append(v)
+        else:
+            break
+    return run[::-1]
+
+
+def _view(axes: dict, ndim: int, groups: dict) -> list | None:
+    """[(role, the tensor axes merged into one view axis)] of one operand."""
+    by_axis = {axis: var for var, axis in axes.items()}
+    out, axis = [], 0
+    while axis < ndim:
+        var = by_axis.get(axis)
+        if var is None:
+            out.append((UNIT, (axis,)))
+            axis += 1
+            continue
+        role, members = groups[var]
+        held = [m for m in members if m in axes]
+        if not held[0].same_as(var):
+            return None
+        out.append((role, tuple(range(axis, axis + len(held)))))
+        axis += len(held)
+    return out
+
+
+def _flops(block) -> int | None:
+    total = 2
+    for iv in block.iter_vars:
+        extent = _static(iv.dom.extent)
+        if extent is None:
+            return None
+        total *= extent
+    return total
+
+
+def _window(expr, out_var, red_var) -> tuple[int, int] | None:
+    """(stride, dilation) of `out_var * stride + red_var * dilation`."""
+    coeffs = arith.detect_linear_equation(expr, [out_var, red_var])
+    if len(coeffs) != 3 or not all(isinstance(c, pe.IntImm) for c in coeffs):
+        return None
+    stride, dilation, const = (int(c.value) for c in coeffs)
+    if const != 0 or stride < 1 or dilation < 1:
+        return None
+    return stride, dilation
+
+
+def _group(expr, f, c) -> tuple[int, int] | None:
+    """(filters per group, channels per group) of `f // fpg * cpg + c`; (0, 0) for `c`."""
+    if expr.same_as(c):
+        return 0, 0
+    if not isinstance(expr, pe.Add):
+        return None
+    for prod, rest in ((expr.a, expr.b), (expr.b, expr.a)):
+        if rest.same_as(c) and isinstance(prod, pe.Mul) and isinstance(prod.a, pe.FloorDiv) \
+                and prod.a.a.same_as(f) and isinstance(prod.a.b, pe.IntImm) \
+                and isinstance(prod.b, pe.IntImm):
+            return int(prod.a.b.value), int(prod.b.value)
+    return None
+
+
+def _match_conv2d(block, stmt: int) -> LibraryCall | None:  # long: one pattern, read in order
+    acc = _accumulation(block)
+    if acc is None or len(block.iter_vars) != 7:
+        return None
+    store, x, y = acc
+    kinds = [iv.iter_type for iv in block.iter_vars]
+    if kinds != [tirx.IterVar.DataPar] * 4 + [tirx.IterVar.CommReduce] * 3:
+        return None
+    n, f, oy, ox, c, ry, rx = (iv.var for iv in block.iter_vars)
+    if not _same_indices(store.indices, [n, f, oy, ox]):
+        return None
+    for data, weight in ((x, y), (y, x)):
+        if _same_indices(weight.indices, [f, c, ry, rx]) and len(data.indices) == 4:
+            break
+    else:
+        return None
+    if not data.indices[0].same_as(n):
+        return None
+    group = _group(data.indices[1], f, c)
+    hw = (_window(data.indices[2], oy, ry), _window(data.indices[3], ox, rx))
+    if group is None or hw[0] is None or hw[1] is None:
+        return None
+    dshape, wshape, oshape = (_static_shape(b) for b in (data.source, weight.source,
+                                                          store.buffer))
+    if dshape is None or wshape is None or oshape is None:
+        return None
+    domains = [_static(iv.dom.extent) for iv in block.iter_vars]
+    if domains[:4] != list(oshape) or domains[4:] != list(wshape[1:]) or wshape[0] != oshape[1]:
+        return None
+    if dshape[0] != oshape[0] or dshape[1] % wshape[1]:
+        return None
+    groups = dshape[1] // wshape[1]
+    fpg, cpg = group
+    if (groups == 1) != (fpg == 0) or (groups > 1 and (fpg * groups != oshape[1] or
+                                                       cpg != wshape[1])):
+        return None
+    (sh, dh), (sw, dw) = hw
+    # The window must stay inside the data buffer (padding lives in it already).
+    if (oshape[2] - 1) * sh + (wshape[2] - 1) * dh >= dshape[2] or \
+            (oshape[3] - 1) * sw + (wshape[3] - 1) * dw >= dshape[3]:
+        return None
+    operands = (data.source, weight.source, store.buffer)
+    return LibraryCall("conv2d", stmt, str(block.name_hint), operands,
+                       tuple(str(b.ty.dtype) for b in operands), conv=(sh, sw, dh, dw, groups),
+                       flops=_flops(block))
+
+
+def _static_shape(buf) -> tuple[int, ...] | None:
+    shape = tuple(_static(s) for s in buf.ty.shape)
+    return None if any(s is None for s in shape) else shape
