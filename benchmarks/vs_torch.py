@@ -19,6 +19,11 @@ torch at `reference.tolerance` before it is timed (a mismatch is reported and no
     tuned       `--trials` MetaSchedule trials per model and mode into a temporary work dir,
                 then built with those records (library kernels on); `--trials 0` skips it
 
+Threads: every side runs on the threads TVM's runtime uses (`runtime.NumThreads`: TVM_NUM_THREADS,
+else TVM's default, half the cores): torch by `torch.set_num_threads`, the OpenBLAS that
+tvm_ext's library kernels call and numpy's OpenBLAS by their `openblas_set_num_threads` (the
+library's own default, all cores unless TVM_NUM_THREADS is set, is recorded in the JSON).
+
 All builds of a row are timed in one process in interleaved rounds (round-robin over the
 builds, each round lasting about `--round-seconds` per build, warm-up excluded), as
 benchmarks/tuning.py does; figures are medians over all timed calls.
@@ -617,30 +622,46 @@ def bench_gemm(shape: dict, target, rounds: int, round_s: float) -> dict:
 # Machine and threads
 # ------------------------------------------------------------------------------------------
 
-def _numpy_openblas():
-    """numpy's bundled OpenBLAS (ctypes), or None where it cannot be found."""
+def _numpy_openblas() -> str | None:
+    """The path of numpy's bundled OpenBLAS, or None where it cannot be found."""
     folder = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
-    for path in glob.glob(os.path.join(folder, "libscipy_openblas*.so")):
-        with contextlib.suppress(OSError):
-            return ctypes.CDLL(path)
-    return None
+    found = sorted(glob.glob(os.path.join(folder, "libscipy_openblas*.so")))
+    return found[0] if found else None
+
+
+def _pin_openblas(path: str | None, threads: int) -> dict:
+    """Set the OpenBLAS at `path` (the same instance the process already loaded: dlopen of a
+    loaded file returns it) to `threads` threads: {"path", "default", "threads"}."""
+    entry: dict = {"path": path, "default": None, "threads": None}
+    if not path:
+        return entry
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as err:
+        entry["error"] = str(err)
+        return entry
+    # scipy-openblas prefixes its symbols (and the 64-bit-integer build suffixes them).
+    for prefix, suffix in (("scipy_", "64_"), ("scipy_", ""), ("", "")):
+        getter = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}", None)
+        setter = getattr(lib, f"{prefix}openblas_set_num_threads{suffix}", None)
+        if getter is not None and setter is not None:
+            entry["default"] = int(getter())
+            setter(ctypes.c_int(threads))
+            entry["threads"] = int(getter())
+            break
+    return entry
 
 
 def set_threads(threads: int) -> dict:
-    """Give torch and numpy's OpenBLAS `threads` threads (TVM's own count); say what holds."""
+    """Hold every side to `threads` threads (TVM's own count): torch, numpy's OpenBLAS (the
+    GEMM rows' reference) and the BLAS tvm_ext's library kernels call, whose own default (all
+    cores unless TVM_NUM_THREADS is set) is recorded."""
+    from tvm_ext.runtime import blas
+
     torch.set_num_threads(threads)
-    blas = _numpy_openblas()
-    numpy_threads = None
-    if blas is not None:
-        for suffix in ("64_", "_64_", ""):
-            setter = getattr(blas, f"scipy_openblas_set_num_threads{suffix}", None)
-            getter = getattr(blas, f"scipy_openblas_get_num_threads{suffix}", None)
-            if setter is not None and getter is not None:
-                setter(ctypes.c_int(threads))
-                numpy_threads = int(getter())
-                break
     return {"tvm_runtime_threads": threads, "torch_threads": torch.get_num_threads(),
-            "numpy_openblas_threads": numpy_threads}
+            "numpy_openblas": _pin_openblas(_numpy_openblas(), threads),
+            "tvm_ext_blas": _pin_openblas(blas.cpu_blas_path(), threads)}
 
 
 def machine() -> dict:
@@ -874,7 +895,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {host['cpu']}, {host['cores']} cores; TVM_NUM_THREADS="
           f"{host['TVM_NUM_THREADS']}, TVM runtime threads {threads['tvm_runtime_threads']}, "
           f"torch threads {threads['torch_threads']} (torch.set_num_threads), numpy OpenBLAS "
-          f"threads {threads['numpy_openblas_threads']}")
+          f"threads {threads['numpy_openblas']['threads']}, tvm_ext BLAS threads "
+          f"{threads['tvm_ext_blas']['threads']} (its default "
+          f"{threads['tvm_ext_blas']['default']}; {threads['tvm_ext_blas']['path']})")
     print(f"medians of {args.rounds} interleaved rounds; tuned: {args.trials} trials per model "
           f"and mode{' (skipped)' if args.trials <= 0 else ''}\n")
     print(table(rows, args.builds))
