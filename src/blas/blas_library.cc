@@ -12,62 +12,65 @@ namespace tvm_ext {
 namespace blas {
 namespace {
 
-std::mutex mu;
-std::string requested_path;  // NOLINT: guarded by mu
-BlasLibrary* loaded = nullptr;
-std::string load_error;  // NOLINT: why the last attempt failed
+std::mutex mu;                 // guards the three below
+std::string requested_path;    // NOLINT: from tvm_ext.blas.set_library
+BlasLibrary* loaded = nullptr; // never freed: callers keep references to it
+std::string load_error;        // NOLINT: what the last failed search tried
 
-void* Symbol(void* lib, const char* name) {
-  // scipy-openblas32 prefixes every symbol; a plain OpenBLAS or CBLAS does not.
-  std::string prefixed = std::string("scipy_") + name;
-  void* sym = dlsym(lib, prefixed.c_str());
-  return sym != nullptr ? sym : dlsym(lib, name);
+// scipy-openblas32 prefixes every symbol (so that it cannot clash with numpy's OpenBLAS); a
+// plain OpenBLAS or CBLAS does not.
+template <typename F>
+void Bind(void* lib, const char* name, F* fn) {
+  void* sym = dlsym(lib, (std::string("scipy_") + name).c_str());
+  *fn = reinterpret_cast<F>(sym != nullptr ? sym : dlsym(lib, name));
+}
+
+int EnvThreads() {
+  const char* env = std::getenv("TVM_NUM_THREADS");
+  return env != nullptr ? std::atoi(env) : 0;
 }
 
 BlasLibrary* TryLoad(const std::string& path, std::ostringstream* tried) {
+  auto note = [&](const std::string& why) {
+    *tried << (tried->tellp() > 0 ? "; " : "") << path << " (" << why << ")";
+  };
   void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
-    *tried << (tried->tellp() > 0 ? "; " : "") << path << " (" << dlerror() << ")";
+    const char* err = dlerror();
+    note(err != nullptr ? err : "not loadable");
     return nullptr;
   }
   auto* out = new BlasLibrary();
   out->path = path;
-  out->sgemm = reinterpret_cast<SgemmFn>(Symbol(lib, "cblas_sgemm"));
-  out->dgemm = reinterpret_cast<DgemmFn>(Symbol(lib, "cblas_dgemm"));
-  out->set_threads = reinterpret_cast<SetThreadsFn>(Symbol(lib, "openblas_set_num_threads"));
-  out->get_threads = reinterpret_cast<GetThreadsFn>(Symbol(lib, "openblas_get_num_threads"));
+  Bind(lib, "cblas_sgemm", &out->sgemm);
+  Bind(lib, "cblas_dgemm", &out->dgemm);
   if (out->sgemm == nullptr || out->dgemm == nullptr) {
-    *tried << (tried->tellp() > 0 ? "; " : "") << path << " (no cblas_sgemm)";
+    note("no cblas_sgemm/cblas_dgemm: not a CBLAS");
     delete out;
+    dlclose(lib);
     return nullptr;
   }
-  // The BLAS runs on as many threads as TVM's own thread pool.
-  const char* threads = std::getenv("TVM_NUM_THREADS");
-  if (threads != nullptr && out->set_threads != nullptr && std::atoi(threads) > 0) {
-    out->set_threads(std::atoi(threads));
-  }
+  Bind(lib, "cblas_sgemm_batch_strided", &out->sgemm_batch_strided);
+  Bind(lib, "cblas_dgemm_batch_strided", &out->dgemm_batch_strided);
+  Bind(lib, "openblas_set_num_threads", &out->set_threads);
+  Bind(lib, "openblas_set_num_threads_local", &out->set_threads_local);
+  Bind(lib, "openblas_get_num_threads", &out->get_threads);
+  Bind(lib, "openblas_get_config", &out->get_config);
+  // TVM_NUM_THREADS sizes TVM's own thread pool; the BLAS gets as many. Otherwise the library
+  // keeps its default (OpenBLAS: every core, or OPENBLAS_NUM_THREADS).
+  if (EnvThreads() > 0 && out->set_threads != nullptr) out->set_threads(EnvThreads());
   return out;
 }
 
 BlasLibrary* LoadLocked() {
   if (loaded != nullptr) return loaded;
   std::vector<std::string> candidates;
-  // TVM_EXT_BLAS_LIB names the BLAS to use: nothing else is tried.
+  if (!requested_path.empty()) candidates.push_back(requested_path);
   const char* env = std::getenv("TVM_EXT_BLAS_LIB");
-  if (env != nullptr && *env != '\0') candidates.push_back(env);
-  if (!requested_path.empty() && candidates.empty()) candidates.push_back(requested_path);
-  // Installed by pip, this library is site-packages/tvm_ext/lib/libtvm_ext_runtime.so and the
-  // scipy-openblas32 wheel's BLAS is beside the package.
-  Dl_info self;
-  if (candidates.empty() && dladdr(reinterpret_cast<void*>(&SetLibraryPath), &self) != 0 &&
-      self.dli_fname != nullptr) {
-    std::string dir(self.dli_fname);
-    dir = dir.substr(0, dir.find_last_of('/'));
-    candidates.push_back(dir + "/../../scipy_openblas32/lib/libscipy_openblas.so");
-  }
+  if (env != nullptr && *env != '\0') candidates.emplace_back(env);
   for (const char* name : {"libscipy_openblas.so", "libopenblas.so.0", "libopenblas.so",
                            "libcblas.so.3", "libblas.so.3"}) {
-    if (env == nullptr || *env == '\0') candidates.push_back(name);
+    candidates.emplace_back(name);
   }
   std::ostringstream tried;
   for (const auto& path : candidates) {
@@ -80,9 +83,23 @@ BlasLibrary* LoadLocked() {
 
 }  // namespace
 
+int BlasLibrary::Threads() const {
+  if (get_threads != nullptr) return get_threads();
+  return EnvThreads() > 0 ? EnvThreads() : 0;
+}
+
+Strategy ForcedStrategy() {
+  const char* env = std::getenv("TVM_EXT_BLAS_BATCH");
+  std::string s = env != nullptr ? env : "";
+  return s == "loop" ? Strategy::kLoop : s == "strided" ? Strategy::kStrided
+                                   : s == "pool" ? Strategy::kPool : Strategy::kAuto;
+}
+
 void SetLibraryPath(const std::string& path) {
   std::lock_guard<std::mutex> lock(mu);
   requested_path = path;
+  // Switch at the next use (a call in flight keeps the old one, which stays mapped).
+  if (loaded != nullptr && loaded->path != path) loaded = nullptr;
 }
 
 const BlasLibrary& Library() {
@@ -90,8 +107,9 @@ const BlasLibrary& Library() {
   BlasLibrary* lib = LoadLocked();
   if (lib == nullptr) {
     TVM_FFI_THROW(RuntimeError)
-        << "tvm_ext.blas: no BLAS library could be loaded (pip install scipy-openblas32, or "
-           "set TVM_EXT_BLAS_LIB to a CBLAS library); tried: "
+        << "tvm_ext.blas: no CPU BLAS library could be loaded; fix: `pip install "
+           "scipy-openblas32` or set TVM_EXT_BLAS_LIB to a CBLAS library (e.g. "
+           "/usr/lib/x86_64-linux-gnu/libopenblas.so.0); tried: "
         << load_error;
   }
   return *lib;
@@ -101,6 +119,19 @@ std::string AvailablePath() {
   std::lock_guard<std::mutex> lock(mu);
   BlasLibrary* lib = LoadLocked();
   return lib == nullptr ? std::string() : lib->path;
+}
+
+tvm::ffi::Map<tvm::ffi::String, tvm::ffi::Any> Info() {
+  std::lock_guard<std::mutex> lock(mu);
+  BlasLibrary* lib = LoadLocked();
+  tvm::ffi::Map<tvm::ffi::String, tvm::ffi::Any> info;
+  info.Set("path", tvm::ffi::String(lib ? lib->path : ""));
+  const char* config = lib && lib->get_config ? lib->get_config() : nullptr;
+  info.Set("config", tvm::ffi::String(config ? config : ""));
+  info.Set("threads", static_cast<int64_t>(lib ? lib->Threads() : 0));
+  info.Set("batch_strided", static_cast<bool>(lib && lib->sgemm_batch_strided));
+  info.Set("error", tvm::ffi::String(lib ? "" : load_error));
+  return info;
 }
 
 }  // namespace blas

@@ -1,11 +1,14 @@
-"""The vendor libraries behind the runtime library's `tvm_ext.blas.*` functions (src/blas):
-which one is loaded.
+"""The vendor libraries behind the runtime library's `tvm_ext.blas.*` (CPU BLAS) and
+`tvm_ext.cublas.*` (cuBLAS) functions (src/blas): which ones it loads.
 
-The runtime library loads its BLAS itself, at first use (dlopen), so that neither it nor an
-exported module links one: it tries the library `load_library` pointed it at (the
-`scipy-openblas32` wheel, a dependency of tvm_ext), then `TVM_EXT_BLAS_LIB`, then the usual
-OpenBLAS/CBLAS names, and a kernel that calls it on a machine with none raises a one-line
-error naming what it tried.
+The runtime library loads them itself, at first use (dlopen), so that neither it nor an exported
+module links one. It looks first where `load_library` pointed it (`vendor_libraries.configure`),
+the installed wheels:
+`scipy-openblas32` (a dependency of tvm_ext) and `nvidia-cublas` / `nvidia-cublas-cu12` where
+installed; then `TVM_EXT_BLAS_LIB` / `TVM_EXT_CUBLAS_LIB`; then the usual library names. An
+environment variable that is set takes precedence over the wheel (configure leaves that one
+alone). A kernel that calls a library on a machine without it raises a one-line error naming
+what was tried and how to fix it.
 """
 
 from __future__ import annotations
@@ -25,8 +28,21 @@ def cpu_blas_available() -> bool:
     return bool(cpu_blas_path())
 
 
+def cpu_blas_info() -> dict:
+    """{"path", "config" (OpenBLAS' build string), "threads", "batch_strided", "error"}."""
+    load_library()
+    return dict(tvm_ffi.get_global_func("tvm_ext.blas.info")())
+
+
+def cublas_path() -> str:
+    """Path of the cuBLAS the runtime library loads ("" when it cannot be loaded)."""
+    load_library()
+    return str(tvm_ffi.get_global_func("tvm_ext.cublas.available")())
+
+
 def cublas_workspace_bytes() -> int:
-    """Device memory cuBLAS gets for its workspace, once per device (src/blas/cublas_gemm.cc):
-    outside the graph, so a swap plan under an absolute budget leaves it free."""
+    """Device memory cuBLAS gets for its workspace, per device (and per stream it runs on;
+    one in practice; src/blas/cublas_library.h): outside the graph, so a swap plan under an
+    absolute budget leaves it free."""
     load_library()
     return int(tvm_ffi.get_global_func("tvm_ext.cublas.workspace_bytes")())

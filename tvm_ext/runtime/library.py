@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import glob
-import importlib
 import os
 import sys
 import sysconfig
@@ -12,6 +11,7 @@ import sysconfig
 import tvm_ffi
 
 from ..errors import UnavailableError
+from .vendor_libraries import configure as point_at_vendor_libraries
 
 LIBRARY_NAME = "libtvm_ext_runtime.so"
 _ENV_LIBRARY = "TVM_EXT_RUNTIME_LIB"
@@ -62,33 +62,8 @@ def load_library() -> str:
         except OSError as err:
             raise RuntimeLibraryError(f"cannot load {path}: {err}") from err
         _loaded = path
-        _point_at_wheel_libraries()
+        point_at_vendor_libraries()  # those of the installed wheels (never raises)
     return _loaded
-
-
-def _wheel_library(package: str, pattern: str) -> str | None:
-    """The first file matching `pattern` in the lib/ of an installed wheel package."""
-    try:
-        module = importlib.import_module(package)
-    except ImportError:
-        return None
-    for root in list(getattr(module, "__path__", [])):
-        hits = sorted(glob.glob(os.path.join(root, "lib", pattern)))
-        if hits:
-            return hits[0]
-    return None
-
-
-def _point_at_wheel_libraries() -> None:
-    """The vendor libraries the runtime library loads at first use (src/blas): first those of
-    the installed wheels (scipy-openblas32, a dependency; nvidia-cublas where installed)."""
-    for package, pattern, setter in (
-            ("scipy_openblas32", "libscipy_openblas*.so*", "tvm_ext.blas.set_library"),
-            ("nvidia.cublas", "libcublas.so*", "tvm_ext.cublas.set_library")):
-        func = tvm_ffi.get_global_func(setter, allow_missing=True)
-        path = _wheel_library(package, pattern) if func is not None else None
-        if path is not None:
-            func(path)
 
 
 def get_function(name: str) -> tvm_ffi.Function:

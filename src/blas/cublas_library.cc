@@ -1,0 +1,192 @@
+#include "blas/cublas_library.h"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+#include <tvm/ffi/error.h>
+#include <tvm/runtime/device_api.h>
+
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <vector>
+
+namespace tvm_ext {
+namespace blas {
+namespace cublas {
+namespace {
+
+std::string requested_path;  // NOLINT: from tvm_ext.cublas.set_library; under Mutex()
+Api* loaded = nullptr;       // never freed: it stays valid for calls in flight
+std::string load_error;      // NOLINT: what the last failed search tried
+
+struct DeviceState {
+  Handle handle = nullptr;
+  Stream stream = nullptr;
+  bool bound = false;                 // stream/workspace set at least once
+  std::map<Stream, void*> workspace;  // one per stream the handle has run on
+};
+std::map<int, DeviceState>& Devices() {
+  static auto* devices = new std::map<int, DeviceState>();  // never destroyed (exit order)
+  return *devices;
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// The files a given path stands for: itself, or in a directory the layouts of the CUDA
+// toolkit and of the nvidia-cublas wheels (cu13: nvidia/cu13/lib, cu12: nvidia/cublas/lib).
+std::vector<std::string> Expand(const std::string& path) {
+  if (!IsDirectory(path)) return {path};
+  std::vector<std::string> out;
+  for (const char* sub : {"", "/lib", "/lib64", "/cu13/lib", "/cublas/lib", "/nvidia/cu13/lib",
+                          "/nvidia/cublas/lib"}) {
+    for (const char* name : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}) {
+      std::string file = path + sub + "/" + name;
+      struct stat st;
+      if (stat(file.c_str(), &st) == 0) out.push_back(file);
+    }
+  }
+  if (out.empty()) out.push_back(path + "/libcublas.so.13");  // reported as not found
+  return out;
+}
+
+template <typename F>
+bool Bind(void* lib, const char* name, F* fn) {
+  *fn = reinterpret_cast<F>(dlsym(lib, name));
+  return *fn != nullptr;
+}
+
+Api* TryLoad(const std::string& path, std::ostringstream* tried) {
+  auto note = [&](const std::string& why) {
+    *tried << (tried->tellp() > 0 ? "; " : "") << path << " (" << why << ")";
+  };
+  // A wheel's libcublas finds its libcublasLt only if it is already loaded (no RUNPATH).
+  size_t slash = path.find_last_of('/');
+  if (slash != std::string::npos) {
+    std::string dir = path.substr(0, slash + 1);
+    for (const char* lt : {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"}) {
+      if (dlopen((dir + lt).c_str(), RTLD_NOW | RTLD_LOCAL) != nullptr) break;
+    }
+  }
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    const char* err = dlerror();
+    note(err != nullptr ? err : "not loadable");
+    return nullptr;
+  }
+  auto* api = new Api();
+  api->path = path;
+  bool ok = Bind(lib, "cublasCreate_v2", &api->create) &&
+            Bind(lib, "cublasSetStream_v2", &api->set_stream) &&
+            Bind(lib, "cublasSetWorkspace_v2", &api->set_workspace) &&
+            Bind(lib, "cublasGemmStridedBatchedEx", &api->gemm);
+  Bind(lib, "cublasGetStatusName", &api->status_name);
+  if (!ok) {
+    note("no cublasCreate_v2/cublasSetWorkspace_v2/cublasGemmStridedBatchedEx: cuBLAS < 11?");
+    delete api;
+    return nullptr;
+  }
+  // The driver TVM's CUDA runtime has loaded; missing only when no CUDA tensor can exist.
+  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (driver == nullptr) driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (driver != nullptr) {
+    Bind(driver, "cuMemsetD8Async", &api->memset_d8_async);
+    Bind(driver, "cuMemcpy2DAsync_v2", &api->memcpy_2d_async);
+  }
+  return api;
+}
+
+}  // namespace
+
+std::mutex& Mutex() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+
+const Api& LoadLocked() {
+  if (loaded != nullptr) return *loaded;
+  std::vector<std::string> candidates;
+  if (!requested_path.empty()) {
+    for (auto& p : Expand(requested_path)) candidates.push_back(p);
+  }
+  const char* env = std::getenv("TVM_EXT_CUBLAS_LIB");
+  if (env != nullptr && *env != '\0') {
+    for (auto& p : Expand(env)) candidates.push_back(p);
+  }
+  for (const char* name : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}) {
+    candidates.emplace_back(name);
+  }
+  std::ostringstream tried;
+  for (const auto& path : candidates) {
+    loaded = TryLoad(path, &tried);
+    if (loaded != nullptr) return *loaded;
+  }
+  load_error = tried.str();
+  TVM_FFI_THROW(RuntimeError) << "tvm_ext.cublas: libcublas could not be loaded; fix: `pip "
+                                 "install nvidia-cublas` (CUDA 13) or nvidia-cublas-cu12, or set "
+                                 "TVM_EXT_CUBLAS_LIB to libcublas.so.N or its directory; tried: "
+                              << load_error;
+}
+
+void Check(Status status, const char* what) {
+  if (status == 0) return;
+  const char* name = loaded && loaded->status_name ? loaded->status_name(status) : nullptr;
+  TVM_FFI_THROW(RuntimeError) << "tvm_ext.cublas: " << what << " failed: "
+                              << (name ? name : "cuBLAS status") << " (" << status << ")";
+}
+
+void CheckDriver(int result, const char* what) {
+  if (result != 0) {
+    TVM_FFI_THROW(RuntimeError) << "tvm_ext.cublas: " << what << " failed: CUDA error "
+                                << result;
+  }
+}
+
+Handle HandleLocked(DLDevice dev, Stream stream) {
+  const Api& api = LoadLocked();
+  tvm::runtime::DeviceAPI* device_api = tvm::runtime::DeviceAPI::Get(dev, true);
+  if (device_api == nullptr) {
+    TVM_FFI_THROW(RuntimeError) << "tvm_ext.cublas: TVM's CUDA runtime is not loaded (no "
+                                   "device_api.cuda): a CUDA tensor needs a GPU, its driver and "
+                                   "libtvm_runtime_cuda.so";
+  }
+  // A handle belongs to the device current when it is created, and runs there.
+  try {
+    device_api->SetDevice(dev);
+  } catch (const tvm::ffi::Error& err) {
+    TVM_FFI_THROW(RuntimeError) << "tvm_ext.cublas: cannot use CUDA device " << dev.device_id
+                                << ": " << err.message();
+  }
+  DeviceState& st = Devices()[dev.device_id];
+  if (st.handle == nullptr) Check(api.create(&st.handle), "cublasCreate");
+  if (!st.bound || st.stream != stream) {
+    Check(api.set_stream(st.handle, stream), "cublasSetStream");
+    void*& ws = st.workspace[stream];
+    if (ws == nullptr) {
+      ws = device_api->AllocDataSpace(dev, kWorkspaceBytes, 256, DLDataType{kDLUInt, 8, 1});
+    }
+    Check(api.set_workspace(st.handle, ws, kWorkspaceBytes), "cublasSetWorkspace");
+    st.stream = stream, st.bound = true;
+  }
+  return st.handle;
+}
+
+void SetLibraryPath(const std::string& path) {
+  std::lock_guard<std::mutex> lock(Mutex());
+  requested_path = path;  // used at the first load; a loaded cuBLAS (with handles) stays
+}
+
+std::string AvailablePath() {
+  std::lock_guard<std::mutex> lock(Mutex());
+  try {
+    return LoadLocked().path;
+  } catch (const tvm::ffi::Error&) {
+    return "";
+  }
+}
+
+}  // namespace cublas
+}  // namespace blas
+}  // namespace tvm_ext
