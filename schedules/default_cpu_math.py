@@ -12,6 +12,10 @@ BLAS. `vector_math` rewrites them into polynomials that vectorise:
 - `erf`: the [-4, 4] rational approximation of Eigen and TVM's `fast_erf`.
 - `sigmoid`: 1 / (1 + exp(-x)) with the `exp` above; `pow(x, 2 | 3 | 4)`: products.
 
+Kernels holding bfloat16 values keep their libm calls: TVM's bfloat16 legalisation
+(BF16ComputeLegalize, in the TIR pipeline) miscompiles the `Let` bindings these polynomials use
+(`bf16(Let(x * x * x, x = f32(a)))` reads garbage; tests/test_schedules_default_cpu.py).
+
 Measured against float64 references (tests/test_schedules_default_cpu.py): at most a few
 units in the last place, the same class of difference as summing in another order.
 """
@@ -138,8 +142,21 @@ def _rewrite(call):
     return call if replaced is None else replaced
 
 
+def _has_bfloat16(func: tirx.PrimFunc) -> bool:
+    """Whether any parameter, store, load or cast of `func` is bfloat16."""
+    types = [str(p.dtype) for p in func.params if getattr(p, "shape", None) is not None]
+    tvm_ffi.structural_walk(func.body, [
+        (tirx.BufferStore, lambda s: types.append(str(s.buffer.dtype))),
+        ((tvm.ir.TensorLoad, tirx.Cast), lambda e: types.append(str(e.ty))),
+    ])
+    return "bfloat16" in types
+
+
 def vector_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """`func` with its float32 exp, tanh, erf, sigmoid and pow(x, 2|3|4) as polynomials."""
+    """`func` with its float32 exp, tanh, erf, sigmoid and pow(x, 2|3|4) as polynomials
+    (unchanged if it holds bfloat16 values: see the module docstring)."""
+    if _has_bfloat16(func):
+        return func
     return tvm_ffi.structural_map(func, (tvm.ir.Call, _rewrite))
 
 
