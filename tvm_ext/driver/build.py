@@ -26,8 +26,21 @@ def resolve_target(name: str, arch: str = DEFAULT_ARCH) -> tvm.target.Target:
         ensure_cuda_runtime()
         return cuda_target(arch)
     if name == "llvm":
-        return tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
+        return tvm.target.Target({"kind": "llvm", "mcpu": host_cpu()})
     return tvm.target.Target(name)
+
+
+# CPU models whose LLVM (22, in the apache-tvm wheel) tuning miscompiles TVM kernels, mapped to
+# the generic level with the same vector ISA. znver4: the loop vectorizer turns a predicated
+# load `A[(i % 16) * 8 + j % 8]` under an if_then_else into one contiguous masked load across
+# the `j % 8` wrap (tests/test_driver_build.py holds the kernel), which broke RoPE gradients.
+_MISCOMPILING_CPUS = {"znver4": "x86-64-v4", "znver5": "x86-64-v4"}
+
+
+def host_cpu() -> str:
+    """The `mcpu` for this machine's CPU: LLVM's name for it, unless that model miscompiles."""
+    cpu = str(codegen.llvm_get_system_cpu())
+    return _MISCOMPILING_CPUS.get(cpu, cpu)
 
 
 def device_of(target: tvm.target.Target, index: int = 0) -> tvm.runtime.Device:
