@@ -3,7 +3,8 @@
 Every kernel's GEMM and conv2d loop nests (`tvm_ext.ir.library_kernels`) are replaced, inside
 the kernel, by a block that calls the runtime library (`T.call_packed` on the buffers):
 
-* on CPU targets `tvm_ext.blas.gemm` and `tvm_ext.blas.conv2d` (OpenBLAS, loaded at run time);
+* on CPU targets `tvm_ext.blas.gemm` and `tvm_ext.blas.conv2d` (OpenBLAS, loaded at run time;
+  a conv1d is a conv2d of unit height);
 * on CUDA `tvm_ext.cublas.gemm` (cuBLAS, loaded at run time; convolutions stay generated).
 
 The kernel keeps its signature and its other loop nests (a bias add, an activation, the padding
@@ -39,7 +40,7 @@ def packed_function(call: LibraryCall, target: tvm.target.Target) -> str | None:
     a, b, c = call.dtypes
     if is_cpu(target):
         if a == b == c and a in _FLOAT:
-            return f"tvm_ext.blas.{call.kind}"
+            return "tvm_ext.blas.gemm" if call.kind == "gemm" else "tvm_ext.blas.conv2d"
         return None
     if target.kind.name == "cuda" and call.kind == "gemm":
         if a == b and a in _GPU_INPUTS and c in ("float32", a):
@@ -52,10 +53,13 @@ def _full_region(buf):
     return tvm.ir.expr.TensorRegion(buf, ranges, tirx.BufferRegionType())
 
 
-def _array(buf, view: tuple[tuple[int, ...], ...] | None):
+def _array(buf, view: tuple[tuple[int, ...], ...] | None, unit_height: bool = False):
     """The DLTensor of `buf` the library receives, its shape merged along `view` (the tensor
-    axes of each view axis; None: as it is)."""
+    axes of each view axis; None: as it is), or with a unit axis inserted at 2 (a conv1d
+    operand seen as a conv2d's)."""
     shape = list(buf.ty.shape)
+    if unit_height:
+        shape.insert(2, 1)
     if view is not None:
         merged = []
         for axes in view:
@@ -81,7 +85,8 @@ def _library_block(call: LibraryCall, function: str) -> SBlockRealize:
         sh, sw, dh, dw, groups = call.conv
         ints = [sh, sw, 0, 0, dh, dw, groups]
     x, y, out = call.operands
-    arrays = [_array(b, v) for b, v in zip(call.operands, views, strict=True)]
+    arrays = [_array(b, v, call.kind == "conv1d")
+              for b, v in zip(call.operands, views, strict=True)]
     body = tirx.Evaluate(tirx.call_packed(function, *arrays, *ints))
     block = SBlock([], [_full_region(x), _full_region(y)], [_full_region(out)],
                    f"{LIBRARY_BLOCK_PREFIX}_{call.block}", body)

@@ -143,6 +143,31 @@ def test_gemm_layouts_match_numpy(shape_a, shape_b, llvm):
     np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("padding, strides, groups", [(0, 5, 1), (4, 1, 4)])
+def test_conv1d_calls_the_library_and_matches_generated_code(padding, strides, groups, llvm):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 8, 50)).astype("float32")
+    w = rng.standard_normal((16, 8 // groups, 10)).astype("float32")
+    bb = relax.BlockBuilder()
+    xv, wv = (relax.Var(n, relax.TensorType(a.shape, "float32")) for n, a in (("x", x), ("w", w)))
+    with bb.function("main", [xv, wv]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.conv1d(xv, wv, strides=strides, padding=padding,
+                                                    groups=groups))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert set().union(*dispatched_kernels(mod, llvm).values()) == {CONV}
+    outputs = []
+    for use_library in (True, False):
+        with counted_library_calls() as counts, llvm:
+            ex = tvm.compile(mod, llvm, relax_pipeline=relax.get_pipeline(
+                "tvm_ext", target=llvm, library=use_library))
+            vm = relax.VirtualMachine(ex, tvm.cpu())
+            outputs.append(vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w)).numpy())
+        assert counts[CONV] == (1 if use_library else 0)
+    np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-4, atol=1e-5)
+
+
 def test_target_support():
     llvm = tvm.target.Target("llvm")
     cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})

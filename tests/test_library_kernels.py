@@ -89,6 +89,18 @@ def test_grouped_and_dilated_convolution():
     assert call.conv == (1, 1, 2, 2, 2)
 
 
+@pytest.mark.parametrize("strides, dilation, groups, conv", [
+    (5, 1, 1, (1, 5, 1, 1, 1)),  # wav2vec2's feature extractor: kernel 10, stride 5
+    (1, 2, 2, (1, 1, 1, 2, 2)),
+])
+def test_conv1d_is_a_conv2d_of_unit_height(strides, dilation, groups, conv):
+    call = only_call(fused_calls(
+        lambda x, w: relax.op.nn.conv1d(x, w, strides=strides, dilation=dilation,
+                                        groups=groups), (2, 4, 60), (6, 4 // groups, 10)))
+    assert call.kind == "conv1d"
+    assert call.conv == conv
+
+
 def test_depthwise_convolution_is_left_to_tvm():
     calls = fused_calls(lambda x, w: relax.op.nn.conv2d(x, w, groups=4), (1, 4, 8, 8),
                         (4, 1, 3, 3))

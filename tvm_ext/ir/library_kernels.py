@@ -1,4 +1,4 @@
-"""Which loop nests of a kernel a vendor library can compute: GEMMs and 2-D convolutions.
+"""Which loop nests of a kernel a vendor library can compute: GEMMs, 1-D and 2-D convolutions.
 
 A fused kernel (after `FuseTIR`) is a root block whose body is a sequence of loop nests, one
 per operator it fuses: `matmul` then a bias `add`, `pad` then `conv2d` then `relu`. This module
@@ -11,6 +11,8 @@ reads each top-level nest and says which are, exactly, one of:
 * **conv2d** (NCHW data, OIHW weight): `Y[n, f, y, x] += X[n, c', y*sh + ry*dh, x*sw + rx*dw] *
   W[f, c, ry, rx]` with `c' = c` or, grouped, `f // (F/g) * (C/g) + c`. Padding stays where
   legalization put it, in the nest before (the data read is the padded buffer).
+* **conv1d** (NCW data, OIW weight): the same with one spatial axis; the library computes it
+  as a conv2d of unit height.
 
 Nothing is assumed: a nest that is not a perfect loop nest binding its block's variables over
 the full extents of every buffer axis they index does not match, and is left to TVM's own code.
@@ -36,7 +38,7 @@ M, N, K, BATCH, UNIT = 0, 1, 2, 3, -1
 class LibraryCall:
     """One top-level loop nest (`stmt`, its index in the root block) a library computes."""
 
-    kind: str  # "gemm" or "conv2d"
+    kind: str  # "gemm", "conv2d" or "conv1d" (computed as a conv2d of unit height)
     stmt: int
     block: str
     operands: tuple  # buffer Vars: (A, B, C) or (data, weight, out)
@@ -45,7 +47,7 @@ class LibraryCall:
     # gemm: per operand, per view axis, the tensor axes merged into it (M, N or K spread
     # over adjacent axes, e.g. [2, 3, 8, 16] @ [16, 4] is one 48x16 by 16x4 product).
     views: tuple[tuple[tuple[int, ...], ...], ...] = ()
-    conv: tuple[int, ...] = ()  # conv2d: stride h, w, dilation h, w, groups
+    conv: tuple[int, ...] = ()  # convolutions: stride h, w, dilation h, w, groups
     flops: int | None = None  # when the extents are static
 
 
@@ -68,7 +70,7 @@ def find_library_calls(func: tirx.PrimFunc) -> list[LibraryCall]:
         block = _perfect_nest(stmt)
         if block is None:
             continue
-        call = _match_gemm(block, i) or _match_conv2d(block, i)
+        call = _match_gemm(block, i) or _match_conv(block, i)
         if call is not None:
             calls.append(call)
     return calls
@@ -305,34 +307,47 @@ def _group(expr, f, c) -> tuple[int, int] | None:
     return None
 
 
-def _match_conv2d(block, stmt: int) -> LibraryCall | None:  # long: one pattern, read in order
-    acc = _accumulation(block)
-    if acc is None or len(block.iter_vars) != 7:
+def _conv_vars(block):
+    """(n, f, output spatial vars, c, reduction spatial vars) of a 1-D or 2-D convolution's
+    block: spatial n, f, then 1 or 2 output positions, then reduce c and as many window
+    positions (None otherwise)."""
+    kinds = [iv.iter_type for iv in block.iter_vars]
+    for dims in (2, 1):
+        if kinds == [tirx.IterVar.DataPar] * (2 + dims) + [tirx.IterVar.CommReduce] * (1 + dims):
+            v = [iv.var for iv in block.iter_vars]
+            return v[0], v[1], v[2:2 + dims], v[2 + dims], v[3 + dims:]
+    return None
+
+
+def _match_conv(block, stmt: int) -> LibraryCall | None:  # long: one pattern, read in order
+    """A 2-D convolution (NCHW, OIHW) or a 1-D one (NCW, OIW: the library sees it as 2-D with
+    a unit height)."""
+    acc, conv_vars = _accumulation(block), _conv_vars(block)
+    if acc is None or conv_vars is None:
         return None
     store, x, y = acc
-    kinds = [iv.iter_type for iv in block.iter_vars]
-    if kinds != [tirx.IterVar.DataPar] * 4 + [tirx.IterVar.CommReduce] * 3:
-        return None
-    n, f, oy, ox, c, ry, rx = (iv.var for iv in block.iter_vars)
-    if not _same_indices(store.indices, [n, f, oy, ox]):
+    n, f, out_sp, c, red_sp = conv_vars
+    dims = len(out_sp)
+    if not _same_indices(store.indices, [n, f, *out_sp]):
         return None
     for data, weight in ((x, y), (y, x)):
-        if _same_indices(weight.indices, [f, c, ry, rx]) and len(data.indices) == 4:
+        if _same_indices(weight.indices, [f, c, *red_sp]) and len(data.indices) == 2 + dims:
             break
     else:
         return None
     if not data.indices[0].same_as(n):
         return None
     group = _group(data.indices[1], f, c)
-    hw = (_window(data.indices[2], oy, ry), _window(data.indices[3], ox, rx))
-    if group is None or hw[0] is None or hw[1] is None:
+    windows = [_window(data.indices[2 + i], out_sp[i], red_sp[i]) for i in range(dims)]
+    if group is None or any(w is None for w in windows):
         return None
     dshape, wshape, oshape = (_static_shape(b) for b in (data.source, weight.source,
                                                           store.buffer))
     if dshape is None or wshape is None or oshape is None:
         return None
     domains = [_static(iv.dom.extent) for iv in block.iter_vars]
-    if domains[:4] != list(oshape) or domains[4:] != list(wshape[1:]) or wshape[0] != oshape[1]:
+    if domains[:2 + dims] != list(oshape) or domains[2 + dims:] != list(wshape[1:]) or \
+            wshape[0] != oshape[1]:
         return None
     if dshape[0] != oshape[0] or dshape[1] % wshape[1]:
         return None
@@ -341,13 +356,15 @@ def _match_conv2d(block, stmt: int) -> LibraryCall | None:  # long: one pattern,
     if (groups == 1) != (fpg == 0) or (groups > 1 and (fpg * groups != oshape[1] or
                                                        cpg != wshape[1])):
         return None
-    (sh, dh), (sw, dw) = hw
     # The window must stay inside the data buffer (padding lives in it already).
-    if (oshape[2] - 1) * sh + (wshape[2] - 1) * dh >= dshape[2] or \
-            (oshape[3] - 1) * sw + (wshape[3] - 1) * dw >= dshape[3]:
-        return None
+    for i, (stride, dilation) in enumerate(windows):
+        if (oshape[2 + i] - 1) * stride + (wshape[2 + i] - 1) * dilation >= dshape[2 + i]:
+            return None
+    if dims == 1:
+        windows = [(1, 1), *windows]
+    (sh, dh), (sw, dw) = windows
     operands = (data.source, weight.source, store.buffer)
-    return LibraryCall("conv2d", stmt, str(block.name_hint), operands,
+    return LibraryCall(f"conv{dims}d", stmt, str(block.name_hint), operands,
                        tuple(str(b.ty.dtype) for b in operands), conv=(sh, sw, dh, dw, groups),
                        flops=_flops(block))
 
