@@ -276,3 +276,20 @@ def test_vector_math_leaves_bfloat16_kernels_alone():
     wide = values.astype(F32)
     expected = wide + (wide ** 3).astype(ml_dtypes.bfloat16).astype(F32)
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("build, shapes", [
+    (lambda a: R.mean(R.multiply(a, a)), [(2, 64, 8192)]),  # an mse loss: a scalar epilogue
+    (lambda a: R.sum(a, axis=[1, 2]), [(4, 64, 1024)]),
+])
+def test_long_reductions_sum_in_parallel_partials_to_float64_accuracy(build, shapes):
+    """A million float32 terms in one accumulator are off by about 1e-3 (TVM's own code);
+    partial sums keep the error near float32's resolution, and run in parallel."""
+    mod = fused_kernels(build, *shapes)
+    kernel = next(f for f in prim_funcs(scheduled(mod)) if loop_kinds(f) & {
+        tirx.ForKind.PARALLEL})
+    assert tirx.ForKind.VECTORIZED in loop_kinds(kernel)
+    plain, ours = run_both(mod, shapes)
+    x = np.random.default_rng(0).standard_normal(shapes[0]).astype("float64")
+    truth = np.mean(x * x) if plain.ndim == 0 else x.sum(axis=(1, 2))
+    assert np.max(np.abs(ours - truth) / np.abs(truth)) < 1e-6
