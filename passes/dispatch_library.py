@@ -22,6 +22,7 @@ from __future__ import annotations
 import warnings
 
 import tvm
+import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import SBlock, SBlockRealize
 from tvm.tirx.buffer import buffer_data
@@ -55,11 +56,11 @@ def _full_region(buf):
 
 def _array(buf, view: tuple[tuple[int, ...], ...] | None, unit_height: bool = False):
     """The DLTensor of `buf` the library receives, its shape merged along `view` (the tensor
-    axes of each view axis; None: as it is), or with a unit axis inserted at 2 (a conv1d
-    operand seen as a conv2d's)."""
+    axes of each view axis; None: as it is), or with a unit last axis (a conv1d operand seen
+    as a conv2d's: the axis its height role names)."""
     shape = list(buf.ty.shape)
     if unit_height:
-        shape.insert(2, 1)
+        shape.append(1)
     if view is not None:
         merged = []
         for axes in view:
@@ -75,7 +76,7 @@ def _array(buf, view: tuple[tuple[int, ...], ...] | None, unit_height: bool = Fa
                         tvm.runtime.const(0, buf.ty.dtype), buf.ty.elem_offset], ret_ty="handle")
 
 
-def _library_block(call: LibraryCall, function: str) -> SBlockRealize:
+def _library_block(call: LibraryCall, function: str, operands: tuple) -> SBlockRealize:
     ints = []
     views = call.views or (None, None, None)
     if call.kind == "gemm":
@@ -83,14 +84,37 @@ def _library_block(call: LibraryCall, function: str) -> SBlockRealize:
             ints += [len(roles), *roles]
     else:
         sh, sw, dh, dw, groups = call.conv
-        ints = [sh, sw, 0, 0, dh, dw, groups]
-    x, y, out = call.operands
-    arrays = [_array(b, v, call.kind == "conv1d")
-              for b, v in zip(call.operands, views, strict=True)]
+        ints = [sh, sw, 0, 0, dh, dw, groups, *(a for axes in call.conv_axes for a in axes)]
+    x, y, out = operands
+    arrays = [_array(b, v, call.kind == "conv1d") for b, v in zip(operands, views, strict=True)]
     body = tirx.Evaluate(tirx.call_packed(function, *arrays, *ints))
     block = SBlock([], [_full_region(x), _full_region(y)], [_full_region(out)],
                    f"{LIBRARY_BLOCK_PREFIX}_{call.block}", body)
     return SBlockRealize([], True, block)
+
+
+def _weight_copy(call: LibraryCall):
+    """(buffer, nest) computing a weight read through index expressions into its canonical
+    [F, C/g, K..] layout: `buffer[f, c, k..] = weight[indices(f, c, k..)]`."""
+    block_vars, indices, extents = call.weight_copy
+    weight = call.operands[1]
+    buffer = tirx.decl_buffer([tirx.IntImm("int64", e) for e in extents], weight.ty.dtype,
+                              f"{weight.name}_canonical")
+    loops = [tirx.Var(f"i{k}", "int64") for k in range(len(extents))]
+    iters = [tirx.IterVar(tvm.ir.Range.from_min_extent(0, tirx.IntImm("int64", e)),
+                          tirx.Var(f"v{k}", "int64"), tirx.IterVar.DataPar)
+             for k, e in enumerate(extents)]
+    rename = {v: it.var for v, it in zip(block_vars, iters, strict=True)}
+    source = [tvm_ffi.structural_map(i, (tvm.ir.expr.Var, lambda v: rename.get(v, v)))
+              for i in indices]
+    store = tirx.BufferStore(buffer, weight[tuple(source)], [it.var for it in iters])
+    block = SBlock(iters, [_full_region(weight)], [_full_region(buffer)],
+                   f"{call.block}_weight", store)
+    nest = SBlockRealize(loops, True, block)
+    for loop, extent in reversed(list(zip(loops, extents, strict=True))):
+        nest = tirx.For(loop, tirx.IntImm("int64", 0), tirx.IntImm("int64", extent),
+                        tirx.ForKind.SERIAL, nest)
+    return buffer, nest
 
 
 def dispatch_kernel(func: tirx.PrimFunc, target: tvm.target.Target,
@@ -99,18 +123,26 @@ def dispatch_kernel(func: tirx.PrimFunc, target: tvm.target.Target,
     stmts = root_statements(func)
     if stmts is None:
         return None
-    chosen = []
+    chosen, scratch = [], []
     for call in find_library_calls(func):
         function = packed_function(call, target)
         if function is None or (call.flops is not None and call.flops < min_flops):
             continue
-        stmts[call.stmt] = _library_block(call, function)
+        operands = call.operands
+        stmt = _library_block(call, function, operands)
+        if call.weight_copy:
+            weight, nest = _weight_copy(call)
+            scratch.append(weight)
+            stmt = tirx.SeqStmt([nest, _library_block(
+                call, function, (operands[0], weight, operands[2]))])
+        stmts[call.stmt] = stmt
         chosen.append(function)
     if not chosen:
         return None
     root = func.body.block
     body = tirx.SeqStmt(stmts) if len(stmts) > 1 else stmts[0]
-    new_root = SBlock([], [], [], root.name_hint, body, alloc_buffers=list(root.alloc_buffers),
+    new_root = SBlock([], [], [], root.name_hint, body,
+                      alloc_buffers=[*root.alloc_buffers, *scratch],
                       annotations=root.annotations)
     out = tirx.PrimFunc(list(func.params), SBlockRealize([], True, new_root), func.ret_type,
                         func.attrs)

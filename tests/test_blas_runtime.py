@@ -265,6 +265,38 @@ def test_conv2d_matches_numpy(conv, name, dtype, strategy, monkeypatch):
     np.testing.assert_allclose(y.numpy(), expected, rtol=tol, atol=tol)
 
 
+# Storage orders: which tensor axis holds each role (X: n, c, h, w; W: f, c, kh, kw; Y: n, f,
+# h, w). "weight gradient": data and output [C, N, H, W], weight [C, F, KH, KW] (what TVM's
+# conv2d gradient computes); the output's images then merge into one product per group.
+LAYOUTS = {
+    "weight gradient": ((1, 0, 2, 3), (1, 0, 2, 3), (1, 0, 2, 3)),
+    "channels last": ((0, 3, 1, 2), (0, 3, 1, 2), (0, 3, 1, 2)),
+    "weight transposed only": ((0, 1, 2, 3), (1, 0, 3, 2), (0, 1, 2, 3)),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("name", ["3x3 pad 1", "stride 2", "groups", "1x1 (no im2col)",
+                                  "depthwise, multiplier 2"])
+def test_conv2d_reads_any_storage_order(conv, layout, name):
+    x_shape, w_shape, stride, pad, dilation, groups = CONVS[name]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(x_shape).astype("float32")
+    w = rng.standard_normal(w_shape).astype("float32")
+    oh = _out(x_shape[2], w_shape[2], stride[0], pad[0], pad[2], dilation[0])
+    ow = _out(x_shape[3], w_shape[3], stride[1], pad[1], pad[3], dilation[1])
+    expected = _conv_reference(x, w, stride, pad, dilation, groups, (oh, ow))
+    xa, wa, ya = LAYOUTS[layout]
+    # Stored with role r on axis axes[r]: the storage is the logical array transposed.
+    stored = [np.ascontiguousarray(np.transpose(a, np.argsort(axes)))
+              for a, axes in ((x, xa), (w, wa))]
+    y = tvm.runtime.tensor(np.full(np.transpose(expected, np.argsort(ya)).shape, np.nan,
+                                   "float32"))
+    conv(*(tvm.runtime.tensor(a) for a in stored), y, stride[0], stride[1], pad[0], pad[1],
+         dilation[0], dilation[1], groups, *xa, *wa, *ya)
+    np.testing.assert_allclose(np.transpose(y.numpy(), ya), expected, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("shapes, ints, dtype, message", [
     (((1, 4, 8, 8), (6, 3, 3, 3), (1, 6, 6, 6)), (1, 1, 0, 0, 1, 1, 1), "float32",
      r"X's channels must be W's input channels \(W.shape\[1\]\) times groups"),
@@ -278,6 +310,9 @@ def test_conv2d_matches_numpy(conv, name, dtype, strategy, monkeypatch):
      "strides, dilations and groups must be positive"),
     (((1, 4, 8), (6, 4, 3, 3), (1, 6, 6, 6)), (1, 1, 0, 0, 1, 1, 1), "float32",
      "X, W and Y must be 4-D"),
+    (((1, 4, 8, 8), (6, 4, 3, 3), (1, 6, 6, 6)), (1, 1, 0, 0, 1, 1, 1, 0, 1, 2, 3, 0, 0, 2, 3,
+                                                   0, 1, 2, 3), "float32",
+     "the axes of W must be a permutation of 0..3"),
     (((1, 4, 8, 8), (6, 4, 3, 3), (1, 6, 6, 6)), (1, 1, 0, 0, 1, 1, 1), "float16",
      r"float32 or float64 only \(float16 given\)"),
     (((1, 4, 8, 8), (6, 4, 3, 3), (1, 6, 6, 6)), (1, 1, 0, 0, 1, 1, 1), "float32/float64",

@@ -168,6 +168,44 @@ def test_conv1d_calls_the_library_and_matches_generated_code(padding, strides, g
     np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("build, shapes", [
+    (lambda x, w: relax.op.nn.conv1d_transpose(x, w, strides=2, groups=2),
+     [(2, 8, 20), (8, 3, 4)]),
+    (lambda x, w: relax.op.nn.conv2d_transpose(x, w, strides=2, padding=1),
+     [(2, 4, 9, 9), (4, 6, 3, 3)]),
+])
+def test_transposed_convolutions_call_the_library_and_match(build, shapes, llvm):
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype("float32") for s in shapes]
+    bb = relax.BlockBuilder()
+    params = [relax.Var(f"x{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(build(*params))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert CONV in set().union(*dispatched_kernels(mod, llvm).values())
+    outputs = []
+    for use_library in (True, False):
+        with llvm:
+            ex = tvm.compile(mod, llvm, relax_pipeline=relax.get_pipeline(
+                "tvm_ext", target=llvm, library=use_library))
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        outputs.append(vm["main"](*(tvm.runtime.tensor(a) for a in args)).numpy())
+    np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-4, atol=1e-4)
+
+
+def test_conv_training_step_dispatches_every_convolution(zoo_cache, llvm):
+    """Forward, data-gradient and weight-gradient convolutions all call the library."""
+    model = zoo_cache("resnet", training=True)
+    staged = pipeline.run_phases(model.mod, llvm, through="library_kernels", inclusive=True)
+    convs = {gv.name_hint: LIBRARY_ATTR in (f.attrs or {}) for gv, f in staged.functions.items()
+             if isinstance(f, tirx.PrimFunc) and "conv" in gv.name_hint}
+    assert convs and all(convs.values()), convs
+    driver.compare(run_model(model, llvm), run_model(model, llvm, library=False), rtol=1e-4,
+                   atol=1e-5)
+
+
 def test_target_support():
     llvm = tvm.target.Target("llvm")
     cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})

@@ -101,6 +101,38 @@ def test_conv1d_is_a_conv2d_of_unit_height(strides, dilation, groups, conv):
     assert call.conv == conv
 
 
+@T.prim_func(private=True, s_tir=True)
+def _weight_gradient(x: T.Buffer((2, 8, 6, 6), F32), dy: T.Buffer((2, 16, 4, 4), F32),
+                     dw: T.Buffer((16, 8, 3, 3), F32)):
+    # TVM's conv2d weight gradient: data and output channels-first ([C, N, H, W] roles).
+    for ff, nn, yy, xx, rc, ry, rx in T.grid(16, 8, 3, 3, 2, 4, 4):
+        with T.sblock("conv2d_cnhw"):
+            v_ff, v_nn, v_yy, v_xx, v_rc, v_ry, v_rx = T.axis.remap(
+                "SSSSRRR", [ff, nn, yy, xx, rc, ry, rx])
+            with T.init():
+                dw[v_ff, v_nn, v_yy, v_xx] = T.float32(0.0)
+            dw[v_ff, v_nn, v_yy, v_xx] = dw[v_ff, v_nn, v_yy, v_xx] + \
+                x[v_rc, v_nn, v_yy + v_ry, v_xx + v_rx] * dy[v_rc, v_ff, v_ry, v_rx]
+
+
+def test_weight_gradient_roles_come_from_the_indices():
+    (call,) = find_library_calls(_weight_gradient)
+    assert call.kind == "conv2d" and call.conv == (1, 1, 1, 1, 1)
+    # data [rc, nn, h, w] is n at axis 1, c at 0; weight [rc, ff, ..]: f at 1, c at 0;
+    # output [ff, nn, ..]: n at 1, f at 0.
+    assert call.conv_axes == ((1, 0, 2, 3), (1, 0, 2, 3), (1, 0, 2, 3))
+    assert call.weight_copy == ()
+
+
+def test_grouped_transposed_conv1d_weight_is_copied_to_its_canonical_layout():
+    call = only_call(fused_calls(
+        lambda x, w: relax.op.nn.conv1d_transpose(x, w, groups=2), (2, 8, 20), (8, 3, 4)))
+    assert call.kind == "conv1d"
+    variables, indices, extents = call.weight_copy
+    assert extents == (6, 4, 4)  # [F, C/g, K] of the equivalent convolution
+    assert len(variables) == len(indices) == 3
+
+
 def test_depthwise_convolution_is_left_to_tvm():
     calls = fused_calls(lambda x, w: relax.op.nn.conv2d(x, w, groups=4), (1, 4, 8, 8),
                         (4, 1, 3, 3))

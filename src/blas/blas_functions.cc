@@ -4,7 +4,7 @@
  * tensor) and their Python-side controls (tvm_ext/runtime/blas.py):
  *
  *   tvm_ext.blas.gemm(A, B, C, nA, rolesA.., nB, rolesB.., nC, rolesC..)   gemm_cpu.cc
- *   tvm_ext.blas.conv2d(X, W, Y, sh, sw, pad_top, pad_left, dh, dw, groups)  conv2d_cpu.cc
+ *   tvm_ext.blas.conv2d(X, W, Y, sh, sw, pad_top, pad_left, dh, dw, groups[, 12 axes])
  *   tvm_ext.blas.set_library(path: str)     where to look first for the BLAS
  *   tvm_ext.blas.available() -> str         its path, "" when none loads (never throws)
  *   tvm_ext.blas.info() -> Map              path, config, threads, batch_strided, error

@@ -8,11 +8,14 @@ reads each top-level nest and says which are, exactly, one of:
   every index a plain block variable (or 0 on a unit axis). Spatial variables read by both
   operands are batch dims, one read only by A is M, one read only by B is N. Axis order is free
   (a transposed operand is just another order); a batch dim missing from an operand broadcasts.
-* **conv2d** (NCHW data, OIHW weight): `Y[n, f, y, x] += X[n, c', y*sh + ry*dh, x*sw + rx*dw] *
-  W[f, c, ry, rx]` with `c' = c` or, grouped, `f // (F/g) * (C/g) + c`. Padding stays where
-  legalization put it, in the nest before (the data read is the padded buffer).
-* **conv1d** (NCW data, OIW weight): the same with one spatial axis; the library computes it
-  as a conv2d of unit height.
+* **conv2d**: `Y[n, f, y, x] += X[n, c', y*sh + ry*dh, x*sw + rx*dw] * W[f, c, ry, rx]` with
+  `c' = c` or, grouped, `f // (F/g) * (C/g) + c`, each operand's axes in any order (a weight
+  gradient reads its data and writes its output channels-first, [C, N, H, W]); roles are read
+  off the indices, not the loop order. Padding stays where legalization put it, in the nest
+  before (the data read is the padded buffer). A weight read through other index
+  expressions (grouped transposed convolutions) is first computed into the canonical layout.
+* **conv1d**: the same with one spatial axis; the library computes it as a conv2d of unit
+  height.
 
 Nothing is assumed: a nest that is not a perfect loop nest binding its block's variables over
 the full extents of every buffer axis they index does not match, and is left to TVM's own code.
@@ -25,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 
 import tvm
+import tvm_ffi
 from tvm import sym as arith
 from tvm import tirx
 from tvm.ir import TensorLoad
@@ -48,6 +52,14 @@ class LibraryCall:
     # over adjacent axes, e.g. [2, 3, 8, 16] @ [16, 4] is one 48x16 by 16x4 product).
     views: tuple[tuple[tuple[int, ...], ...], ...] = ()
     conv: tuple[int, ...] = ()  # convolutions: stride h, w, dilation h, w, groups
+    # convolutions: per operand (data, weight, out), the axis of its 4-D view holding each role
+    # (data n, c, h, w; weight f, c, kh, kw; out n, f, h, w); a 1-D convolution's operands get
+    # a unit last axis, its height.
+    conv_axes: tuple[tuple[int, ...], ...] = ()
+    # a weight read through index expressions (a grouped transposed convolution's): (block
+    # variables f, c, k.., the weight's indices in them, their extents); the dispatch computes
+    # it into a [F, C/g, K..] buffer first.
+    weight_copy: tuple = ()
     flops: int | None = None  # when the extents are static
 
 
@@ -307,66 +319,120 @@ def _group(expr, f, c) -> tuple[int, int] | None:
     return None
 
 
-def _conv_vars(block):
-    """(n, f, output spatial vars, c, reduction spatial vars) of a 1-D or 2-D convolution's
-    block: spatial n, f, then 1 or 2 output positions, then reduce c and as many window
-    positions (None otherwise)."""
-    kinds = [iv.iter_type for iv in block.iter_vars]
-    for dims in (2, 1):
-        if kinds == [tirx.IterVar.DataPar] * (2 + dims) + [tirx.IterVar.CommReduce] * (1 + dims):
-            v = [iv.var for iv in block.iter_vars]
-            return v[0], v[1], v[2:2 + dims], v[2 + dims], v[3 + dims:]
-    return None
+def _vars_in(exprs) -> set:
+    found: list = []
+    for e in exprs:
+        tvm_ffi.structural_walk(e, [(pe.Var, found.append)])
+    return set(found)
+
+
+def _data_roles(data, n, f, c_candidates, others_out, reduce):
+    """{role: (axis, ...)} of the data load: "n_axis" (its batch axis), "c" (channel axis, the
+    reduction variable and the group), and "windows": [(axis, out var, red var, stride,
+    dilation)] in axis order; None when an axis is none of these."""
+    roles: dict = {"windows": []}
+    free_out, free_red = list(others_out), list(reduce)
+    for axis, idx in enumerate(data.indices):
+        if idx.same_as(n) and "n_axis" not in roles:
+            roles["n_axis"] = axis
+            continue
+        group = next(((c, _group(idx, f, c)) for c in c_candidates
+                      if "c" not in roles and _group(idx, f, c) is not None), None)
+        if group is not None:
+            roles["c"] = (axis, group[0], *group[1])
+            free_red = [r for r in free_red if not r.same_as(group[0])]
+            continue
+        window = next(((o, r, _window(idx, o, r)) for o in free_out for r in free_red
+                       if _window(idx, o, r) is not None), None)
+        if window is None:
+            return None
+        o, r, (stride, dilation) = window
+        roles["windows"].append((axis, o, r, stride, dilation))
+        free_out = [v for v in free_out if not v.same_as(o)]
+        free_red = [v for v in free_red if not v.same_as(r)]
+    return roles if "n_axis" in roles and "c" in roles else None
 
 
 def _match_conv(block, stmt: int) -> LibraryCall | None:  # long: one pattern, read in order
-    """A 2-D convolution (NCHW, OIHW) or a 1-D one (NCW, OIW: the library sees it as 2-D with
-    a unit height)."""
-    acc, conv_vars = _accumulation(block), _conv_vars(block)
-    if acc is None or conv_vars is None:
+    """A 2-D or 1-D convolution, its operands stored in any axis order (see ConvLayout)."""
+    acc = _accumulation(block)
+    spatial = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    reduce = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    dims = len(reduce) - 1
+    if acc is None or dims not in (1, 2) or len(spatial) != 2 + dims or \
+            len(spatial) + len(reduce) != len(block.iter_vars):
         return None
     store, x, y = acc
-    n, f, out_sp, c, red_sp = conv_vars
-    dims = len(out_sp)
-    if not _same_indices(store.indices, [n, f, *out_sp]):
+    out_axes = _var_axes(store.indices, set(spatial))
+    if out_axes is None or len(out_axes) != len(spatial):
         return None
     for data, weight in ((x, y), (y, x)):
-        if _same_indices(weight.indices, [f, c, *red_sp]) and len(data.indices) == 2 + dims:
+        roles = _conv_roles(data, weight, spatial, reduce, dims)
+        if roles is not None:
             break
     else:
         return None
-    if not data.indices[0].same_as(n):
+    return _conv_call(block, stmt, store, data, weight, roles, out_axes, dims)
+
+
+def _conv_roles(data, weight, spatial, reduce, dims) -> dict | None:
+    weight_vars = _vars_in(weight.indices)
+    f = [v for v in spatial if v in weight_vars]
+    if len(f) != 1 or weight_vars != {f[0], *reduce} or len(data.indices) != 2 + dims:
         return None
-    group = _group(data.indices[1], f, c)
-    windows = [_window(data.indices[2 + i], out_sp[i], red_sp[i]) for i in range(dims)]
-    if group is None or any(w is None for w in windows):
+    f = f[0]
+    plain = [idx for idx in data.indices if isinstance(idx, pe.Var) and idx in spatial]
+    batch = [v for v in plain if not v.same_as(f)]
+    if len(batch) != 1:
         return None
-    dshape, wshape, oshape = (_static_shape(b) for b in (data.source, weight.source,
-                                                          store.buffer))
-    if dshape is None or wshape is None or oshape is None:
+    n = batch[0]
+    others = [v for v in spatial if not v.same_as(n) and not v.same_as(f)]
+    roles = _data_roles(data, n, f, reduce, others, reduce)
+    if roles is None or len(roles["windows"]) != dims:
         return None
-    domains = [_static(iv.dom.extent) for iv in block.iter_vars]
-    if domains[:2 + dims] != list(oshape) or domains[2 + dims:] != list(wshape[1:]) or \
-            wshape[0] != oshape[1]:
+    return dict(roles, n=n, f=f)
+
+
+def _conv_call(block, stmt, store, data, weight, roles, out_axes, dims) -> LibraryCall | None:
+    domains = {iv.var: _static(iv.dom.extent) for iv in block.iter_vars}
+    dshape, oshape = _static_shape(data.source), _static_shape(store.buffer)
+    if dshape is None or oshape is None or any(d is None for d in domains.values()):
         return None
-    if dshape[0] != oshape[0] or dshape[1] % wshape[1]:
+    n, f = roles["n"], roles["f"]
+    c_axis, c, fpg, cpg = roles["c"]
+    windows = roles["windows"]
+    order = [f, c, *(r for _, _, r, _, _ in windows)]  # the weight's canonical order
+    w_axes = _var_axes(weight.indices, set(order))
+    wshape = _static_shape(weight.source)
+    if w_axes is not None and len(w_axes) == len(order) and wshape is not None and \
+            all(wshape[w_axes[v]] == domains[v] for v in order):
+        w_view, copy = [w_axes[v] for v in order], ()
+    else:  # computed through its index expressions into a [F, C/g, K..] buffer
+        w_view, copy = list(range(len(order))), (tuple(order), tuple(weight.indices))
+    if dshape[roles["n_axis"]] != domains[n] or dshape[c_axis] % domains[c]:
         return None
-    groups = dshape[1] // wshape[1]
-    fpg, cpg = group
-    if (groups == 1) != (fpg == 0) or (groups > 1 and (fpg * groups != oshape[1] or
-                                                       cpg != wshape[1])):
+    groups = dshape[c_axis] // domains[c]
+    if (groups == 1) != (fpg == 0) or (groups > 1 and (fpg * groups != domains[f] or
+                                                       cpg != domains[c])):
         return None
-    # The window must stay inside the data buffer (padding lives in it already).
-    for i, (stride, dilation) in enumerate(windows):
-        if (oshape[2 + i] - 1) * stride + (wshape[2 + i] - 1) * dilation >= dshape[2 + i]:
+    for axis, o, r, stride, dilation in windows:
+        # The window must stay inside the data buffer (padding lives in it already).
+        if (domains[o] - 1) * stride + (domains[r] - 1) * dilation >= dshape[axis]:
             return None
-    if dims == 1:
-        windows = [(1, 1), *windows]
-    (sh, dh), (sw, dw) = windows
+    outs = [n, f, *(o for _, o, _, _, _ in windows)]
+    y_view = [out_axes[v] for v in outs]
+    x_view = [roles["n_axis"], c_axis, *(axis for axis, _, _, _, _ in windows)]
+    params = [(stride, dilation) for _, _, _, stride, dilation in windows]
+    if dims == 1:  # a unit height, as a last axis of every operand's 4-D view
+        x_view, w_view, y_view = ([v[0], v[1], 3, v[2]] for v in (x_view, w_view, y_view))
+        params = [(1, 1), *params]
+    (sh, dh), (sw, dw) = params
     operands = (data.source, weight.source, store.buffer)
     return LibraryCall(f"conv{dims}d", stmt, str(block.name_hint), operands,
                        tuple(str(b.ty.dtype) for b in operands), conv=(sh, sw, dh, dw, groups),
-                       flops=_flops(block))
+                       flops=_flops(block),
+                       conv_axes=(tuple(x_view), tuple(w_view), tuple(y_view)),
+                       weight_copy=copy + ((tuple(domains[v] for v in order),) if copy else ()))
 
 
 def _static_shape(buf) -> tuple[int, ...] | None:
