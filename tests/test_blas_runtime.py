@@ -474,3 +474,27 @@ def test_cublas_gemm_matches_numpy_on_the_gpu(name, dtype, c_dtype):
     dev.sync()
     tol = {"float32": 1e-4, "float64": 1e-10, "float16": 1e-2, "bfloat16": 5e-2}[c_dtype]
     np.testing.assert_allclose(c.numpy().astype("float64"), expected, rtol=tol, atol=tol * 4)
+
+
+_THREADS = """
+import tvm_ffi
+from tvm_ext.runtime import blas
+print(blas.cpu_blas_info()["threads"], tvm_ffi.get_global_func("runtime.NumThreads")())
+"""
+
+
+@pytest.mark.parametrize("env", [None, "1"])
+def test_the_blas_runs_on_as_many_threads_as_tvm(env):
+    """Not OpenBLAS' default of every core: beside a smaller TVM pool it oversubscribes
+    (OpenBLAS itself caps the count at the cores it finds)."""
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("TVM_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    if env is not None:
+        environ["TVM_NUM_THREADS"] = env
+    proc = subprocess.run([sys.executable, "-c", _THREADS], capture_output=True, text=True,
+                          env=environ, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    blas_threads, tvm_threads = (int(v) for v in proc.stdout.split())
+    assert blas_threads == min(tvm_threads, os.cpu_count())
+    if env is not None:
+        assert tvm_threads == int(env)

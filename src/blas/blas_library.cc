@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <tvm/ffi/error.h>
+#include <tvm/ffi/function.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -25,7 +26,12 @@ void Bind(void* lib, const char* name, F* fn) {
   *fn = reinterpret_cast<F>(sym != nullptr ? sym : dlsym(lib, name));
 }
 
-int EnvThreads() {
+// TVM's thread pool size (TVM_NUM_THREADS, else TVM's own default): the BLAS gets as many.
+// OpenBLAS' default, every core, beside TVM's pool oversubscribes whenever TVM uses fewer:
+// its threads spin while they wait, and on a loaded machine a GEMM then ran 10-50x slower.
+int TvmThreads() {
+  auto num_threads = tvm::ffi::Function::GetGlobal("runtime.NumThreads");
+  if (num_threads.has_value()) return (*num_threads)().cast<int>();
   const char* env = std::getenv("TVM_NUM_THREADS");
   return env != nullptr ? std::atoi(env) : 0;
 }
@@ -56,9 +62,7 @@ BlasLibrary* TryLoad(const std::string& path, std::ostringstream* tried) {
   Bind(lib, "openblas_set_num_threads_local", &out->set_threads_local);
   Bind(lib, "openblas_get_num_threads", &out->get_threads);
   Bind(lib, "openblas_get_config", &out->get_config);
-  // TVM_NUM_THREADS sizes TVM's own thread pool; the BLAS gets as many. Otherwise the library
-  // keeps its default (OpenBLAS: every core, or OPENBLAS_NUM_THREADS).
-  if (EnvThreads() > 0 && out->set_threads != nullptr) out->set_threads(EnvThreads());
+  if (TvmThreads() > 0 && out->set_threads != nullptr) out->set_threads(TvmThreads());
   return out;
 }
 
@@ -85,7 +89,7 @@ BlasLibrary* LoadLocked() {
 
 int BlasLibrary::Threads() const {
   if (get_threads != nullptr) return get_threads();
-  return EnvThreads() > 0 ? EnvThreads() : 0;
+  return TvmThreads() > 0 ? TvmThreads() : 0;
 }
 
 Strategy ForcedStrategy() {

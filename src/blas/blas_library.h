@@ -55,7 +55,7 @@ struct BlasLibrary {
   SetThreadsLocalFn set_threads_local = nullptr;
   GetThreadsFn get_threads = nullptr;
   GetConfigFn get_config = nullptr;
-  // BLAS threads, as far as known (get_threads, else TVM_NUM_THREADS, else 0 = unknown).
+  // BLAS threads, as far as known (get_threads, else TVM's thread count, else 0 = unknown).
   int Threads() const;
 };
 
