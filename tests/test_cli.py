@@ -199,6 +199,50 @@ def test_pt2_check_fails_on_torch_mismatch(pt2_file, monkeypatch, capsys):
            "output 1 differs" in captured.err
 
 
+@pytest.fixture
+def plain_build_off(monkeypatch):
+    """The plain TVM reference build's first output scaled by 1 + `off[0]` (a less accurate
+    reference: TVM's serial float32 sums)."""
+    from tvm_ext.cli import check
+
+    references, off = set(), [1e-2]
+    real_build, real_run = check.driver.build_reference, check.driver.run
+
+    def build(*args, **kwargs):
+        executable = real_build(*args, **kwargs)
+        references.add(id(executable))
+        return executable
+
+    def run(executable, *args, **kwargs):
+        result = real_run(executable, *args, **kwargs)
+        if id(executable) in references:
+            result.outputs[0] = result.outputs[0] * (1 + off[0])
+        return result
+
+    monkeypatch.setattr(check.driver, "build_reference", build)
+    monkeypatch.setattr(check.driver, "run", run)
+    return off
+
+
+def test_pt2_plain_build_farther_from_torch_is_no_verdict(pt2_file, tmp_path, capsys,
+                                                          plain_build_off):
+    report = tmp_path / "r.json"
+    assert main([str(pt2_file), "--check", "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "farther from PyTorch than this build" in out and "PyTorch decides" in out
+    data = json.loads(report.read_text())
+    assert data["check"]["ok"] and data["check"]["torch"]["ok"]
+    assert data["check"]["arbitrated"]["plain_vs_torch"] > data["check"]["arbitrated"][
+        "ours_vs_torch"]
+
+
+def test_pt2_plain_build_within_torch_tolerance_still_decides(pt2_file, capsys,
+                                                              plain_build_off):
+    plain_build_off[0] = 5e-5  # beyond the plain check's rtol 1e-5, within PyTorch's 1e-4
+    assert main([str(pt2_file), "--check"]) == 1
+    assert "FAILED against the plain TVM build" in capsys.readouterr().err
+
+
 def test_pt2_with_random_ops_is_not_compared_with_torch(tmp_path, capsys):
     torch = pytest.importorskip("torch")
     net = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Dropout(0.5)).train()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import sys
 
+import numpy as np
+
 from tvm_ext import driver
 from tvm_ext.errors import CheckError
 from tvm_ext.models import reference
@@ -16,29 +18,73 @@ def check_against_reference(args, report: dict, model, target, device, arguments
                             what: str) -> int:
     """--check: `outputs` against a plain `tvm.compile` of the model run on `device` with the
     same `arguments`, and against PyTorch eager for a .pt2 model; the verdict goes into
-    `report["check"]`. Returns the exit status."""
+    `report["check"]`. Returns the exit status.
+
+    Where the plain build differs and PyTorch was run, PyTorch arbitrates: a plain build that
+    misses PyTorch's tolerance where tvm_ext meets it (TVM's own float32 reductions sum in one
+    serial accumulator: a loss over a million terms is off by ~1e-3) is no verdict against
+    tvm_ext, and the report says so and by how much."""
     # Two TVM builds may round a float16 / bfloat16 result differently by one step.
     low = [tolerance(o.dtype) for o in outputs if str(o.dtype) in ("float16", "bfloat16")]
     rtol = max([1e-5, *(t[0] for t in low)]) if args.rtol is None else args.rtol
     atol = max([1e-5, *(t[1] for t in low)]) if args.atol is None else args.atol
     reference = driver.build_reference(model, target)
     ref = driver.run(reference, arguments, device, repeat=0)
+    torch_status, expected = torch_expected(args, report, model, arguments)
+    entry = {"reference": what, "rtol": rtol, "atol": atol}
     try:
         check = driver.compare(outputs, ref.outputs, rtol, atol)
     except CheckError as err:
-        report["check"] = {"ok": False, "reference": what, "rtol": rtol, "atol": atol,
-                           "error": str(err)}
-        print(f"check   FAILED against {what} (rtol {rtol:g}, atol {atol:g}): {err}",
-              file=sys.stderr)
-        status = 1
+        arbiter = _plain_farther_from_torch(args, outputs, ref.outputs, expected)
+        if arbiter is None:
+            report.setdefault("check", {}).update(ok=False, error=str(err), **entry)
+            print(f"check   FAILED against {what} (rtol {rtol:g}, atol {atol:g}): {err}",
+                  file=sys.stderr)
+            status = 1
+        else:
+            report.setdefault("check", {}).update(ok=True, arbitrated=arbiter, error=str(err),
+                                                  **entry)
+            print(f"check   {what} differs ({err}), but it is farther from PyTorch than this "
+                  f"build (max rel error {arbiter['plain_vs_torch']:.2e} against "
+                  f"{arbiter['ours_vs_torch']:.2e}): PyTorch decides")
+            status = 0
     else:
-        report["check"] = {"ok": True, "reference": what, "rtol": rtol, "atol": atol,
-                           **vars(check)}
+        report.setdefault("check", {}).update(ok=True, **entry, **vars(check))
         print(f"check   OK: {check.outputs} outputs match {what} (max abs error "
               f"{check.max_abs_error:.2e}, max rel error {check.max_rel_error:.2e}; rtol "
               f"{rtol:g}, atol {atol:g})")
         status = 0
-    return max(status, check_against_torch(args, report, model, arguments, outputs))
+    if expected is None:
+        return max(status, torch_status)
+    return max(status, compare_with_torch(args, report, outputs, expected))
+
+
+def _plain_farther_from_torch(args, outputs, plain, expected) -> dict | None:
+    """{"plain_vs_torch", "ours_vs_torch"} (largest relative errors) when every output meets
+    PyTorch's tolerance and some output of the plain build does not; None otherwise."""
+    if expected is None or len(expected) != len(outputs) or len(plain) != len(outputs):
+        return None
+    plain_misses, worst_plain, worst_ours = False, 0.0, 0.0
+    for ours, base, exp in zip(outputs, plain, expected, strict=True):
+        rtol, atol = reference.tolerance(ours.dtype)
+        rtol = rtol if args.rtol is None else args.rtol
+        atol = atol if args.atol is None else args.atol
+        try:
+            mine = driver.compare([ours], [exp], rtol, atol)
+        except CheckError:
+            return None
+        worst_ours = max(worst_ours, mine.max_rel_error)
+        try:
+            theirs = driver.compare([base], [exp], rtol, atol)
+            worst_plain = max(worst_plain, theirs.max_rel_error)
+        except CheckError:
+            plain_misses = True
+            diff = np.abs(np.asarray(base, "float64") - np.asarray(exp, "float64"))
+            scale = np.maximum(np.abs(np.asarray(exp, "float64")), np.finfo("float64").tiny)
+            worst_plain = max(worst_plain, float(np.nanmax(diff / scale)) if diff.size else 0.0)
+    if not plain_misses:
+        return None
+    return {"plain_vs_torch": worst_plain, "ours_vs_torch": worst_ours}
 
 
 def torch_file(model, spec: str) -> str | None:
@@ -47,13 +93,13 @@ def torch_file(model, spec: str) -> str | None:
     return path if str(path).lower().endswith(".pt2") and os.path.isfile(path) else None
 
 
-def check_against_torch(args, report: dict, model, arguments, outputs) -> int:
-    """--check of a .pt2 model: `outputs` against the exported program run by PyTorch eager on
-    the same inputs and weights, at the tolerance of each output's dtype (or --rtol/--atol).
-    Returns the exit status; 0 where there is nothing to compare with."""
+def torch_expected(args, report: dict, model, arguments) -> tuple[int, list | None]:
+    """(exit status, outputs of the exported program run by PyTorch eager on the same inputs
+    and weights) for a .pt2 model; (0, None) where there is nothing to compare with or the
+    comparison does not apply (said in the report), (1, None) where PyTorch failed."""
     path = torch_file(model, args.model)
     if path is None:
-        return 0
+        return 0, None
     name = os.path.basename(path)
     what = f"PyTorch eager ({name})"
     entry = report.setdefault("check", {}).setdefault("torch", {"reference": what})
@@ -72,7 +118,7 @@ def check_against_torch(args, report: dict, model, arguments, outputs) -> int:
         if skipped:
             entry.update(ok=None, skipped=skipped)
             print(f"check   not compared with {what}: {skipped}")
-            return 0
+            return 0, None
         if model.training:
             expected = reference.torch_training_step(
                 path, inputs[:-1], inputs[-1], params, names, model.config["gradients"],
@@ -86,12 +132,30 @@ def check_against_torch(args, report: dict, model, arguments, outputs) -> int:
         report["check"]["ok"] = False
         print(f"check   FAILED: {what} did not run: {type(err).__name__}: {err}",
               file=sys.stderr)
-        return 1
+        return 1, None
+    if stale:
+        entry.update(stale=stale)
+    return 0, expected
+
+
+def check_against_torch(args, report: dict, model, arguments, outputs) -> int:
+    """--check of a .pt2 model against PyTorch eager alone (see `torch_expected`). Returns the
+    exit status; 0 where there is nothing to compare with."""
+    status, expected = torch_expected(args, report, model, arguments)
+    return status if expected is None else compare_with_torch(args, report, outputs, expected)
+
+
+def compare_with_torch(args, report: dict, outputs, expected: list) -> int:
+    """`outputs` against PyTorch's `expected` (from `torch_expected`), at the tolerance of
+    each output's dtype (or --rtol/--atol). Returns the exit status."""
+    entry = report["check"]["torch"]
+    what = entry["reference"]
+    stale = entry.pop("stale", [])
     tolerances = {}
     try:
         if stale:
             raise CheckError(
-                f"the weights given to the module differ from {name}'s for "
+                f"the weights given to the module differ from the file's for "
                 f"{', '.join(stale[:5])}{' ...' if len(stale) > 5 else ''}")
         if len(outputs) != len(expected):
             raise CheckError(f"{len(outputs)} outputs, {what} has {len(expected)}")
