@@ -48,10 +48,11 @@ def test_tiny_chain_plan_by_hand():
     t=2..3   op1 (makes B)                       | A out after op1: d2h 3..5 (512 B)
     op2 makes C in A's window (B holds 512, only 256 B free): waits for A's d2h, runs 5..6
     A in after op2 (B is dead, its window is free): h2d 6..8; op3 runs 8..9.
-    Iteration time 9 s (ideal 4 s); swapped 256 + 512 in, 512 out; D stays on the device."""
+    Iteration time 9 s (ideal 4 s); swapped 256 + 512 in, 512 out; D stays on the device.
+    With recompute, op0 runs again after op2 (1 s) instead of A's 4 s of copies: 6 s."""
     problem = chain_problem()
     assert problem.min_budget() == (1280, 3)
-    plan = plan_swaps(problem, "swapadvisor", time_budget_s=5, config=FAST)
+    plan = plan_swaps(problem, "swap_only", time_budget_s=5, config=FAST)
     validate(problem, plan)
     assert plan.schedule == [0, 1, 2, 3]
     assert plan.predicted_time == pytest.approx(9.0)
@@ -68,6 +69,11 @@ def test_tiny_chain_plan_by_hand():
     c = next(r for r in plan.residencies if r.tensor == 3)
     a_first = next(r for r in plan.residencies if r.tensor == 1)
     assert (c.offset, c.wait_swap_out) == (a_first.offset, 0)
+    recomputed = plan_swaps(problem, "swapadvisor", time_budget_s=5, config=FAST)
+    validate(problem, recomputed)
+    assert recomputed.schedule == [0, 1, 2, 0, 3]
+    assert recomputed.predicted_time == pytest.approx(6.0)
+    assert not recomputed.swap_outs and recomputed.bytes_swapped_in == 256
     # With room for everything nothing moves but X.
     roomy = plan_swaps(chain_problem(4096), "swapadvisor", time_budget_s=5, config=FAST)
     assert not roomy.swap_outs and roomy.predicted_time <= 5.0 + 1e-9

@@ -68,8 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="device memory budget: bytes with units (512MiB, 4GB), a "
                            "percentage of the no-swap peak (25%%), or min (the smallest "
                            "feasible budget)")
-    swap.add_argument("--planner", default=None, choices=["swapadvisor", "vdnn", "lru"],
-                      help="swap planner (default swapadvisor)")
+    swap.add_argument("--planner", default=None,
+                      choices=["swapadvisor", "swap_only", "checkpoint", "vdnn", "lru"],
+                      help="swap planner (default swapadvisor: swaps and recompute; "
+                           "swap_only: swaps alone; checkpoint: sqrt(n) recompute)")
     swap.add_argument("--hardware", default=None,
                       help="cost-model preset for planning (default: cpu for llvm, h100 for "
                            "cuda; see tvm_ext.cost.HARDWARE)")

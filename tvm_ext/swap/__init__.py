@@ -9,13 +9,13 @@ any plan on three streams (compute, device-to-host, host-to-device), and
 
 from __future__ import annotations
 
-from .baselines import ideal, lru, vdnn
+from .baselines import checkpoint, ideal, lru, vdnn
 from .plan import PlanError, Residency, SwapIn, SwapOut, SwapPlan
 from .problem import ALIGNMENT, InfeasibleBudgetError, SwapProblem
 from .search import SearchConfig, swapadvisor
 from .simulator import SimResult, simulate, validate
 
-PLANNERS = ("swapadvisor", "vdnn", "lru", "ideal")
+PLANNERS = ("swapadvisor", "swap_only", "checkpoint", "vdnn", "lru", "ideal")
 
 
 def plan_swaps(problem: SwapProblem, planner: str = "swapadvisor", *,
@@ -23,6 +23,9 @@ def plan_swaps(problem: SwapProblem, planner: str = "swapadvisor", *,
                config: SearchConfig | None = None) -> SwapPlan:
     """Plan one iteration of `problem` under its budget.
 
+    Planners: "swapadvisor" (the search: schedule, layout, swaps and recompute), "swap_only"
+    (the same search without recompute: SwapAdvisor as published), "checkpoint" (sqrt(n)
+    recompute), "vdnn", "lru" and "ideal" (infinite memory).
     Raises `InfeasibleBudgetError` (with the smallest feasible budget) when no plan can fit.
     time_budget_s and seed apply to the SwapAdvisor search; the baselines are deterministic.
     """
@@ -31,9 +34,10 @@ def plan_swaps(problem: SwapProblem, planner: str = "swapadvisor", *,
     if planner == "ideal":
         return ideal(problem)
     problem.check_feasible()
-    if planner == "swapadvisor":
-        return swapadvisor(problem, time_budget_s=time_budget_s, seed=seed, config=config)
-    return lru(problem) if planner == "lru" else vdnn(problem)
+    if planner in ("swapadvisor", "swap_only"):
+        return swapadvisor(problem, time_budget_s=time_budget_s, seed=seed, config=config,
+                           recompute=planner == "swapadvisor", planner=planner)
+    return {"lru": lru, "vdnn": vdnn, "checkpoint": checkpoint}[planner](problem)
 
 
 __all__ = ["ALIGNMENT", "PLANNERS", "InfeasibleBudgetError", "PlanError", "Residency",

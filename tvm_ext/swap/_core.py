@@ -8,8 +8,11 @@ window of it for each residency interval. Two layouts: the arena (a window may s
 aligned offset) and SwapAdvisor's size classes (the region is cut into `Layout.count[c]`
 objects of `Layout.size[c]` bytes per class; a tensor may only occupy one object of its class).
 
-Derivation walks the schedule once. At each position the op's needs are locked; each one not
-resident gets a window. A window's cost depends on the policy (`Policy.mode`):
+Derivation walks the schedule once. The schedule is a sequence of op runs: an op may run again
+later to make its one tensor again (recompute, `recompute.py`); a tensor whose next use is such
+a run is released after its last use before it, with no copy, and the run writes it into a
+new window. At each position the op's needs are locked; each one not resident gets a window.
+A window's cost depends on the policy (`Policy.mode`):
   * SWAPADVISOR: the link time of evicting its occupants and bringing them back (weight beta),
     the stall that bringing them back before their next use would cause, a Belady term
     favouring occupants used furthest in the future (weight delta), and how late the op would
@@ -93,7 +96,7 @@ _TENSORS = _Record([
     # Fixed for the derivation.
     ("sizes", _I), ("slot", _I),  # bytes, and bytes of its window (its size class's objects)
     ("obj_class", _I), ("fixed", _B), ("is_output", _B),
-    ("prod_pos", _I),  # position of its producer, -1 if none
+    ("prod_op", _I),  # the op that makes it (-1: none); it may run at several positions
     ("offload_after", _I),  # vDNN: offloaded after that position (-1: never)
     ("use_ptr", _I), ("use_pos", _I),  # its uses, sorted positions use_pos[use_ptr[t]:use_ptr[t+1]]
     ("xin", _F), ("xout", _F),  # estimated swap-in, swap-out time
@@ -117,6 +120,7 @@ _STATE = _Record([
     ("seg", _SEGMENTS), ("ten", _TENSORS), ("res", _RESIDENCIES), ("ins", _SWAP_INS),
     ("outs", _SWAP_OUTS), ("cls_base", _I), ("cls_size", _I), ("cls_count", _I),
     ("arena", types.int64), ("n", types.int64),  # positions
+    ("order", _I),  # the op at each position (an op may run again: recompute)
     ("t_compute", _F),  # t_compute[i]: compute time of the positions before i, without stalls
     ("op_wait", _I),  # per position: key of the swap-out the op waits for (-1: none)
     ("est", _F),  # estimated end of each position's op so far
@@ -235,22 +239,15 @@ def _uses(order, graph, fixed):
 
 
 @nb.njit(cache=True)
-def _new_tensors(order, graph, fixed, host_start, link, offload_after, layout, use_ptr,
-                 use_pos):
-    n = order.shape[0]
+def _new_tensors(graph, fixed, host_start, link, offload_after, layout, use_ptr, use_pos):
     sizes = np.ascontiguousarray(graph.sizes)
     n_t = sizes.shape[0]
-    pos_of_op = np.empty(n, np.int64)
-    for i in range(n):
-        pos_of_op[order[i]] = i
     ten = structref.new(_TENSORS)
     ten.sizes, ten.obj_class = sizes, np.ascontiguousarray(layout.obj_class)
     ten.fixed, ten.is_output = fixed.copy(), graph.is_output.copy()
-    ten.prod_pos, ten.slot = np.full(n_t, -1, np.int64), sizes.copy()
+    ten.prod_op, ten.slot = np.ascontiguousarray(graph.producer).copy(), sizes.copy()
     ten.xin, ten.xout = np.empty(n_t), np.empty(n_t)
     for t in range(n_t):
-        if graph.producer[t] >= 0:
-            ten.prod_pos[t] = pos_of_op[graph.producer[t]]
         if layout.obj_class[t] >= 0:
             ten.slot[t] = layout.size[layout.obj_class[t]]
         ten.xin[t] = _xfer(sizes[t], link.h2d_bw, link.h2d_lat)
@@ -299,8 +296,9 @@ def _new_state(order, graph, fixed, host_start, arena, link, offload_after, layo
     cap = 3 * total + n_t + 4  # fallbacks and vDNN prefetches add residencies
     st = structref.new(_STATE)
     st.seg, st.res, st.ins, st.outs = _new_tables(cap, n_t, 2 * cap + 4, arena)
-    st.ten = _new_tensors(order, graph, fixed, host_start, link, offload_after, layout,
-                          use_ptr, use_pos)
+    st.ten = _new_tensors(graph, fixed, host_start, link, offload_after, layout, use_ptr,
+                          use_pos)
+    st.order = order
     st.cls_base = np.ascontiguousarray(layout.base)
     st.cls_size = np.ascontiguousarray(layout.size)
     st.cls_count = np.ascontiguousarray(layout.count)
@@ -365,7 +363,8 @@ def _place_needs(st, needs, srt, m, i, now, policy, placed, pack):
     or (`pack`) the next offset from 0. Returns (when the op can start, how many residencies
     were made, listed in `placed`, and whether some need found no window)."""
     ten = st.ten
-    resident, slot, prod_pos, host_copy = ten.resident, ten.slot, ten.prod_pos, ten.host_copy
+    resident, slot, prod_op, host_copy = ten.resident, ten.slot, ten.prod_op, ten.host_copy
+    op = st.order[i]
     on_demand = policy.mode != SWAPADVISOR
     n_placed = 0
     start = now
@@ -375,7 +374,7 @@ def _place_needs(st, needs, srt, m, i, now, policy, placed, pack):
         if resident[t]:
             continue
         size = slot[t]
-        produced = prod_pos[t] == i
+        produced = prod_op[t] == op
         if not produced and not host_copy[t]:
             raise ValueError("a tensor is needed before it was produced")
         if not pack:
@@ -417,12 +416,12 @@ def _undo_step(st, needs, m, i, placed, n_placed):
 def _prefetch(st, need_ptr, need_idx, nxt, i, now):
     """vDNN: prefetch the offloaded inputs of op `nxt` (at i + 1) one op ahead."""
     ten = st.ten
-    fixed, resident, prod_pos, offload_after = (ten.fixed, ten.resident, ten.prod_pos,
-                                                ten.offload_after)
+    fixed, resident, prod_op, offload_after = (ten.fixed, ten.resident, ten.prod_op,
+                                               ten.offload_after)
     lru = Policy(LRU, 0.0, 0.0, 0.0)
     for k in range(need_ptr[nxt], need_ptr[nxt + 1]):
         t = need_idx[k]
-        if fixed[t] or resident[t] or prod_pos[t] == i + 1 or offload_after[t] < 0:
+        if fixed[t] or resident[t] or prod_op[t] == nxt or offload_after[t] < 0:
             continue
         size = ten.slot[t]
         o = _best_window(st, t, i, size, False, lru, now)
@@ -433,7 +432,8 @@ def _prefetch(st, need_ptr, need_idx, nxt, i, now):
 
 @nb.njit(cache=True)
 def _after_op(st, needs, m, i):
-    """After the op at i: release what is dead, extend what lives on."""
+    """After the op at i: release what is dead (or made again before its next use: its
+    producer runs again there), extend what lives on."""
     ten, res_end, seg = st.ten, st.res.end, st.seg
     last_use, cur_res, cursor, use_ptr, use_pos = (ten.last_use, ten.cur_res, ten.cursor,
                                                    ten.use_ptr, ten.use_pos)
@@ -445,7 +445,8 @@ def _after_op(st, needs, m, i):
         while c < use_ptr[t + 1] and use_pos[c] <= i:
             c += 1
         cursor[t] = c
-        if c == use_ptr[t + 1] and not ten.is_output[t]:
+        if (c == use_ptr[t + 1] and not ten.is_output[t]) or \
+                (c < use_ptr[t + 1] and st.order[use_pos[c]] == ten.prod_op[t]):
             ten.resident[t] = False
             ten.release[t] = i
             _seg_free(seg, _seg_find(seg, ten.offset[t]), i, -1, st.est[i])
@@ -512,7 +513,9 @@ def _evict(st, v, k, p):
     ten = st.ten
     big = ten.sizes.shape[0] + 1
     c = ten.cursor[v]
-    future = c < ten.use_ptr[v + 1] or ten.is_output[v]
+    # A tensor made again before its next use (recompute) needs no copy.
+    future = (c < ten.use_ptr[v + 1] and st.order[ten.use_pos[c]] != ten.prod_op[v]) or \
+        ten.is_output[v]
     dk = -1
     rt = st.est[p] if p >= 0 else 0.0
     if future and not ten.host_copy[v]:

@@ -9,6 +9,10 @@
   offloaded right after their last forward use and prefetched one op ahead of their use in
   the backward pass; everything else is swapped on demand as in `lru`. Like vDNN_dyn, it
   falls back to offloading nothing (on demand only) when that is faster.
+* `checkpoint` (Chen et al. 2016, sqrt(n) checkpointing): the recompute-only policy: of the
+  activations the backward pass reads, every ~sqrt(n)-th is kept and the others are made again
+  before their backward use (`recompute.checkpoint_set`); what still does not fit (weights, the
+  checkpoints themselves) is swapped by SwapAdvisor's derivation.
 All run the IR's schedule with the same arena and stream model as SwapAdvisor, and the best
 of a few initial-residency choices (`KEEP_CHOICES`).
 """
@@ -22,6 +26,7 @@ import numpy as np
 from .derive import Evaluator, Knobs
 from .plan import SwapPlan
 from .problem import SwapProblem
+from .recompute import candidates, checkpoint_set
 
 
 def ideal(problem: SwapProblem) -> SwapPlan:
@@ -42,24 +47,33 @@ def ideal(problem: SwapProblem) -> SwapPlan:
 KEEP_CHOICES = (0.0, 0.02, 0.1, 0.25, 0.5, 0.75, 1.0)
 
 
-def _best_of(problem: SwapProblem, modes: tuple[str, ...], planner: str) -> SwapPlan:
+def _best_of(problem: SwapProblem, modes: tuple[str, ...], planner: str,
+             recompute: np.ndarray | None = None) -> SwapPlan:
     start = time.perf_counter()
     order = np.asarray(problem.order, dtype=np.int64)
     best = None
     for mode in modes:
         evaluator = Evaluator(problem, mode)
         for keep in KEEP_CHOICES:
-            t = evaluator.score(order, Knobs(keep=keep))
+            t = evaluator.score(order, Knobs(keep=keep), recompute=recompute)
             if best is None or t < best[0]:
                 best = (t, evaluator, Knobs(keep=keep), mode)
     _, evaluator, knobs, mode = best
     return evaluator.plan(order, knobs, planner, planning_time=time.perf_counter() - start,
-                          info={"policy": mode})
+                          info={"policy": mode}, recompute=recompute)
 
 
 def lru(problem: SwapProblem) -> SwapPlan:
     """On-demand swap-in, least-recently-used eviction."""
     return _best_of(problem, ("lru",), "lru")
+
+
+def checkpoint(problem: SwapProblem) -> SwapPlan:
+    """sqrt(n) checkpointing: recompute every activation the backward pass reads but every
+    ~sqrt(n)-th; swap only what still does not fit."""
+    order = np.asarray(problem.order, dtype=np.int64)
+    chosen = checkpoint_set(problem, order, candidates(problem, order))
+    return _best_of(problem, ("swapadvisor",), "checkpoint", chosen)
 
 
 def vdnn(problem: SwapProblem) -> SwapPlan:

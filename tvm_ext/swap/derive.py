@@ -22,6 +22,7 @@ import numpy as np
 from . import _core
 from .plan import Residency, SwapIn, SwapOut, SwapPlan
 from .problem import ALIGNMENT, SwapProblem
+from .recompute import augment
 from .simulator import link, simulate
 
 MODES = {"swapadvisor": _core.SWAPADVISOR, "lru": _core.LRU, "vdnn": _core.VDNN}
@@ -72,6 +73,8 @@ class Evaluation:
     arena: int  # bytes of the planned region
     op_start: np.ndarray  # simulated, by position
     op_end: np.ndarray
+    runs: np.ndarray  # the op at each position: the order with its recompute runs
+    recomputed: np.ndarray  # tensors made again (recompute)
 
 
 class Evaluator:
@@ -245,24 +248,30 @@ class Evaluator:
         return out
 
     # ---------------------------------------------------------------- scoring
-    def run(self, order: np.ndarray, knobs: Knobs,
-            counts: np.ndarray | None = None) -> Evaluation:
+    def run(self, order: np.ndarray, knobs: Knobs, counts: np.ndarray | None = None,
+            recompute: np.ndarray | None = None) -> Evaluation:
         """Derive and simulate `order` with one arena, or with size classes of `counts`
-        objects each."""
+        objects each, making the `recompute` tensors again before their late uses
+        (`recompute.augment`; SwapAdvisor's policy only)."""
         p = self.problem
         order = np.asarray(order, dtype=np.int64)
+        recompute = np.zeros(0, dtype=np.int64) if recompute is None else \
+            np.asarray(recompute, dtype=np.int64)
+        if len(recompute) and self.mode != _core.SWAPADVISOR:
+            raise ValueError("recompute is planned with SwapAdvisor's policy only")
+        runs = augment(p, order, recompute)
         fixed, arena = self.fixed(knobs.keep)
         if counts is not None:
             arena = int((np.asarray(counts) * self.class_sizes).sum())
         # Plain floats and ints only: another argument type would compile another version.
         policy = _core.Policy(self.mode, float(knobs.beta), float(knobs.gamma),
                               float(knobs.delta))
-        derived = _core.derive(order, self.graph, fixed, p.host_start, int(arena), self.link,
+        derived = _core.derive(runs, self.graph, fixed, p.host_start, int(arena), self.link,
                                policy, self.offload_after(order), self.layout_arrays(counts))
         ins, outs = derived.swap_ins, derived.swap_outs
         d_order, h_order, q_final = _core.fifo_orders(ins.after, ins.before, ins.valid,
                                                       outs.after, derived.big)
-        sim = _core.simulate(p.durations[order], outs.after,
+        sim = _core.simulate(p.durations[runs], outs.after,
                              p.sizes[outs.tensor].astype(np.float64), d_order, q_final,
                              ins.before, ins.wait_key, p.sizes[ins.tensor].astype(np.float64),
                              h_order, derived.op_wait, self.link, derived.big)
@@ -270,28 +279,39 @@ class Evaluator:
         makespan = max(op_e[-1] if len(op_e) else 0.0, d_e.max() if len(d_e) else 0.0)
         self.evaluations += 1
         return Evaluation(float(makespan), derived, d_order, h_order, q_final, fixed, arena,
-                          sim.op_start, sim.op_end)
+                          sim.op_start, sim.op_end, runs, recompute)
 
-    def score(self, order: np.ndarray, knobs: Knobs, counts: np.ndarray | None = None) -> float:
-        return self.run(order, knobs, counts).makespan
+    def score(self, order: np.ndarray, knobs: Knobs, counts: np.ndarray | None = None,
+              recompute: np.ndarray | None = None) -> float:
+        return self.run(order, knobs, counts, recompute).makespan
 
     def score_with_stalls(self, order: np.ndarray, knobs: Knobs,
-                          counts: np.ndarray | None = None) -> tuple[float, np.ndarray]:
-        """(simulated time, how long each position's op waited after its predecessor)."""
-        ev = self.run(order, knobs, counts)
-        stalls = ev.op_start - np.concatenate([[0.0], ev.op_end[:-1]])
-        return ev.makespan, np.maximum(stalls, 0.0)
+                          counts: np.ndarray | None = None,
+                          recompute: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+        """(simulated time, how long each op of `order`, by its position there, waited after
+        its predecessor; a second run's wait counts for the op it runs before)."""
+        ev = self.run(order, knobs, counts, recompute)
+        stalls = np.maximum(ev.op_start - np.concatenate([[0.0], ev.op_end[:-1]]), 0.0)
+        if len(ev.runs) == len(order):
+            return ev.makespan, stalls
+        # Each run's op of `order`: first runs are those ops, in order; a second run is placed
+        # right before the op it serves, whose index is the number of first runs before it.
+        first = np.zeros(len(ev.runs), dtype=np.int64)
+        first[np.unique(ev.runs, return_index=True)[1]] = 1
+        served = np.cumsum(first) - first
+        return ev.makespan, np.bincount(served, weights=stalls, minlength=len(order))
 
     # ---------------------------------------------------------------- the plan
     def plan(self, order: np.ndarray, knobs: Knobs, planner: str,
              planning_time: float = 0.0, info: dict | None = None,
-             counts: np.ndarray | None = None) -> SwapPlan:
-        """The SwapPlan of `order` under `knobs` (and size-class `counts`), renumbered into
-        stream order."""
+             counts: np.ndarray | None = None,
+             recompute: np.ndarray | None = None) -> SwapPlan:
+        """The SwapPlan of `order` under `knobs` (and size-class `counts`, `recompute`
+        tensors), renumbered into stream order."""
         start = time.perf_counter()
         p = self.problem
         order = np.asarray(order, dtype=np.int64)
-        ev = self.run(order, knobs, counts)
+        ev = self.run(order, knobs, counts, recompute)
         d = ev.derived
         residencies, swap_outs, swap_ins = self._tables(ev, counts)
         if counts is None:
@@ -302,7 +322,7 @@ class Evaluator:
             pools = [size * count for size, count in classes]
         fixed = ev.fixed
         plan = SwapPlan(
-            planner=planner, budget=p.budget, schedule=order.tolist(),
+            planner=planner, budget=p.budget, schedule=ev.runs.tolist(),
             pools=[int(x) for x in pools], size_classes=classes,
             pinned=np.nonzero(fixed)[0].tolist(),
             host_start=np.nonzero(p.host_start & ~fixed)[0].tolist(),
@@ -315,7 +335,7 @@ class Evaluator:
                   "arena": int(ev.arena), "fallbacks": int(d.fallbacks),
                   "max_segments": int(d.max_segments), "placements": int(d.placements),
                   "beta": knobs.beta, "gamma": knobs.gamma, "delta": knobs.delta,
-                  "keep": knobs.keep, **(info or {})})
+                  "keep": knobs.keep, **self.recompute_info(ev), **(info or {})})
         sim = simulate(p, plan)
         if abs(sim.makespan - ev.makespan) > 1e-9 * max(1.0, ev.makespan):
             raise AssertionError(f"simulator disagrees with the search core: {sim.makespan} "
@@ -323,6 +343,15 @@ class Evaluator:
         plan.info["peak_live"] = sim.peak_memory
         plan.planning_time = planning_time + (time.perf_counter() - start)
         return plan
+
+    def recompute_info(self, ev: Evaluation) -> dict:
+        """What recompute adds to a plan: tensors made again, their bytes, the compute time
+        of the second runs."""
+        p = self.problem
+        extra = float(p.durations[ev.runs].sum() - p.durations.sum())
+        return {"recomputed": len(ev.recomputed),
+                "bytes_recomputed": int(p.sizes[ev.recomputed].sum()),
+                "recompute_s": max(extra, 0.0)}
 
     def _tables(self, ev: Evaluation, counts: np.ndarray | None
                 ) -> tuple[list[Residency], list[SwapOut], list[SwapIn]]:

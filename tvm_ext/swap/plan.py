@@ -2,7 +2,9 @@
 
 Positions index `schedule` (the op at position i runs i-th). The plan says:
 
-* `schedule`: the op order (a topological order of the graph);
+* `schedule`: the op runs in order: a topological order of the graph, in which a one-output
+  kernel may run a second time to make its tensor again (recompute, `tvm_ext.swap.recompute`;
+  the residency it writes is "produced" there like the first);
 * `pools`: device storage to allocate, in bytes (256-aligned): with SwapAdvisor's layout one
   pool per size class (`size_classes[k]` = [object bytes, object count], pool k = their
   product, a tensor at offset j * object bytes occupies object j), otherwise one arena.
@@ -147,8 +149,9 @@ class SwapPlan:
         swapped in before it); a swap-in of a tensor made on the device comes after its
         swap-out; a region is written only after the swap-out of what it held.
         `simulator.validate` checks these and the simulated iteration."""
-        if not problem.is_topological(self.schedule):
-            raise PlanError("the schedule is not a topological order of the ops")
+        if not problem.is_run_sequence(self.schedule):
+            raise PlanError("the schedule is not a topological order of the ops (with "
+                            "one-output kernels run again after their first run)")
         if self.planner == "ideal":
             return
         self._check_memory(problem)
@@ -190,7 +193,7 @@ class SwapPlan:
 
     def _check_windows(self, problem: SwapProblem) -> None:
         """Windows are aligned, inside their pool, and no two share bytes at once."""
-        n = problem.num_ops
+        n = len(self.schedule)
         for r in self.residencies:
             if r.offset % ALIGNMENT or r.offset < 0 or r.offset + r.nbytes > self.pools[r.pool]:
                 raise PlanError(f"residency of tensor {r.tensor} at {r.offset} is outside "
@@ -212,14 +215,12 @@ class SwapPlan:
                 active.append(r)
 
     def _check_needs(self, problem: SwapProblem) -> None:
-        """Every need of an op not pinned is resident where the op runs."""
+        """Every need of an op not pinned is resident at each position the op runs."""
         pinned = set(self.pinned)
-        position = {op: i for i, op in enumerate(self.schedule)}
         covering: dict[int, list[Residency]] = {}
         for r in self.residencies:
             covering.setdefault(r.tensor, []).append(r)
-        for op in range(problem.num_ops):
-            i = position[op]
+        for i, op in enumerate(self.schedule):
             for t in problem.needs(op):
                 if t in pinned:
                     continue

@@ -73,6 +73,7 @@ class SwapProblem:
     count_scratch: bool = False
     order: list[int] | None = None  # the IR's schedule (default 0..n-1)
     name: str = ""
+    op_kinds: list[str] | None = None  # "kernel" / "view" / "builtin" (None: all kernels)
 
     def __post_init__(self):
         self.durations = np.asarray(self.durations, dtype=np.float64)
@@ -139,6 +140,7 @@ class SwapProblem:
             h2d_bandwidth=hw.host_to_device.bandwidth, h2d_latency=hw.host_to_device.latency,
             d2h_bandwidth=hw.device_to_host.bandwidth, d2h_latency=hw.device_to_host.latency,
             count_scratch=count_scratch, order=graph.order, name=name or graph.function,
+            op_kinds=[op.kind for op in graph.ops],
         )
 
     def with_budget(self, budget: int) -> SwapProblem:
@@ -165,6 +167,18 @@ class SwapProblem:
         position[np.asarray(order, dtype=np.int64)] = np.arange(self.num_ops)
         return all(position[d] < position[op] for op in range(self.num_ops)
                    for d in self.op_deps[op])
+
+    def is_run_sequence(self, runs: Sequence[int]) -> bool:
+        """Whether `runs` is a topological order of the ops in which some one-output kernels
+        run again later (recompute: `tvm_ext.swap.recompute`)."""
+        first: dict[int, int] = {}
+        for i, op in enumerate(runs):
+            first.setdefault(int(op), i)
+        if len(first) != self.num_ops or not self.is_topological(sorted(first, key=first.get)):
+            return False
+        kinds = self.op_kinds or ["kernel"] * self.num_ops
+        return all(kinds[op] == "kernel" and len(self.op_outputs[op]) == 1
+                   for i, op in enumerate(runs) if first[int(op)] != i)
 
     @property
     def pinned_bytes(self) -> int:

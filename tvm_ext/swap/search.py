@@ -1,8 +1,10 @@
 """The SwapAdvisor search: a genetic algorithm over (schedule, memory-policy knobs).
 
-An individual is a topological op order, a memory layout and the knobs of the swap
-derivation (`Knobs`: how evictions weigh link time, stalls and next-use distance, and how much
-of the budget small arguments may hold on the device). Its fitness is the simulated iteration
+An individual is a topological op order, a memory layout, the knobs of the swap derivation
+(`Knobs`: how evictions weigh link time, stalls and next-use distance, and how much of the
+budget small arguments may hold on the device) and a recompute choice: which candidate tensors
+are dropped after their early uses and made again before their late ones (`recompute.py`)
+instead of being kept or swapped. Its fitness is the simulated iteration
 time of the plan the derivation gives it (`derive.Evaluator`). The layout is either
 SwapAdvisor's, the object count of each size class (`counts`; a tensor occupies one object of
 its class), or one arena carved per tensor at any aligned offset (`counts` None). Size classes
@@ -12,14 +14,16 @@ case; both are searched and the faster plan is returned.
 
 * Seeds: the IR's order, a memory-aware greedy order and an as-late-as-possible order, with a
   spread of knobs, and
-  size-class counts in proportion to each class's peak demand.
+  size-class counts in proportion to each class's peak demand; no recompute, the tensors
+  cheaper to recompute than to copy out and back, and sqrt(n) checkpointing.
 * Crossover: order-preserving on the schedule (a prefix of parent A, then the remaining ops in
-  parent B's order: the child stays topological), uniform on the knobs.
+  parent B's order: the child stays topological), uniform on the knobs and recompute choices.
 * Mutation: move an op to a legal slot (after its last producer, before its first consumer:
   the earliest, the latest or a random one), half of the time an op that stalled in the
   simulation (picked in proportion to its stall); perturb a knob multiplicatively, or
   redraw it; move objects from one size class to another (repaired to each class's minimum
-  and to the budget).
+  and to the budget); flip a few recompute choices (favouring the tensors that free most
+  bytes per second of recompute).
 * Elitism keeps the best individuals; every generation a few mutations of the best are tried
   and kept when better (local search).
 * Stops at the generation limit, the time budget, or after `patience` generations without a
@@ -39,6 +43,7 @@ import numpy as np
 from .derive import Evaluator, Knobs
 from .plan import SwapPlan
 from .problem import SwapProblem
+from .recompute import candidates, cheapest_sets, checkpoint_set
 
 _KEEP_CHOICES = (0.0, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 _KNOB_RANGE = {"beta": (0.0, 3.0), "gamma": (0.0, 10.0), "delta": (0.0, 3.0)}
@@ -46,6 +51,7 @@ _KNOB_RANGE = {"beta": (0.0, 3.0), "gamma": (0.0, 10.0), "delta": (0.0, 3.0)}
 
 @dataclasses.dataclass
 class SearchConfig:
+    recompute: bool = True  # also choose tensors to make again (False: swap only)
     population: int = 16
     generations: int = 200
     time_budget_s: float = 30.0
@@ -55,6 +61,7 @@ class SearchConfig:
     crossover_rate: float = 0.7
     order_mutation_rate: float = 0.3
     knob_mutation_rate: float = 0.8
+    recompute_mutation_rate: float = 0.3
 
 
 @dataclasses.dataclass
@@ -62,6 +69,7 @@ class Individual:
     order: np.ndarray
     knobs: Knobs
     counts: np.ndarray | None = None  # objects per size class; None: one arena
+    recompute: np.ndarray | None = None  # per candidate of the search: made again or not
     fitness: float = math.inf
     stalls: np.ndarray | None = None  # simulated wait before each position's op
 
@@ -132,11 +140,13 @@ def as_late_as_possible_order(problem: SwapProblem) -> list[int]:
 class GeneticSearch:
     """The GA of the module docstring, for one problem."""
 
-    def __init__(self, problem: SwapProblem, config: SearchConfig | None = None, seed: int = 0):
+    def __init__(self, problem: SwapProblem, config: SearchConfig | None = None, seed: int = 0,
+                 evaluator: Evaluator | None = None):
         self.problem = problem
         self.config = config or SearchConfig()
         self.rng = np.random.default_rng(seed)
-        self.evaluator = Evaluator(problem, "swapadvisor")
+        self.evaluator = evaluator or Evaluator(problem, "swapadvisor")
+        self.population: list[Individual] = []
         n = problem.num_ops
         self.preds = [np.array(sorted(set(d)), dtype=np.int64) for d in problem.op_deps]
         succs: list[list[int]] = [[] for _ in range(n)]
@@ -147,6 +157,17 @@ class GeneticSearch:
         self.history: list[float] = []
         # Best time found with each memory layout (inf: the layout cannot fit the budget).
         self.best_by_layout: dict[str, float] = {}
+        ir = np.asarray(problem.order, dtype=np.int64)
+        self.candidates = candidates(problem, ir) if self.config.recompute else \
+            np.zeros(0, dtype=np.int64)
+        # Mutations favour candidates that free many bytes per second of recompute.
+        value = problem.sizes[self.candidates] / np.maximum(
+            problem.durations[np.asarray(problem.producers)[self.candidates]], 1e-12)
+        self.candidate_weights = value / value.sum() if len(value) else value
+
+    def recomputed(self, ind: Individual) -> np.ndarray | None:
+        """The tensors `ind` makes again."""
+        return None if ind.recompute is None else self.candidates[ind.recompute]
 
     # ---------------------------------------------------------------- operators
     def _evaluate(self, ind: Individual) -> Individual:
@@ -155,8 +176,8 @@ class GeneticSearch:
             if ind.counts is None:  # this keep leaves too little room for size classes
                 ind.fitness = math.inf
                 return ind
-        ind.fitness, ind.stalls = self.evaluator.score_with_stalls(ind.order, ind.knobs,
-                                                                   ind.counts)
+        ind.fitness, ind.stalls = self.evaluator.score_with_stalls(
+            ind.order, ind.knobs, ind.counts, self.recomputed(ind))
         layout = "arena" if ind.counts is None else "size_classes"
         self.best_by_layout[layout] = min(self.best_by_layout.get(layout, math.inf),
                                           ind.fitness)
@@ -173,6 +194,19 @@ class GeneticSearch:
         counts[a] -= drop
         counts[b] += drop * int(sizes[a]) // int(sizes[b])
         return counts
+
+    def _mutate_recompute(self, mask: np.ndarray | None) -> np.ndarray | None:
+        """Flip one to three candidates, half of the time drawn by the bytes they free per
+        second of recompute."""
+        if not len(self.candidates):
+            return mask
+        mask = np.zeros(len(self.candidates), dtype=bool) if mask is None else mask.copy()
+        flips = int(self.rng.integers(1, 4))
+        weights = self.candidate_weights if self.rng.random() < 0.5 else None
+        picks = self.rng.choice(len(mask), size=min(flips, len(mask)), replace=False,
+                                p=weights)
+        mask[picks] = ~mask[picks]
+        return mask
 
     def _random_knobs(self) -> Knobs:
         r = self.rng
@@ -236,7 +270,11 @@ class GeneticSearch:
         if a.counts is not None and b.counts is not None:
             pick = self.rng.random(len(a.counts)) < 0.5
             counts = np.where(pick, a.counts, b.counts)
-        return Individual(order, knobs, counts)
+        masks = [m for m in (a.recompute, b.recompute) if m is not None]
+        mask = masks[0] if len(masks) == 1 else None
+        if len(masks) == 2:
+            mask = np.where(self.rng.random(len(masks[0])) < 0.5, *masks)
+        return Individual(order, knobs, counts, mask)
 
     def _tournament(self, pop: list[Individual]) -> Individual:
         picks = self.rng.choice(len(pop), size=min(3, len(pop)), replace=False)
@@ -248,7 +286,9 @@ class GeneticSearch:
         if self.rng.random() < c.crossover_rate:
             child = self._crossover(a, self._tournament(pop))
         else:
-            child = Individual(a.order, a.knobs, a.counts)
+            child = Individual(a.order, a.knobs, a.counts, a.recompute)
+        if self.rng.random() < c.recompute_mutation_rate:
+            child.recompute = self._mutate_recompute(child.recompute)
         if self.rng.random() < c.order_mutation_rate:
             child.order = self._mutate_order(child.order, a.stalls if child.order is a.order
                                              else None)
@@ -274,20 +314,42 @@ class GeneticSearch:
             counts = self.evaluator.initial_counts(k.keep, spread)
             if counts is not None:
                 pop.append(Individual(ir, k, counts))
+        # Recompute: the cheapest tensors to make again, and sqrt(n) checkpointing.
+        for chosen in self._recompute_choices(ir):
+            pop.append(Individual(ir, grid[1], None, np.isin(self.candidates, chosen)))
         while len(pop) < self.config.population:
             pop.append(Individual(ir if len(pop) % 2 else mem, self._random_knobs()))
         return pop[: max(self.config.population, 2)]
 
-    def run(self) -> Individual:
+    def _recompute_choices(self, order: np.ndarray) -> list[np.ndarray]:
+        """Seed recompute choices: the cheapest tensors per byte freed up to a few fractions
+        of the compute time, and sqrt(n) checkpointing (nonempty ones only)."""
+        sets = [*cheapest_sets(self.problem, self.candidates),
+                checkpoint_set(self.problem, order, self.candidates)]
+        return [s for s in sets if len(s)]
+
+    def recompute_seeds(self, population: list[Individual]) -> list[Individual]:
+        """A swap-only search's final `population` (already scored), and its two best with
+        each seed recompute choice added."""
+        seeds = [dataclasses.replace(ind) for ind in population]
+        for lead in sorted(population, key=lambda ind: ind.fitness)[:2]:
+            for chosen in self._recompute_choices(lead.order):
+                seeds.append(Individual(lead.order, lead.knobs, lead.counts,
+                                        np.isin(self.candidates, chosen)))
+        return seeds
+
+    def run(self, seeds: list[Individual] | None = None) -> Individual:
+        """The best individual, from `seeds` (default `self.seeds()`; those already scored
+        are not scored again); the last population is left in `self.population`."""
         c = self.config
         start = time.perf_counter()
-        seeds = self.seeds()
+        seeds = self.seeds() if seeds is None else seeds
         # The first evaluation compiles the core when its on-disk cache is cold (once per
         # installation): the search budget starts after it.
-        pop = [self._evaluate(seeds[0])]
+        pop = [seeds[0] if math.isfinite(seeds[0].fitness) else self._evaluate(seeds[0])]
         deadline = time.perf_counter() + c.time_budget_s
         for ind in seeds[1:]:
-            pop.append(self._evaluate(ind))
+            pop.append(ind if math.isfinite(ind.fitness) else self._evaluate(ind))
             if time.perf_counter() > deadline and len(pop) >= 2:
                 break
         pop.sort(key=lambda ind: ind.fitness)
@@ -305,10 +367,12 @@ class GeneticSearch:
             children.sort(key=lambda ind: ind.fitness)
             for _ in range(c.local_steps):
                 lead = children[0]
-                trial = Individual(lead.order, lead.knobs, lead.counts)
+                trial = Individual(lead.order, lead.knobs, lead.counts, lead.recompute)
                 roll = self.rng.random()
                 if trial.counts is not None and roll < 0.3:
                     trial.counts = self._mutate_counts(trial.counts)
+                elif len(self.candidates) and roll < 0.45:
+                    trial.recompute = self._mutate_recompute(trial.recompute)
                 elif roll < 0.65:
                     trial.knobs = self._mutate_knobs(trial.knobs)
                 else:
@@ -328,22 +392,39 @@ class GeneticSearch:
             if stale >= c.patience:
                 break
         self.elapsed = time.perf_counter() - start
+        self.population = pop
         return best
 
 
 def swapadvisor(problem: SwapProblem, time_budget_s: float = 30.0, seed: int = 0,
-                config: SearchConfig | None = None) -> SwapPlan:
-    """The SwapAdvisor plan of `problem` (GA search, see the module docstring)."""
+                config: SearchConfig | None = None, recompute: bool = True,
+                planner: str = "swapadvisor") -> SwapPlan:
+    """The SwapAdvisor plan of `problem` (GA search, see the module docstring). With
+    `recompute`, a second search starts from the swap-only search's last population and
+    chooses tensors to recompute too; elitism keeps its best, so it is never slower than the
+    swap-only plan (the same search, seed and budget as `recompute=False`)."""
     config = dataclasses.replace(config or SearchConfig(), time_budget_s=time_budget_s)
-    search = GeneticSearch(problem, config, seed)
+    search = GeneticSearch(problem, dataclasses.replace(config, recompute=False), seed)
     best = search.run()
+    elapsed, generations = search.elapsed, search.generations
+    by_layout = dict(search.best_by_layout)
+    if recompute:
+        more = GeneticSearch(problem, dataclasses.replace(config, recompute=True), seed,
+                             search.evaluator)
+        if len(more.candidates):
+            best = more.run(more.recompute_seeds(search.population))
+            elapsed, generations = elapsed + more.elapsed, generations + more.generations
+            for layout, t in more.best_by_layout.items():
+                by_layout[layout] = min(t, by_layout.get(layout, math.inf))
+            search = more
     return search.evaluator.plan(
-        best.order, best.knobs, "swapadvisor", planning_time=search.elapsed,
-        info={"generations": search.generations,
+        best.order, best.knobs, planner, planning_time=elapsed,
+        info={"generations": generations,
               "evaluations": search.evaluator.evaluations, "seed": seed,
+              "recompute_candidates": len(search.candidates),
               "best_by_layout": {k: (v if math.isfinite(v) else None)
-                                 for k, v in search.best_by_layout.items()}},
-        counts=best.counts)
+                                 for k, v in by_layout.items()}},
+        counts=best.counts, recompute=search.recomputed(best))
 
 
 __all__ = ["GeneticSearch", "Individual", "SearchConfig", "as_late_as_possible_order",

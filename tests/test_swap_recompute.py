@@ -1,0 +1,142 @@
+"""Recompute in the swap plan: where second runs go (`augment`), which tensors may be made again,
+plans that recompute hold every invariant (simulated and checked), recompute frees device
+memory without copies, and the search with recompute is never slower than the swap-only search
+it starts from."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from swap_dags import random_problem
+
+from tvm_ext.swap import PlanError, SwapProblem, plan_swaps, simulate, validate
+from tvm_ext.swap.derive import Evaluator, Knobs
+from tvm_ext.swap.recompute import augment, candidates, cheapest_sets, checkpoint_set
+from tvm_ext.swap.search import SearchConfig
+
+
+def _chain(kinds=None, phases=None, durations=None, link=1e3) -> SwapProblem:
+    """w -> a (op0) -> b (op1) -> c (op2) -> d (op3, reads a and c); d is returned.
+    a is used at op1 and again at op3: its longest gap ends at op3."""
+    return SwapProblem(
+        op_names=["op0", "op1", "op2", "op3"], durations=durations or [1.0] * 4,
+        op_deps=[[], [0], [1], [0, 2]], op_inputs=[[0], [1], [2], [1, 3]],
+        op_outputs=[[1], [2], [3], [4]], op_scratch=[[]] * 4,
+        op_phases=phases or ["forward", "forward", "backward", "backward"],
+        tensor_names=["w", "a", "b", "c", "d"], sizes=[256, 1024, 1024, 1024, 256],
+        tensor_kinds=["parameter", "activation", "activation", "activation", "activation"],
+        producers=[-1, 0, 1, 2, 3], host_start=[True, False, False, False, False],
+        pinned=[False] * 5, outputs=[4], budget=1 << 20, h2d_bandwidth=link, h2d_latency=0.0,
+        d2h_bandwidth=link, d2h_latency=0.0, op_kinds=kinds)
+
+
+def test_second_run_goes_before_the_use_after_the_longest_gap():
+    p = _chain()
+    assert candidates(p, p.order).tolist() == [1]  # a: used at op1, then at op3
+    assert augment(p, p.order, [1]).tolist() == [0, 1, 2, 0, 3]
+    assert augment(p, p.order, []).tolist() == [0, 1, 2, 3]
+
+
+def test_only_one_output_kernels_are_made_again():
+    p = _chain(kinds=["builtin", "kernel", "kernel", "kernel"])
+    assert candidates(p, p.order).tolist() == []
+    assert not p.is_run_sequence([0, 1, 2, 0, 3])
+    assert _chain().is_run_sequence([0, 1, 2, 0, 3])
+    assert not _chain().is_run_sequence([0, 2, 1, 3])  # not topological
+    assert not _chain().is_run_sequence([0, 1, 2])  # op3 never runs
+
+
+def test_a_chosen_input_dropped_by_then_is_made_again_first():
+    """a = op0(w), b = op1(a), x = op2(b), y = op3(x), e = op4(b, y), f = op5(a, e): b is made
+    again before e from a, which is dropped by then and chosen for its own late use (f): a's
+    second run moves up to just before b's (a chain), and f reads that copy."""
+    p = SwapProblem(
+        op_names=["a", "b", "x", "y", "e", "f"], durations=[1.0] * 6,
+        op_deps=[[], [0], [1], [2], [1, 3], [0, 4]],
+        op_inputs=[[0], [1], [2], [3], [2, 4], [1, 5]],
+        op_outputs=[[1], [2], [3], [4], [5], [6]], op_scratch=[[]] * 6,
+        op_phases=["forward"] * 6, tensor_names=["w", "a", "b", "x", "y", "e", "f"],
+        sizes=[256] * 7, tensor_kinds=["parameter"] + ["activation"] * 6,
+        producers=[-1, 0, 1, 2, 3, 4, 5], host_start=[True] + [False] * 6, pinned=[False] * 7,
+        outputs=[6], budget=1 << 20, h2d_bandwidth=1e3, h2d_latency=0.0, d2h_bandwidth=1e3,
+        d2h_latency=0.0)
+    assert candidates(p, p.order).tolist() == [1, 2]
+    assert augment(p, p.order, [2]).tolist() == [0, 1, 2, 3, 1, 4, 5]
+    assert augment(p, p.order, [1, 2]).tolist() == [0, 1, 2, 3, 0, 1, 4, 5]
+    plan = Evaluator(p.with_budget(p.min_budget()[0])).plan(p.order, Knobs(), "swapadvisor",
+                                                            recompute=[1, 2])
+    validate(p.with_budget(p.min_budget()[0]), plan)
+    # The first copies of a and b are dropped, not copied out (a copy of the second a may be
+    # copied out at this smallest budget: it is needed again, by f).
+    assert not [s for s in plan.swap_outs if s.tensor in (1, 2) and s.after < 4]
+
+
+def test_recompute_frees_memory_without_copies():
+    """A budget too small to keep `a` through the middle of the chain: swap-only copies it out
+    and back; recompute makes it again, copying nothing of it."""
+    p = _chain()
+    low = p.min_budget()[0]
+    p = p.with_budget(low)
+    evaluator = Evaluator(p)
+    swapped = evaluator.plan(p.order, Knobs(), "swapadvisor")
+    recomputed = evaluator.plan(p.order, Knobs(), "swapadvisor", recompute=[1])
+    for plan in (swapped, recomputed):
+        validate(p, plan)
+    assert any(s.tensor == 1 for s in swapped.swap_outs)
+    assert not any(s.tensor == 1 for s in recomputed.swap_outs + recomputed.swap_ins)
+    assert recomputed.info["recomputed"] == 1 and recomputed.info["bytes_recomputed"] == 1024
+    assert recomputed.info["recompute_s"] == pytest.approx(1.0)
+    # Two residencies of a, each produced by op0 (positions 0 and 3).
+    made = [r.begin for r in recomputed.residencies if r.tensor == 1]
+    assert made == [0, 3] and all(recomputed.schedule[b] == 0 for b in made)
+
+
+def test_a_repeated_op_that_cannot_run_again_is_refused():
+    p = _chain()
+    plan = Evaluator(p).plan(p.order, Knobs(), "swapadvisor", recompute=[1])
+    q = dataclasses.replace(p, op_kinds=["view", "kernel", "kernel", "kernel"])
+    with pytest.raises(PlanError, match="one-output kernels run again"):
+        validate(q, plan)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_recompute_plans_of_random_training_graphs_hold(seed):
+    p = random_problem(seed, num_ops=10, budget_frac=0.2, training=True)
+    cands = candidates(p, p.order)
+    evaluator = Evaluator(p)
+    for chosen in (cands, checkpoint_set(p, p.order, cands), *cheapest_sets(p, cands)):
+        plan = evaluator.plan(p.order, Knobs(), "swapadvisor", recompute=chosen)
+        validate(p, plan)
+        assert simulate(p, plan).makespan == pytest.approx(plan.predicted_time)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_search_with_recompute_is_never_slower_than_swap_only(seed):
+    p = random_problem(seed, num_ops=12, budget_frac=0.15, training=True, bandwidth=300.0)
+    config = SearchConfig(generations=15, patience=15, time_budget_s=60.0)
+    swap_only = plan_swaps(p, "swap_only", seed=seed, config=config)
+    both = plan_swaps(p, "swapadvisor", seed=seed, config=config)
+    validate(p, both)
+    assert both.predicted_time <= swap_only.predicted_time * (1 + 1e-12)
+
+
+def test_checkpoint_baseline_keeps_every_sqrt_nth_activation():
+    p = random_problem(3, num_ops=16, budget_frac=0.3, training=True)
+    cands = candidates(p, p.order)
+    chosen = checkpoint_set(p, p.order, cands)
+    plan = plan_swaps(p, "checkpoint")
+    validate(p, plan)
+    assert plan.info["recomputed"] == len(chosen)
+    assert len(chosen) < len(cands) or not len(cands)
+
+
+def test_cheapest_sets_grow_with_the_compute_allowed():
+    p = random_problem(1, num_ops=14, training=True, bandwidth=10.0)
+    sets = cheapest_sets(p, candidates(p, p.order), (0.01, 0.1, 0.5, 1.0))
+    sizes = [len(s) for s in sets]
+    assert sizes == sorted(sizes)
+    for chosen, fraction in zip(sets, (0.01, 0.1, 0.5, 1.0), strict=True):
+        producers = np.asarray(p.producers)[chosen]
+        assert p.durations[producers].sum() <= fraction * p.durations.sum() + 1e-12

@@ -1,0 +1,154 @@
+"""Recompute: a tensor dropped after one use and made again before a later one, instead of being
+kept on the device or copied out and back.
+
+A recompute choice is a set of tensors. `augment` turns a schedule (a topological order of the
+ops) and the set into the sequence of op runs the swap derivation walks: the producer of each
+chosen tensor runs a second time right before the use that ends the longest stretch of the
+schedule in which the tensor is not used (for a training step's activation, its first backward
+use), preceded by the second runs of the chosen tensors that run reads and no longer has
+(chains, at most `MAX_CHAIN` runs deep). Between the two runs the tensor need not be on the
+device and is never copied out: the derivation frees its window after its last use before the
+second run, and the second run writes it into a window of its own (`_core.derive`).
+
+Only one-output kernel ops are run again (`recomputable`): kernels are pure functions of their
+inputs (Relax tensors are never written after they are made), so a second run makes the same
+bytes; views, packed calls (collectives, copies) and kernels of several outputs are never
+repeated. A tensor is a candidate when such an op makes it, it is neither an argument nor
+returned, and at least `MIN_GAP` positions separate two of its consecutive uses.
+
+Heuristic seeds of the search (`cheapest_sets`, `checkpoint_set`): the tensors that cost least
+compute per byte they free (and less than copying them out and back), up to a few fractions of
+the iteration's compute; the classic recompute-only policy, keeping every ~sqrt(n)-th activation
+a backward pass reads and recomputing the others.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .problem import SwapProblem
+
+MAX_CHAIN = 4  # second runs feeding one another, at most
+MIN_GAP = 2  # positions between two uses for a drop to pay
+# Seeds of the search: recompute adding at most these fractions of the iteration's compute.
+SEED_FRACTIONS = (0.01, 0.02, 0.05, 0.1)
+
+
+def recomputable(problem: SwapProblem) -> np.ndarray:
+    """Per op: whether it may run a second time (a kernel with one output)."""
+    kinds = problem.op_kinds or ["kernel"] * problem.num_ops
+    return np.array([k == "kernel" and len(outs) == 1
+                     for k, outs in zip(kinds, problem.op_outputs, strict=True)], dtype=bool)
+
+
+def _use_positions(problem: SwapProblem, order: np.ndarray) -> list[list[int]]:
+    uses: list[list[int]] = [[] for _ in range(problem.num_tensors)]
+    for i, op in enumerate(order):
+        for t in problem.needs(int(op)):
+            uses[t].append(i)
+    return uses
+
+
+def _drop_point(uses: list[int]) -> tuple[int, int]:
+    """(use index ending the longest gap between consecutive uses, that gap)."""
+    gaps = np.diff(np.asarray(uses, dtype=np.int64))
+    j = int(np.argmax(gaps))
+    return j + 1, int(gaps[j])
+
+
+def candidates(problem: SwapProblem, order) -> np.ndarray:
+    """Tensors that may be recomputed under `order` (see the module docstring)."""
+    order = np.asarray(order, dtype=np.int64)
+    ok = recomputable(problem)
+    returned = np.zeros(problem.num_tensors, dtype=bool)
+    returned[problem.outputs] = True
+    uses = _use_positions(problem, order)
+    out = []
+    for t in range(problem.num_tensors):
+        p = problem.producers[t]
+        if p < 0 or not ok[p] or returned[t] or problem.pinned[t] or problem.host_start[t] \
+                or problem.sizes[t] == 0 or len(uses[t]) < 2:
+            continue
+        if _drop_point(uses[t])[1] >= MIN_GAP:
+            out.append(t)
+    return np.asarray(out, dtype=np.int64)
+
+
+def augment(problem: SwapProblem, order, chosen) -> np.ndarray:
+    """The op runs of `order` with the second runs of the producers of `chosen` tensors (see
+    the module docstring); `order` itself when nothing is chosen."""
+    order = np.asarray(order, dtype=np.int64)
+    chosen = [int(t) for t in chosen]
+    if not chosen:
+        return order
+    uses = _use_positions(problem, order)
+    at: dict[int, int] = {}  # tensor -> position its second run goes before
+    for t in chosen:
+        j, _ = _drop_point(uses[t])
+        at[t] = uses[t][j]
+    position = np.empty(problem.num_ops, dtype=np.int64)
+    position[order] = np.arange(len(order))
+    # A chosen input of a second run is made again before it, unless it is still there (not
+    # yet dropped: its own drop point lies after that run); deepest first, MAX_CHAIN deep.
+    depth = dict.fromkeys(at, 0)
+    for t in sorted(at, key=lambda t: -position[problem.producers[t]]):
+        for x in problem.op_inputs[problem.producers[t]]:
+            if x in at and at[x] > at[t] and _dropped_before(uses[x], at[t]) \
+                    and depth[t] + 1 <= MAX_CHAIN:
+                at[x] = at[t]
+                depth[x] = max(depth[x], depth[t] + 1)
+    runs: dict[int, list[int]] = {}
+    for t, pos in at.items():
+        runs.setdefault(pos, []).append(problem.producers[t])
+    out: list[int] = []
+    for i, op in enumerate(order):
+        # Second runs in the order of their first ones: inputs before the runs that read them.
+        out.extend(sorted(runs.get(i, ()), key=lambda p: position[p]))
+        out.append(int(op))
+    return np.asarray(out, dtype=np.int64)
+
+
+def _dropped_before(uses: list[int], pos: int) -> bool:
+    """Whether a tensor with these uses is not used in the gap ending at `pos` (so a run at
+    `pos` finds it dropped): its longest gap ends at or after `pos`."""
+    j, _ = _drop_point(uses)
+    return uses[j - 1] < pos
+
+
+def cheapest_sets(problem: SwapProblem, cands: np.ndarray,
+                  fractions=SEED_FRACTIONS) -> list[np.ndarray]:
+    """Per fraction f: the candidates that cost least recompute time per byte they free, as
+    many as add at most f of the iteration's compute time; only those whose producer takes
+    less time than copying them out and back."""
+    producers = np.asarray(problem.producers, dtype=np.int64)[cands]
+    seconds = problem.durations[producers]
+    link = np.array([problem.transfer_time(b, "d2h") + problem.transfer_time(b, "h2d")
+                     for b in problem.sizes[cands]])
+    cheap = seconds < link
+    ranked = cands[cheap][np.argsort(seconds[cheap] / problem.sizes[cands][cheap],
+                                     kind="stable")]
+    added = np.cumsum(problem.durations[np.asarray(problem.producers)[ranked]])
+    total = float(problem.durations.sum())
+    return [ranked[:int(np.searchsorted(added, f * total, side="right"))] for f in fractions]
+
+
+def checkpoint_set(problem: SwapProblem, order, cands: np.ndarray) -> np.ndarray:
+    """The recompute-only baseline: of the candidates made in the forward pass and read in the
+    backward pass, keep every ~sqrt(n)-th (in schedule order) and recompute the others."""
+    order = np.asarray(order, dtype=np.int64)
+    position = np.empty(problem.num_ops, dtype=np.int64)
+    position[order] = np.arange(len(order))
+    backward_reads = np.zeros(problem.num_tensors, dtype=bool)
+    for op in range(problem.num_ops):
+        if problem.op_phases[op] == "backward":
+            backward_reads[problem.op_inputs[op]] = True
+    spanning = [int(t) for t in cands if backward_reads[t] and
+                problem.op_phases[problem.producers[t]] == "forward"]
+    spanning.sort(key=lambda t: position[problem.producers[t]])
+    if not spanning:
+        return np.zeros(0, dtype=np.int64)
+    every = max(1, round(math.sqrt(len(spanning))))
+    return np.asarray([t for k, t in enumerate(spanning) if k % every != every - 1],
+                      dtype=np.int64)
