@@ -1,5 +1,6 @@
 """A picture of one swap plan: device memory over the simulated iteration against the budget,
-and what each of the three streams (compute, device-to-host, host-to-device) does when."""
+and what each of the three streams (compute, device-to-host, host-to-device) does when; a
+second run of an op (recompute) is drawn on the compute lane in its own colour."""
 
 from __future__ import annotations
 
@@ -31,11 +32,22 @@ def plot_plan(problem: SwapProblem, plan: SwapPlan, path: str, title: str = "") 
                   f"{plan.predicted_time * scale:.3f} ms, {plan.bytes_swapped / mib:.1f} MiB "
                   f"swapped")
     lanes = {"compute": (2, "tab:green"), "d2h": (1, "tab:orange"), "h2d": (0, "tab:purple")}
+    seen: set[int] = set()
+    again = []  # positions whose op ran before: recompute
+    for i, op in enumerate(plan.schedule):
+        if op in seen:
+            again.append(i)
+        seen.add(op)
     for name, events in sim.timelines(plan).items():
         y, color = lanes[name]
-        spans = [(s * scale, (e - s) * scale) for _, s, e in events if e > s]
-        if spans:
-            streams.broken_barh(spans, (y - 0.35, 0.7), facecolors=color)
+        redo = set(again) if name == "compute" else set()
+        for keep, colour, label in ((False, color, None), (True, "tab:red", "recompute")):
+            spans = [(s * scale, (e - s) * scale) for i, (_, s, e) in enumerate(events)
+                     if e > s and (i in redo) == keep]
+            if spans:
+                streams.broken_barh(spans, (y - 0.35, 0.7), facecolors=colour, label=label)
+    if again:
+        streams.legend(loc="upper right", fontsize=8)
     streams.set_yticks([lane for lane, _ in lanes.values()], list(lanes))
     streams.set_xlabel("simulated time (ms)")
     fig.tight_layout()
