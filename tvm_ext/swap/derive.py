@@ -22,7 +22,7 @@ import numpy as np
 from . import _core
 from .plan import Residency, SwapIn, SwapOut, SwapPlan
 from .problem import ALIGNMENT, SwapProblem
-from .simulator import link, simulate
+from .simulator import link, makespan_of, simulate
 
 MODES = {"swapadvisor": _core.SWAPADVISOR, "lru": _core.LRU, "vdnn": _core.VDNN}
 CLASS_TOLERANCE = 0.05  # sizes within 5% share a class (e.g. 500 MiB tensors in 512 MiB objects)
@@ -72,6 +72,7 @@ class Evaluation:
     arena: int  # bytes of the planned region
     op_start: np.ndarray  # simulated, by position
     op_end: np.ndarray
+    op_ready: np.ndarray  # when compute could have started each op, had it not waited
 
 
 class Evaluator:
@@ -266,21 +267,18 @@ class Evaluator:
                              p.sizes[outs.tensor].astype(np.float64), d_order, q_final,
                              ins.before, ins.wait_key, p.sizes[ins.tensor].astype(np.float64),
                              h_order, derived.op_wait, self.link, derived.big)
-        op_e, d_e = sim.op_end, sim.d2h_end
-        makespan = max(op_e[-1] if len(op_e) else 0.0, d_e.max() if len(d_e) else 0.0)
         self.evaluations += 1
-        return Evaluation(float(makespan), derived, d_order, h_order, q_final, fixed, arena,
-                          sim.op_start, sim.op_end)
+        return Evaluation(makespan_of(p, sim), derived, d_order, h_order, q_final, fixed, arena,
+                          sim.op_start, sim.op_end, sim.op_ready)
 
     def score(self, order: np.ndarray, knobs: Knobs, counts: np.ndarray | None = None) -> float:
         return self.run(order, knobs, counts).makespan
 
     def score_with_stalls(self, order: np.ndarray, knobs: Knobs,
                           counts: np.ndarray | None = None) -> tuple[float, np.ndarray]:
-        """(simulated time, how long each position's op waited after its predecessor)."""
+        """(simulated time, how long each position's op waited for copies)."""
         ev = self.run(order, knobs, counts)
-        stalls = ev.op_start - np.concatenate([[0.0], ev.op_end[:-1]])
-        return ev.makespan, np.maximum(stalls, 0.0)
+        return ev.makespan, np.maximum(ev.op_start - ev.op_ready, 0.0)
 
     # ---------------------------------------------------------------- the plan
     def plan(self, order: np.ndarray, knobs: Knobs, planner: str,

@@ -73,6 +73,8 @@ class SwapProblem:
     count_scratch: bool = False
     order: list[int] | None = None  # the IR's schedule (default 0..n-1)
     name: str = ""
+    copy_issue: float = 0.0  # compute-stream seconds per copy issued (`Hardware`)
+    sync_latency: float = 0.0  # s from an event to the stream stalled on it resuming
 
     def __post_init__(self):
         self.durations = np.asarray(self.durations, dtype=np.float64)
@@ -139,6 +141,7 @@ class SwapProblem:
             h2d_bandwidth=hw.host_to_device.bandwidth, h2d_latency=hw.host_to_device.latency,
             d2h_bandwidth=hw.device_to_host.bandwidth, d2h_latency=hw.device_to_host.latency,
             count_scratch=count_scratch, order=graph.order, name=name or graph.function,
+            copy_issue=hw.copy_issue_overhead, sync_latency=hw.sync_overhead,
         )
 
     def with_budget(self, budget: int) -> SwapProblem:
