@@ -62,6 +62,7 @@ def test_swapped_run_stays_exact_with_the_emulated_link(swapped):
                      sum(SLOW.transfer_time(c.nbytes) for c in plan.swap_ins))
     assert min(run.latencies_ms) >= per_stream * 1e3
     assert 0.0 <= run.hidden_fraction <= 1.0
+    assert 0.0 < run.cpu_share <= 1.05
 
 
 def test_measured_timeline_has_every_kernel_and_copy_in_order(swapped):

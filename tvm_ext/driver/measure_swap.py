@@ -54,6 +54,11 @@ class MeasuredRun:
     events: list[Event]  # of the traced call
     streams: list[swap_streams.StreamStats]  # over the timed calls
     link: swap_streams.EmulatedLink | None  # the emulated link in force, if any
+    # CPU time of the calling thread (which runs the kernels) over the wall time of the timed
+    # calls: near 1 for an unswapped run on a quiet machine; well below, other processes held
+    # the core (a loaded machine's scheduler also favours a thread that often sleeps in waits,
+    # so a swapped run is slowed less than an unswapped one).
+    cpu_share: float = float("nan")
 
     @property
     def median_ms(self) -> float:
@@ -71,6 +76,7 @@ class MeasuredRun:
         return {
             "median_ms": self.median_ms, "latencies_ms": self.latencies_ms,
             "traced_ms": self.traced_ms, "hidden_fraction": self.hidden_fraction,
+            "cpu_share": self.cpu_share,
             "copies": sum(s.copies for s in self.streams),
             "bytes_copied": sum(s.bytes for s in self.streams),
             "paced_copies": paced, "late_copies": sum(s.late for s in self.streams),
@@ -109,7 +115,9 @@ def measure_run(
         main(*args)
     device.sync()
     swap_streams.reset_stats()
+    cpu0 = time.thread_time()
     latencies = time_calls(lambda: main(*args), device.sync, repeat)
+    cpu_share = (time.thread_time() - cpu0) * 1e3 / sum(latencies) if latencies else float("nan")
     streams = swap_streams.stream_stats()
     swap_streams.record_vm_calls(vm)
     swap_streams.reset_stats()
@@ -121,7 +129,7 @@ def measure_run(
     events = [_event(r) for r in swap_streams.trace()]
     swap_streams.reset_stats()
     return MeasuredRun(outputs, latencies, traced, events, streams,
-                       swap_streams.emulated_link())
+                       swap_streams.emulated_link(), cpu_share)
 
 
 def _event(record) -> Event:
