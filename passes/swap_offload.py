@@ -14,8 +14,10 @@ lowered, destination-passing form the rest of the pipeline leaves alone:
 3. copies on two streams through the runtime library (`tvm_ext.runtime.swap_streams`): swap-outs
    (stream 0, device to host, into one host pool) after the op the plan names, swap-ins
    (stream 1) into their window, a `wait` right before the first op that reads a swapped-in
-   tensor and before any op or copy that overwrites a region still being copied out, and
-   `wait_all` before returning;
+   tensor and before any op that overwrites a region still being copied out, and `wait_all`
+   before returning. A swap-in into a region still being copied out (or of data still being
+   copied out) is not waited for by the caller: the runtime orders it after that swap-out on
+   the copy streams, so the compute goes on as the simulator assumes;
 4. arguments the plan leaves on the host are declared on a host virtual device (VM device 1),
    the others on the device (VM device 0);
 5. the function attribute `tvm_ext.swap_plan` records the plan summary (budget, planned peak,
@@ -337,6 +339,9 @@ class _Rewriter:
         for k in indices:
             s = self.plan.swap_ins[k]
             t = self.g.tensors[s.tensor]
-            self.wait_swap_out(s.wait_swap_out)
+            # No wait here for the swap-out of what the window held (or of the tensor's own
+            # data): the runtime orders copies on different streams that touch the same memory
+            # (src/swap/copy_streams.cc), so the swap-in waits on its stream as the simulator
+            # has it, and the compute goes on.
             dst = self.place(s.residency)
             self.emit(swap_streams.copy_async_call(self.host_val[s.tensor], dst, H2D, t.name))

@@ -1,10 +1,11 @@
-"""Random swap problems on small DAGs, for the swap planner tests (no TVM involved)."""
+"""Random swap problems on small DAGs, and a hand-made plan with known times, for the swap
+planner tests (no TVM involved)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from tvm_ext.swap import SwapProblem
+from tvm_ext.swap import Residency, SwapIn, SwapOut, SwapPlan, SwapProblem
 from tvm_ext.swap.problem import align
 
 
@@ -47,3 +48,29 @@ def random_problem(seed: int, num_ops: int = 8, num_args: int = 3, budget_frac: 
     low = problem.min_budget()[0]
     high = problem.no_swap_peak()
     return problem.with_budget(int(low + budget_frac * max(high - low, 0)))
+
+
+def hand_problem_and_plan(copy_issue: float = 0.0, sync: float = 0.0):
+    """y = x + 1, z = 2x, w = y + z; each op 1 s, each copy 1 s (256 bytes at 256 B/s).
+
+    y is swapped out after op 0 and back in (to another window) for op 2; z overwrites y's
+    window, so op 1 waits for y's swap-out, and so does the swap-in of y's own data.
+    """
+    problem = SwapProblem(
+        op_names=["add_one", "double", "add"], durations=[1.0, 1.0, 1.0],
+        op_deps=[[], [], [0, 1]], op_inputs=[[0], [0], [1, 2]], op_outputs=[[1], [2], [3]],
+        op_scratch=[[], [], []], op_phases=["forward"] * 3, tensor_names=["x", "y", "z", "w"],
+        sizes=[256] * 4, tensor_kinds=["input", "activation", "activation", "activation"],
+        producers=[-1, 0, 1, 2], host_start=[True, False, False, False], pinned=[False] * 4,
+        outputs=[3], budget=1024, h2d_bandwidth=256.0, h2d_latency=0.0, d2h_bandwidth=256.0,
+        d2h_latency=0.0, copy_issue=copy_issue, sync_latency=sync)
+    plan = SwapPlan(
+        planner="hand", budget=1024, schedule=[0, 1, 2], pools=[768], size_classes=[],
+        pinned=[0], host_start=[], outputs_on_host=[],
+        residencies=[Residency(1, 0, 0, 256, 0, 0, "produced"),
+                     Residency(2, 0, 0, 256, 1, 2, "produced", wait_swap_out=0),
+                     Residency(1, 0, 256, 256, 1, 2, "swap_in", swap_in=0, wait_swap_out=0),
+                     Residency(3, 0, 512, 256, 2, 2, "produced")],
+        swap_outs=[SwapOut(1, 0, 256)], swap_ins=[SwapIn(1, 0, 2, 256, 2, wait_swap_out=0)],
+        predicted_time=0.0, predicted_peak=1024)
+    return problem, plan

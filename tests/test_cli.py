@@ -110,6 +110,31 @@ def test_device_memory_run_check(tmp_path, capsys):
     assert plot.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_emulated_link_run_is_reported(tmp_path, capsys):
+    """--link-gbps: the plan is made for the link, the swapped run's copies are paced to it (the
+    report says so), outputs stay exact, and the sidecar names the environment to set."""
+    report, module = tmp_path / "r.json", tmp_path / "m.so"
+    argv = ["mlp", "--training", "--device-memory", "min", "--planner", "lru", "--link-gbps",
+            "0.05", "--link-latency-us", "300", "--run", "--check", "--repeat", "1",
+            "--report", str(report), "--output", str(module)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "link    emulated 0.05 GB/s, 300 us per copy (--link-gbps)" in out
+    assert "copies were paced to an emulated link: 0.05 GB/s, 300 us per copy" in out
+    assert "check   OK" in out
+    data = json.loads(report.read_text())
+    assert data["run"]["emulated_link"] == {"gbps": pytest.approx(0.05),
+                                            "latency_us": pytest.approx(300),
+                                            "source": "--link-gbps"}
+    assert data["swap"]["emulated_link"]["link_gbps"] == pytest.approx(0.05)
+    side = json.loads((tmp_path / "m.so.swap.json").read_text())
+    assert side["emulated_link"]["environment"] == {"TVM_EXT_LINK_GBPS": "0.05",
+                                                    "TVM_EXT_LINK_LATENCY_US": "300"}
+    from tvm_ext.runtime import swap_streams
+
+    assert swap_streams.emulated_link() is None, "the link is off again after the run"
+
+
 def test_device_memory_too_small_fails_before_compiling(capsys):
     assert main(["gpt", "--training", "--device-memory", "1KiB"]) == 2
     captured = capsys.readouterr()
@@ -421,6 +446,20 @@ def test_bad_values_exit_2(argv, message, tmp_path, capsys):
      "--swap-time-budget bounds the SwapAdvisor search; --planner vdnn does not search"),
     (["mlp", "--rtol", "1e-3"], "--rtol is a tolerance of --check: it needs --check"),
     (["model.pt2", "--size", "small"], "--size picks a zoo model size"),
+    (["mlp", "--link-gbps", "2"], "--link-gbps emulates the link of swap copies: it needs "
+     "--device-memory"),
+    (["mlp", "--device-memory", "50%", "--link-gbps", "fast"],
+     "--link-gbps takes a number of GB/s > 0 or 'scaled'"),
+    (["mlp", "--device-memory", "50%", "--link-gbps", "0"],
+     "--link-gbps takes a number of GB/s > 0"),
+    (["mlp", "--device-memory", "50%", "--link-gbps", "scaled", "--link-latency-us", "5"],
+     "--link-latency-us is the latency of --link-gbps GBPS"),
+    (["mlp", "--device-memory", "50%", "--link-gbps", "2", "--target", "cuda"],
+     "--link-gbps paces the CPU stand-in's copies"),
+    (["mlp", "--device-memory", "50%", "--link-gbps", "2", "--devices", "2"],
+     "--link-gbps emulates the host link of a single-device swapped run: not with --devices"),
+    (["mlp", "--device-memory", "50%", "--link-gbps", "2", "--hardware", "h100"],
+     "--hardware does nothing with --link-gbps GBPS"),
 ])
 def test_idle_options_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -30,6 +33,7 @@ def _clean_streams():
     swap_streams.set_tracing(True)
     yield
     swap_streams.set_tracing(False)
+    swap_streams.set_emulated_link(0.0)
     swap_streams.reset()
 
 
@@ -112,6 +116,101 @@ def test_blocking_wait_is_not_counted_as_overlap():
     stats = swap_streams.stats(0)
     assert stats.overlap_ns == (copy.end_ns - copy.start_ns) - blocked
     assert stats.wait_ns == sum(w.end_ns - w.start_ns for w in waits)
+
+
+# ------------------------------------------------------------------------------------------------
+# The emulated link (src/swap/link_emulation.h)
+# ------------------------------------------------------------------------------------------------
+
+SLOW_LINK = (64e6, 2e-3)  # 64 MB/s, 2 ms per copy: 1 MiB takes 2 + 16.4 ms
+
+
+def _paced(nbytes: int) -> float:
+    bandwidth, latency = SLOW_LINK
+    return latency + nbytes / bandwidth
+
+
+def test_emulated_link_paces_each_copy_on_its_stream():
+    """A copy of N bytes at B bytes/s (+ latency L) takes about L + N/B on its stream (never
+    less: the worker sleeps to that deadline), the caller does not wait for it, and the two
+    directions are two links (a swap-out and a swap-in overlap)."""
+    swap_streams.set_emulated_link(*SLOW_LINK)
+    assert swap_streams.emulated_link() == swap_streams.EmulatedLink(*SLOW_LINK)
+    n = 1 << 18  # float32: 1 MiB
+    x = to_device(np.ones(n, "float32"), DEV)
+    x_host = swap_streams.host_empty((n,), "float32", HOST, DEV)
+    y_host = to_device(np.full(n, 2.0, "float32"), HOST)
+    y = empty((n,), "float32", DEV)
+    start = swap_streams.now_ns()
+    swap_streams.copy_async(x, x_host, 0, "x")  # device -> host
+    swap_streams.copy_async(y_host, y, 1, "y")  # host -> device, on the other stream
+    issued = swap_streams.now_ns() - start
+    swap_streams.wait_all()
+    wall = (swap_streams.now_ns() - start) * 1e-9
+    expected = _paced(4 * n)
+    assert issued * 1e-9 < expected / 4, "copy_async blocked its caller"
+    copies = [r for r in swap_streams.trace() if isinstance(r, swap_streams.CopyRecord)]
+    assert sorted(c.stream for c in copies) == [0, 1]
+    for c in copies:
+        took = (c.end_ns - c.start_ns) * 1e-9
+        assert expected * 0.999 <= took < expected * 3 + 0.05, (c.name, took, expected)
+    assert wall < 2 * expected, "the two streams' copies ran one after the other"
+    np.testing.assert_array_equal(x_host.numpy(), 1.0)
+    np.testing.assert_array_equal(y.numpy(), 2.0)
+    stats = swap_streams.stats(0)
+    assert (stats.paced, stats.copies) == (1, 1)
+    assert stats.overshoot_ns >= 0
+
+
+def test_emulated_link_sleeps_instead_of_spinning():
+    """While a paced copy waits for its deadline the process uses almost no CPU."""
+    swap_streams.set_emulated_link(*SLOW_LINK)
+    n = 1 << 20  # 4 MiB: 2 + 65.5 ms
+    x = to_device(np.ones(n, "float32"), DEV)
+    x_host = swap_streams.host_empty((n,), "float32", HOST, DEV)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    swap_streams.copy_async(x, x_host, 0, "x")
+    swap_streams.wait_all()
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    assert wall >= _paced(4 * n) * 0.999
+    assert cpu < wall / 3, f"{cpu * 1e3:.1f} ms of CPU over {wall * 1e3:.1f} ms: spinning?"
+
+
+def test_emulated_link_paces_only_copies_between_two_devices():
+    swap_streams.set_emulated_link(1e6, 0.5)  # would take > 0.5 s per copy
+    n = 1 << 10
+    a = to_device(np.ones(n, "float32"), HOST)
+    b = swap_streams.host_empty((n,), "float32", HOST, DEV)
+    start = time.perf_counter()
+    swap_streams.copy_async(a, b, 0, "host to host")
+    swap_streams.wait_all()
+    assert time.perf_counter() - start < 0.4
+    assert swap_streams.stats(0).paced == 0
+
+
+def test_emulated_link_is_off_by_default_and_refuses_bad_values():
+    assert swap_streams.emulated_link() is None
+    for bad in ((-1.0, 0.0), (1e9, -1e-6), (float("inf"), 0.0)):
+        with pytest.raises(ValueError, match="finite and >= 0"):
+            swap_streams.set_emulated_link(*bad)
+    assert swap_streams.emulated_link() is None
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"TVM_EXT_LINK_GBPS": "0.5", "TVM_EXT_LINK_LATENCY_US": "20"}, "0.5 GB/s, 20 us"),
+    ({"TVM_EXT_LINK_GBPS": "fast"}, "TVM_EXT_LINK_GBPS=fast is not a number >= 0"),
+])
+def test_emulated_link_of_an_exported_module_comes_from_the_environment(env, expected):
+    """A module run without tvm_ext's Python takes the link from the environment; a malformed
+    variable is an error naming it."""
+    code = ("from tvm_ext.runtime import swap_streams as s\n"
+            "try:\n    link = s.emulated_link()\n"
+            "    print(link if link is None else link.describe())\n"
+            "except ValueError as err:\n    print(err)\n")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TVM_EXT_LINK")}
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env},
+                         capture_output=True, text=True, timeout=120)
+    assert expected in out.stdout, out.stdout + out.stderr
 
 
 def test_one_stream_is_fifo():

@@ -56,3 +56,53 @@ def test_measured_kernel_times_on_a_tiny_model():
     before = op_times(graph, "cpu").sum()
     assert abs(np.log(calibrated / measured)) <= abs(np.log(before / measured)) + 0.05
     assert abs(np.log(calibrated / measured)) < np.log(2.0)
+
+
+def test_scaled_link_keeps_the_presets_compute_to_link_ratio():
+    """A graph this CPU runs 40x slower than the H100 preset gets the H100's PCIe link 40x
+    slower: every copy takes 40x longer, as the compute does in total."""
+    from tvm_ext.cost.emulation import scaled_link, time_scale
+
+    h100 = get_hardware("h100")
+    scale = time_scale([0.3, 0.1], [0.004, 0.006])
+    assert scale == pytest.approx(40.0)
+    link = scaled_link(h100.host_to_device, scale)
+    assert link.bandwidth == pytest.approx(h100.host_to_device.bandwidth / 40)
+    assert link.latency == pytest.approx(h100.host_to_device.latency * 40)
+    for nbytes in (256, 1 << 20, 1 << 30):
+        assert link.transfer_time(nbytes) == pytest.approx(
+            40 * h100.host_to_device.transfer_time(nbytes))
+    with pytest.raises(ValueError, match="positive compute times"):
+        time_scale([0.0], [1.0])
+
+
+def test_stand_in_hardware_carries_the_link_and_the_runtime_costs():
+    from tvm_ext.cost.emulation import RuntimeCosts, fixed_link, stand_in_hardware
+
+    link = fixed_link(2.0, 50.0)
+    assert (link.bandwidth, link.latency) == (2e9, pytest.approx(50e-6))
+    hw = stand_in_hardware(link, costs=RuntimeCosts(copy_issue=3e-5, sync=1e-5,
+                                                    overshoot=2e-5))
+    cpu = get_hardware("cpu")
+    assert hw.peak_flops == cpu.peak_flops
+    for direction in (hw.host_to_device, hw.device_to_host):
+        assert direction.bandwidth == 2e9
+        assert direction.latency == pytest.approx(70e-6)  # + the pacing overshoot
+    assert (hw.copy_issue_overhead, hw.sync_overhead) == (3e-5, 1e-5)
+    with pytest.raises(ValueError, match="GB/s > 0"):
+        fixed_link(0.0)
+    # The presets have no runtime costs: GPU plans are scored as before.
+    assert all(h.copy_issue_overhead == h.sync_overhead == 0.0 for h in HARDWARE.values())
+
+
+def test_dispatch_overhead_spreads_the_unexplained_time_over_kernels():
+    from tvm_ext.cost.calibration import dispatch_overhead, with_dispatch_overhead
+
+    graph = fused_graph(get_model("mlp", "tiny"), resolve_target("llvm"))
+    kernels = sum(op.kind == "kernel" for op in graph.ops)
+    times = np.full(graph.num_ops, 1e-4)
+    overhead = dispatch_overhead(graph, times, times.sum() + kernels * 2e-6)
+    assert overhead == pytest.approx(2e-6)
+    assert with_dispatch_overhead(graph, times, overhead).sum() == pytest.approx(
+        times.sum() + kernels * 2e-6)
+    assert dispatch_overhead(graph, times, times.sum() / 2) == 0.0

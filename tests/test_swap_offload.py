@@ -142,12 +142,14 @@ def _expected(plan: SwapPlan):
             y_host = R.memory.alloc_tensor(host_pool, 0, R.shape([64]), "float32")
             R.call_packed("tvm_ext.swap.copy_async", y, y_host, 0, R.str("y"),
                           ty_args=R.Tuple([]))
-            # the swap-in goes to offset 256, but waits for the swap-out of its own data
-            R.call_packed("tvm_ext.swap.wait", y, 0, ty_args=R.Tuple([]))
+            # the swap-in goes to offset 256; the runtime orders it after the swap-out of its
+            # own data (they touch the same host memory), without the caller waiting
             y2 = R.memory.ensure_zero_offset(
                 R.memory.alloc_tensor(pool, 256, R.shape([64]), "float32"))
             R.call_packed("tvm_ext.swap.copy_async", y_host, y2, 1, R.str("y"),
                           ty_args=R.Tuple([]))
+            # z overwrites y's window: the caller waits for y's swap-out first
+            R.call_packed("tvm_ext.swap.wait", y, 0, ty_args=R.Tuple([]))
             z = R.memory.ensure_zero_offset(
                 R.memory.alloc_tensor(pool, 0, R.shape([64]), "float32"))
             cls.double(x, z)

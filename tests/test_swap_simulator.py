@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from swap_dags import random_problem
+from swap_dags import hand_problem_and_plan, random_problem
 
 from tvm_ext.swap import SearchConfig, plan_swaps, simulate, validate
 from tvm_ext.swap.plan import PlanError
@@ -76,3 +78,37 @@ def test_validate_catches_broken_plans():
     bad.residencies = [r for i, r in enumerate(bad.residencies) if i != s.residency]
     with pytest.raises(PlanError):
         validate(problem, bad)
+
+
+def test_runtime_costs_known_answer():
+    """Without runtime costs: op 0 [0, 1], y out [1, 2], y in [2, 3] (after its swap-out),
+    op 1 [2, 3] (waits for y's swap-out), op 2 [3, 4]: 4 s.
+    Issue 0.1 s, sync 0.01 s: after op 0 the compute issues the swap-out (1.1) and the swap-in
+    (1.2), each to an idle stream; the swap-out runs [1.11, 2.11] (woken 0.01 after its
+    issue), the swap-in waits for it: [2.12, 3.12]; op 1 stalls on the swap-out: [2.12, 3.12];
+    op 2 finds the swap-in just done (3.12, no stall): [3.12, 4.12]."""
+    problem, plan = hand_problem_and_plan()
+    validate(problem, plan)
+    sim = simulate(problem, plan)
+    assert sim.makespan == pytest.approx(4.0)
+    assert sim.stalls == [(1.0, 2.0)]
+
+    problem, plan = hand_problem_and_plan(copy_issue=0.1, sync=0.01)
+    sim = simulate(problem, plan)
+    assert list(sim.d2h_start) + list(sim.d2h_end) == pytest.approx([1.11, 2.11])
+    assert list(sim.h2d_start) + list(sim.h2d_end) == pytest.approx([2.12, 3.12])
+    assert list(sim.op_start) == pytest.approx([0.0, 2.12, 3.12])
+    assert sim.makespan == pytest.approx(4.12)
+    assert sim.stalls == [pytest.approx((1.2, 2.12))]
+
+
+def test_runtime_costs_are_scored_by_the_search():
+    """The search's core and the simulator agree with runtime costs too (the plan's
+    predicted time is the simulated one), and the costs only add time."""
+    problem = random_problem(3, num_ops=12, budget_frac=0.3, training=True)
+    free = plan_swaps(problem, "lru")
+    costly = dataclasses.replace(problem, copy_issue=1e-4, sync_latency=1e-4)
+    plan = plan_swaps(costly, "lru")
+    _check(costly, plan)
+    assert plan.swap_ins and free.swap_ins
+    assert plan.predicted_time > free.predicted_time

@@ -53,9 +53,13 @@
  * t's bytes (any view of the memory works); it returns at once if there is none; S = -1 waits
  * on every stream.
  *
+ * On the CPU stand-in an emulated host link (link_emulation.h) can pace each copy between the
+ * two devices to latency + bytes / bandwidth of wall time on its stream (off by default).
+ *
  * Statistics (per stream: copies, bytes, busy time, the part of it during which no caller was
- * blocked in a wait = overlap with compute, time callers spent blocked) and an optional trace of
- * timestamps serve tests and benchmarks; CUDA streams report copies and bytes but no times.
+ * blocked in a wait = overlap with compute, time callers spent blocked, copies paced by the
+ * emulated link and how late they ended) and an optional trace of timestamps (trace.h) serve
+ * tests and benchmarks; CUDA streams report copies and bytes but no times.
  */
 #include "swap/copy_streams.h"
 
@@ -78,7 +82,13 @@
 #include <utility>
 #include <vector>
 
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
 #include "swap/cuda_driver.h"
+#include "swap/link_emulation.h"
+#include "swap/trace.h"
 
 namespace tvm_ext {
 namespace swap {
@@ -89,15 +99,8 @@ using tvm::runtime::DeviceAPI;
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Time and caller blocking
+// Caller blocking
 // ---------------------------------------------------------------------------------------------
-
-int64_t NowNs() {
-  static const auto epoch = std::chrono::steady_clock::now();
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
-                                                              epoch)
-      .count();
-}
 
 /*!
  * \brief Cumulative time during which at least one caller was blocked in a wait. A copy that ran
@@ -197,6 +200,7 @@ struct Job {
   Region dst_region;
   int64_t nbytes = 0;
   int64_t enqueue_ns = 0;
+  int64_t paced_ns = 0;  // CPU: the emulated link's time for this copy (0: as fast as memcpy)
   bool inject_failure = false;
   std::vector<Dep> deps;  // CPU: copies on other streams this one must wait for
   CudaDriver::CUevent event = nullptr;  // CUDA: recorded after the copy
@@ -216,41 +220,9 @@ struct StreamStats {
   int64_t overlap_ns = 0;
   int64_t wait_ns = 0;
   int64_t waits = 0;
-};
-
-struct TraceRecord {
-  int64_t kind;  // 0 copy (t0 enqueue, t1 start, t2 end), 1 wait (t0 = t1 begin, t2 end)
-  int64_t stream_id;
-  int64_t bytes;
-  int64_t t0, t1, t2;
-  std::string name;
-};
-
-class Trace {
- public:
-  static Trace* Global() {
-    static auto* inst = new Trace();
-    return inst;
-  }
-  static constexpr size_t kMaxRecords = 1 << 20;
-  std::atomic<bool> enabled{false};
-  void Add(TraceRecord rec) {
-    if (!enabled.load()) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (records_.size() < kMaxRecords) records_.push_back(std::move(rec));
-  }
-  std::vector<TraceRecord> Get() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return records_;
-  }
-  void Clear() {
-    std::lock_guard<std::mutex> lock(mu_);
-    records_.clear();
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<TraceRecord> records_;
+  int64_t paced = 0;         // copies paced by the emulated link
+  int64_t late = 0;          // of those, copies whose memcpy alone outlasted the link's time
+  int64_t overshoot_ns = 0;  // paced copies' end beyond their deadline (wake-up delay, late ones)
 };
 
 enum class StreamKind { kCpuWorker, kCudaEvents, kDeviceApi };
@@ -354,7 +326,7 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
     }
     stats_.copies += 1;
     stats_.bytes += job.nbytes;
-    Trace::Global()->Add({0, stream_id_, job.nbytes, job.enqueue_ns, job.enqueue_ns,
+    Trace::Global()->Add({kTraceCopy, stream_id_, job.nbytes, job.enqueue_ns, job.enqueue_ns,
                           job.enqueue_ns, job.name});
     pending_.push_back(std::move(job));
   }
@@ -476,7 +448,7 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
     int64_t t1 = BlockedClock::Global()->Leave();
     stats_.wait_ns += t1 - t0;
     stats_.waits += 1;
-    Trace::Global()->Add({1, stream_id_, 0, t0, t0, t1, ""});
+    Trace::Global()->Add({kTraceWait, stream_id_, 0, t0, t0, t1, ""});
   }
 
   /*! \brief Device streams: retire finished jobs from the front (drops their references). */
@@ -495,7 +467,22 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
     }
   }
 
+  /*!
+   * \brief The emulated link: sleep (not spin: the compute keeps the cores) until `deadline`.
+   * Returns whether the copy was already past it (its memcpy alone took longer).
+   */
+  static bool PaceUntil(int64_t deadline) {
+    int64_t left = deadline - NowNs();
+    if (left <= 0) return true;
+    std::this_thread::sleep_for(std::chrono::nanoseconds(left));
+    return false;
+  }
+
   void WorkerLoop() {
+#ifdef __linux__
+    // Wake-ups within ~1 us of a pacing deadline instead of the default 50 us timer slack.
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+#endif
     for (;;) {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return !pending_.empty(); });
@@ -506,6 +493,7 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
 
       std::string failure;
       int64_t start = 0, end = 0, blocked0 = 0, blocked1 = 0;
+      bool late = false;
       if (!skip) {
         for (const Dep& dep : job.deps) {
           std::string dep_error = dep.stream->WaitSeq(dep.seq);
@@ -531,6 +519,7 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
         } catch (const std::exception& err) {
           failure = err.what();
         }
+        if (failure.empty() && job.paced_ns > 0) late = PaceUntil(start + job.paced_ns);
         std::tie(blocked1, end) = BlockedClock::Global()->Read();
       }
 
@@ -549,7 +538,12 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
         stats_.bytes += job.nbytes;
         stats_.busy_ns += end - start;
         stats_.overlap_ns += std::max<int64_t>(0, (end - start) - (blocked1 - blocked0));
-        Trace::Global()->Add({0, stream_id_, job.nbytes, job.enqueue_ns, start, end, job.name});
+        if (job.paced_ns > 0) {
+          stats_.paced += 1;
+          stats_.late += late ? 1 : 0;
+          stats_.overshoot_ns += std::max<int64_t>(0, end - (start + job.paced_ns));
+        }
+        Trace::Global()->Add({kTraceCopy, stream_id_, job.nbytes, job.enqueue_ns, start, end, job.name});
       }
       completed_seq_ = job.seq;
       pending_.pop_front();
@@ -691,6 +685,13 @@ void CopyAsync(Tensor src, Tensor dst, int64_t stream_id, const std::string& nam
   job.src_region = Region::Of(s);
   job.dst_region = Region::Of(d);
   job.nbytes = static_cast<int64_t>(tvm::ffi::GetDataSize(*s));
+  // The emulated link paces copies between two devices on the CPU stand-in's worker streams.
+  EmulatedLink link = CurrentLink();
+  bool crosses = s->device.device_type != d->device.device_type ||
+                 s->device.device_id != d->device.device_id;
+  if (link.on() && crosses && stream->kind() == StreamKind::kCpuWorker) {
+    job.paced_ns = link.DurationNs(job.nbytes);
+  }
   job.inject_failure = StreamTable::Global()->TakeInjectedFailure(stream_id);
   // Copies on other streams that touch the same memory run first.
   std::vector<Dep> deps;
@@ -727,7 +728,10 @@ tvm::ffi::Array<int64_t> StatsRow(const std::shared_ptr<CopyStream>& s) {
           st.overlap_ns,
           st.wait_ns,
           st.waits,
-          s->kind() == StreamKind::kCpuWorker ? 1 : 0};
+          s->kind() == StreamKind::kCpuWorker ? 1 : 0,
+          st.paced,
+          st.late,
+          st.overshoot_ns};
 }
 
 }  // namespace
@@ -776,17 +780,6 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              }
              Trace::Global()->Clear();
            })
-      .def("tvm_ext.swap.set_tracing", [](bool on) { Trace::Global()->enabled.store(on); })
-      .def("tvm_ext.swap.trace",
-           []() {
-             Array<Array<tvm::ffi::Any>> rows;
-             for (const TraceRecord& r : Trace::Global()->Get()) {
-               rows.push_back(Array<tvm::ffi::Any>{r.kind, r.stream_id, r.bytes, r.t0, r.t1,
-                                                   r.t2, String(r.name)});
-             }
-             return rows;
-           })
-      .def("tvm_ext.swap.now_ns", []() { return NowNs(); })
       .def("tvm_ext.swap.inject_failure", [](int64_t stream_id, int64_t count) {
         StreamTable::Global()->InjectFailures(stream_id, count);
       });

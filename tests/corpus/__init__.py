@@ -69,14 +69,15 @@ class _Logits:
         return Wrapped().eval()
 
 
-def gpt2(attn: str):
+def gpt2(attn: str, hidden: int = 32, layers: int = 2, seq: int = SEQ):
+    """(Larger `hidden`, `layers`, `seq`: the same architecture at the sizes of a benchmark.)"""
     def build():
         torch = _seed()
         import transformers as tf
 
-        cfg = tf.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=4,
-                            attn_implementation=attn)
-        return _Logits.wrap(tf.GPT2LMHeadModel(cfg).eval()), (_ids(torch),)
+        cfg = tf.GPT2Config(vocab_size=VOCAB, n_positions=seq, n_embd=hidden, n_layer=layers,
+                            n_head=4, attn_implementation=attn)
+        return _Logits.wrap(tf.GPT2LMHeadModel(cfg).eval()), (_ids(torch, seq=seq),)
     return build
 
 
@@ -93,18 +94,18 @@ def llama(attn: str):
     return build
 
 
-def bert(attn: str):
-    """An encoder with a padding mask."""
+def bert(attn: str, hidden: int = 32, layers: int = 2, seq: int = SEQ):
+    """An encoder with a padding mask (larger sizes as for `gpt2`)."""
     def build():
         torch = _seed()
         import transformers as tf
 
-        cfg = tf.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
-                            num_attention_heads=4, intermediate_size=64,
-                            max_position_embeddings=SEQ, attn_implementation=attn)
+        cfg = tf.BertConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers,
+                            num_attention_heads=4, intermediate_size=2 * hidden,
+                            max_position_embeddings=seq, attn_implementation=attn)
         model = _Logits.wrap(tf.BertModel(cfg, add_pooling_layer=False).eval(),
                              "last_hidden_state")
-        return model, (_ids(torch), _padding_mask(torch))
+        return model, (_ids(torch, seq=seq), _padding_mask(torch, seq=seq))
     return build
 
 

@@ -79,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="time budget of the SwapAdvisor search (default 10)")
     swap.add_argument("--plot", metavar="PATH",
                       help="write the plan's device-memory and stream timeline as a PNG")
+    swap.add_argument("--link-gbps", metavar="GBPS|scaled",
+                      help="on the CPU stand-in, emulate a host link of GBPS GB/s per direction "
+                           "(each copy between device and host paced to latency + bytes / "
+                           "bandwidth of wall time), or 'scaled': the --hardware preset's link "
+                           "(default h100) slowed as much as this CPU is slower than the preset "
+                           "on this model; kernels are measured and the plan made for the link")
+    swap.add_argument("--link-latency-us", type=float, metavar="US",
+                      help="per-copy latency of --link-gbps GBPS (default 0)")
     part = p.add_argument_group("partitioning over devices (PartitionOperators)")
     part.add_argument("--devices", type=int, metavar="K",
                       help="partition over K devices (Tofu plan, explicit collectives); --run "
@@ -139,6 +147,7 @@ def refuse_idle_options(parser: argparse.ArgumentParser, args) -> None:
     elif given("swap_time_budget") and args.planner not in (None, "swapadvisor"):
         parser.error(f"--swap-time-budget bounds the SwapAdvisor search; --planner "
                      f"{args.planner} does not search")
+    _refuse_idle_link_options(parser, args)
     if given("swap_time_budget") and args.swap_time_budget <= 0:
         parser.error("--swap-time-budget takes a number of seconds > 0")
     if args.repeat < 0:
@@ -160,6 +169,39 @@ def refuse_idle_options(parser: argparse.ArgumentParser, args) -> None:
     if args.target == "cuda" and not (args.output or args.run or args.check):
         print("warning: --target cuda without --output or --run compiles the module and "
               "discards it", file=sys.stderr)
+
+
+def link_gbps(args) -> float | None:
+    """--link-gbps as a number (None: not given or 'scaled')."""
+    try:
+        return float(args.link_gbps)
+    except (TypeError, ValueError):
+        return None
+
+
+def _refuse_idle_link_options(parser: argparse.ArgumentParser, args) -> None:
+    """--link-gbps / --link-latency-us: the emulated link of the CPU stand-in's swap copies."""
+    if args.link_latency_us is not None and link_gbps(args) is None:
+        parser.error("--link-latency-us is the latency of --link-gbps GBPS: it needs a number "
+                     "of GB/s (the 'scaled' link takes the preset's latency)")
+    if args.link_gbps is None:
+        return
+    if args.link_gbps != "scaled" and not (link_gbps(args) or 0) > 0:
+        parser.error(f"--link-gbps takes a number of GB/s > 0 or 'scaled', got "
+                     f"{args.link_gbps!r}")
+    if args.link_latency_us is not None and args.link_latency_us < 0:
+        parser.error("--link-latency-us takes a number of microseconds >= 0")
+    if not args.device_memory:
+        parser.error("--link-gbps emulates the link of swap copies: it needs --device-memory")
+    if args.devices is not None:
+        parser.error("--link-gbps emulates the host link of a single-device swapped run: not "
+                     "with --devices")
+    if args.target != "llvm":
+        parser.error(f"--link-gbps paces the CPU stand-in's copies (--target llvm); a "
+                     f"{args.target} device has a real link")
+    if args.hardware is not None and args.link_gbps != "scaled":
+        parser.error("--hardware does nothing with --link-gbps GBPS (the plan is made for this "
+                     "CPU with that link); with --link-gbps scaled it names the preset to scale")
 
 
 def _is_file_spec(spec: str) -> bool:

@@ -44,7 +44,7 @@ def compile_model(args) -> int:
 
     plan = None
     if args.device_memory:
-        plan, swap_info = plan_swaps_for(args, graph, target)
+        plan, swap_info = plan_swaps_for(args, model, graph, target)
         if plan is None:
             return 2
         report["swap"] = swap_info
@@ -108,7 +108,8 @@ def _export(args, report: dict, executable, graph, plan, target) -> None:
     with replacing(*files) as temps:
         driver.export(executable, temps[0])
         if plan is not None:
-            write_swap_sidecar(temps[1], graph, plan, target)
+            write_swap_sidecar(temps[1], graph, plan, target,
+                               report.get("swap", {}).get("emulated_link"))
     remove_stale_sidecars(args.output, keep=(".swap.json",) if plan is not None else ())
     report["output"] = args.output
     print(f"export  {args.output}")

@@ -1,43 +1,60 @@
-"""--device-memory: plan the swaps, write the plan's sidecar, run the swapped module."""
+"""--device-memory: plan the swaps (for an emulated link with --link-gbps), write the plan's
+sidecar, run the swapped module."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
+import numpy as np
+
 from tvm_ext import driver
+from tvm_ext.cost.emulation import fixed_link
 from tvm_ext.errors import CheckError
 from tvm_ext.ir.targets import vm_devices
 from tvm_ext.pipeline import library_reserved_bytes
+from tvm_ext.runtime import swap_streams
 from tvm_ext.swap import InfeasibleBudgetError, plan_swaps
 from tvm_ext.swap.placement import argument_devices
 from tvm_ext.swap.problem import problem_for_budget
 from tvm_ext.swap.timeline_plot import plot_plan
 from tvm_ext.units import format_size
 
+from .args import link_gbps
 from .check import check_against_torch
 from .presets import default_hardware
 from .report import replacing
 
 
-def plan_swaps_for(args, graph, target):
+def plan_swaps_for(args, model, graph, target):
     """Plan before any compilation, so that a budget too small costs nothing."""
-    hardware = default_hardware(args, target)
+    hardware, op_times, link = default_hardware(args, target), None, None
+    reserved = library_reserved_bytes(target, args.library)
     try:
-        problem = problem_for_budget(graph, args.device_memory, hardware,
-                                     reserved=library_reserved_bytes(target, args.library))
+        if args.link_gbps is not None:
+            # A budget too small is refused before the kernels are measured.
+            problem_for_budget(graph, args.device_memory, "cpu", reserved=reserved
+                               ).check_feasible()
+            link = emulated_link_for(args, model, graph, target)
+            hardware, op_times = link.hardware, link.op_times
+        problem = problem_for_budget(graph, args.device_memory, hardware, op_times,
+                                     reserved=reserved)
         plan = plan_swaps(problem, args.planner, time_budget_s=args.swap_time_budget,
                           seed=args.seed)
     except (InfeasibleBudgetError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return None, None
     ideal = plan_swaps(problem, "ideal")
+    name = hardware if isinstance(hardware, str) else hardware.name
     info = {**plan.summary(), "no_swap_peak": problem.no_swap_peak(),
-            "ideal_time": ideal.predicted_time, "hardware": hardware}
+            "ideal_time": ideal.predicted_time, "hardware": name}
+    if link is not None:
+        info["emulated_link"] = link.summary()
     print(f"swap    budget {format_size(problem.budget)} of no-swap peak "
           f"{format_size(problem.no_swap_peak())}: {plan.planner} plans "
           f"{format_size(plan.predicted_peak)}, swaps {format_size(plan.bytes_swapped)}, "
-          f"predicted {plan.predicted_time * 1e3:.3f} ms ({hardware}; ideal "
+          f"predicted {plan.predicted_time * 1e3:.3f} ms ({name}; ideal "
           f"{ideal.predicted_time * 1e3:.3f} ms), planned in {plan.planning_time:.1f} s")
     if args.plot:
         with replacing(args.plot) as (temp,):
@@ -47,10 +64,48 @@ def plan_swaps_for(args, graph, target):
     return plan, info
 
 
-def write_swap_sidecar(path: str, graph, plan, target) -> None:
+def emulated_link_for(args, model, graph, target) -> driver.StandIn:
+    """--link-gbps: this CPU's kernel times and the link (fixed, or the --hardware preset's
+    scaled to this CPU), with the swap runtime's costs measured on it."""
+    timings = driver.measure_kernels(model, target, graph)
+    gbps = link_gbps(args)
+    if gbps is None:
+        stand = driver.stand_in(graph, timings, preset=args.hardware or "h100")
+        how = f"{stand.preset}'s link scaled by {stand.scale:.3g} (this CPU's compute time " \
+              f"/ the preset's)"
+    else:
+        stand = driver.stand_in(graph, timings, link=fixed_link(gbps, args.link_latency_us or 0))
+        how = "--link-gbps"
+    print(f"link    emulated {stand.link.bandwidth / 1e9:.4g} GB/s, "
+          f"{stand.link.latency * 1e6:.4g} us per copy ({how}); measured: kernels "
+          f"{np.sum(stand.op_times) * 1e3:.3f} ms per iteration, copy issue "
+          f"{stand.costs.copy_issue * 1e6:.0f} us, resume {stand.costs.sync * 1e6:.0f} us")
+    return stand
+
+
+def write_swap_sidecar(path: str, graph, plan, target, link=None) -> None:
+    data = {"plan": plan.to_dict(), "argument_devices": argument_devices(graph, plan),
+            "devices": ["device", "host"], "target": str(target.kind.name)}
+    if link is not None:  # what the plan was made for: set it when running the module
+        data["emulated_link"] = {
+            "environment": {swap_streams.LINK_ENV_GBPS: f"{link['link_gbps']:.6g}",
+                            swap_streams.LINK_ENV_LATENCY_US: f"{link['link_latency_us']:.6g}"},
+            **link}
     with open(path, "w") as f:
-        json.dump({"plan": plan.to_dict(), "argument_devices": argument_devices(graph, plan),
-                   "devices": ["device", "host"], "target": str(target.kind.name)}, f)
+        json.dump(data, f)
+
+
+@contextlib.contextmanager
+def emulated(link: dict | None):
+    """The emulated link of --link-gbps in force for the block (nothing to do without)."""
+    if link is None:
+        yield
+        return
+    swap_streams.set_emulated_link(link["link_gbps"] * 1e9, link["link_latency_us"] * 1e-6)
+    try:
+        yield
+    finally:
+        swap_streams.set_emulated_link(0.0)
 
 
 def run_swapped(args, report, model, graph, plan, executable, target, arguments,
@@ -58,8 +113,11 @@ def run_swapped(args, report, model, graph, plan, executable, target, arguments,
     """Run the swapped module beside the unswapped one: outputs must match exactly (same
     kernels) and the measured device peak must fit the budget."""
     device, host = vm_devices(target)
-    swapped = driver.run(executable, arguments, device, repeat=args.repeat, host=host,
-                           arg_devices=argument_devices(graph, plan))
+    link = report.get("swap", {}).get("emulated_link")
+    with emulated(link):
+        in_force = swap_streams.emulated_link()
+        swapped = driver.run(executable, arguments, device, repeat=args.repeat, host=host,
+                             arg_devices=argument_devices(graph, plan))
     plain = driver.run(driver.build(model, target, tune_db=tune_db, library=args.library),
                        arguments, device, repeat=args.repeat)
     constants = graph.bytes_of_kind("constant")  # loaded with the module, not by the VM
@@ -70,7 +128,14 @@ def run_swapped(args, report, model, graph, plan, executable, target, arguments,
         "measured_peak_bytes": measured, "planned_peak_bytes": plan.predicted_peak,
         "budget_bytes": budget, "no_swap_measured_peak_bytes": plain.peak_bytes,
         "host_peak_bytes": swapped.host_peak_bytes,
+        "emulated_link": None if in_force is None else {
+            "gbps": in_force.bandwidth / 1e9, "latency_us": in_force.latency * 1e6,
+            "source": "--link-gbps" if link else "environment"},
     }
+    if in_force is not None:
+        print(f"link    the swapped run's copies were paced to an emulated link: "
+              f"{in_force.describe()}" + ("" if link else
+                                          f" (from ${swap_streams.LINK_ENV_GBPS})"))
     ratio = swapped.median_ms / plain.median_ms if plain.median_ms else float("nan")
     print(f"memory  planned peak {format_size(plan.predicted_peak)}, measured peak "
           f"{format_size(measured)} on {device} (budget {format_size(budget)}; no-swap build "

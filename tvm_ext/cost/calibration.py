@@ -88,3 +88,20 @@ def calibrate(timings: dict[str, KernelTiming], hardware: str | Hardware = "cpu"
     return dataclasses.replace(hw, name=f"{hw.name}-calibrated", compute_efficiency=rates[False],
                                library_efficiency=rates[True], bandwidth_efficiency=be,
                                launch_overhead=overhead)
+
+
+def dispatch_overhead(graph: DataflowGraph, op_times: np.ndarray, iteration_s: float) -> float:
+    """Seconds each kernel op takes in a whole run beyond its time measured alone (the VM's
+    dispatch, inputs not in cache): the measured iteration less the ops' sum, spread over the
+    kernel ops (0 if the run was not slower)."""
+    kernels = sum(1 for op in graph.ops if op.kind == "kernel")
+    if not kernels:
+        return 0.0
+    return max(0.0, (float(iteration_s) - float(np.sum(op_times))) / kernels)
+
+
+def with_dispatch_overhead(graph: DataflowGraph, op_times: np.ndarray,
+                           overhead: float) -> np.ndarray:
+    """`op_times` with `overhead` added to every kernel op."""
+    kernel = np.array([op.kind == "kernel" for op in graph.ops], dtype=np.float64)
+    return np.asarray(op_times, dtype=np.float64) + overhead * kernel

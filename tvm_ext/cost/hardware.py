@@ -36,6 +36,10 @@ class Hardware:
     library_efficiency: float = 0.8  # fraction of peak FLOP/s a vendor-library GEMM reaches
     bandwidth_efficiency: float = 0.8  # fraction of peak bandwidth a streaming kernel reaches
     launch_overhead: float = 5e-6  # seconds per kernel
+    # The swap runtime's own costs (0 on a GPU, where copies are issued ahead of the kernels
+    # and streams wait on events; measured on the CPU stand-in, see tvm_ext.cost.emulation):
+    copy_issue_overhead: float = 0.0  # compute-stream seconds to issue one copy
+    sync_overhead: float = 0.0  # seconds from an event to a stream stalled on it resuming
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

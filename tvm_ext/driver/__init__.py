@@ -1,6 +1,7 @@
 """The steps behind `scripts/compile.py`, as plain functions that tests and benchmarks share:
 targets and builds (`build`), running and checking (`run`), tuning (`tune`), partitioned builds
-(`partitioned`) and kernel measurement (`measure_kernels`)."""
+(`partitioned`), kernel measurement (`measure_kernels`) and measured swapped runs
+(`measure_swap`)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,24 @@ from .build import (
     resolve_target,
 )
 from .measure_kernels import measure_kernels
+from .measure_swap import (
+    MeasuredRun,
+    StandIn,
+    measure_run,
+    measure_runtime_costs,
+    stand_in,
+    timeline_of,
+)
 from .partitioned import PartitionedBuild, build_partitioned, run_partitioned_build
 from .run import CheckResult, RunResult, compare, flatten_outputs, run
 from .tune import tune
 
 __all__ = [
     "CheckResult",
+    "MeasuredRun",
     "PartitionedBuild",
     "RunResult",
+    "StandIn",
     "build",
     "build_partitioned",
     "build_reference",
@@ -31,9 +42,13 @@ __all__ = [
     "flatten_outputs",
     "fused_graph",
     "measure_kernels",
+    "measure_run",
+    "measure_runtime_costs",
     "partition_problem",
     "resolve_target",
     "run",
     "run_partitioned_build",
+    "stand_in",
+    "timeline_of",
     "tune",
 ]

@@ -43,7 +43,7 @@ def flatten_outputs(value) -> list[np.ndarray]:
     return out
 
 
-def _place(array: np.ndarray, where: tvm.runtime.Device, device: tvm.runtime.Device):
+def place_argument(array: np.ndarray, where: tvm.runtime.Device, device: tvm.runtime.Device):
     """An argument on `where`; host arguments of a GPU module go to pinned memory, so that
     swap-in copies from them are asynchronous."""
     if where == device:
@@ -79,7 +79,8 @@ def run(
         raise ValueError("arg_devices must give a device index (into [device, host]) per "
                          "argument")
     before = [runtime.memory_stats(dev).in_use for dev in devices]
-    args = [_place(a, devices[d], device) for a, d in zip(arguments, arg_devices, strict=True)]
+    args = [place_argument(a, devices[d], device)
+            for a, d in zip(arguments, arg_devices, strict=True)]
     arg_bytes = runtime.memory_stats(device).in_use - before[0]
     for dev in devices:
         runtime.reset_peak(dev)

@@ -96,7 +96,9 @@ class StreamStats:
     `busy_ns` is the time copies ran; `overlap_ns` the part of it during which no caller was
     blocked in a wait (i.e. copying while the caller computed); `wait_ns` the time callers spent
     blocked on this stream. Times are measured on CPU streams only (`timed`); CUDA streams count
-    copies and bytes.
+    copies and bytes. With an emulated link (`set_emulated_link`): `paced` copies were paced,
+    `late` of them took longer to memcpy than the link allows, and `overshoot_ns` is how far
+    past their deadlines they ended in all (the worker's wake-up delay, and the late ones).
     """
 
     device: tvm.runtime.Device
@@ -108,14 +110,18 @@ class StreamStats:
     wait_ns: int
     waits: int
     timed: bool
+    paced: int = 0
+    late: int = 0
+    overshoot_ns: int = 0
 
 
 def stream_stats() -> list[StreamStats]:
     """Statistics of every copy stream created so far."""
     out = []
     for row in get_function("tvm_ext.swap.stats")():
-        dev_type, dev_id, stream, *counts, timed = (int(v) for v in row)
-        out.append(StreamStats(tvm.runtime.device(dev_type, dev_id), stream, *counts, bool(timed)))
+        dev_type, dev_id, stream, *counts, timed, paced, late, overshoot = (int(v) for v in row)
+        out.append(StreamStats(tvm.runtime.device(dev_type, dev_id), stream, *counts, bool(timed),
+                               paced, late, overshoot))
     return out
 
 
@@ -134,6 +140,9 @@ def stats(stream: int = 0) -> StreamStats:
             wait_ns=total.wait_ns + s.wait_ns,
             waits=total.waits + s.waits,
             timed=total.timed and s.timed,
+            paced=total.paced + s.paced,
+            late=total.late + s.late,
+            overshoot_ns=total.overshoot_ns + s.overshoot_ns,
         )
     return total
 
@@ -169,20 +178,74 @@ class WaitRecord:
     end_ns: int
 
 
+@dataclasses.dataclass(frozen=True)
+class CallRecord:
+    """One call the Relax VM made (a kernel, a builtin, a copy or wait call), recorded by the
+    instrument `record_vm_calls` installs: `name` is the callee's symbol."""
+
+    name: str
+    start_ns: int
+    end_ns: int
+
+
 def set_tracing(enabled: bool) -> None:
-    """Record every copy and blocking wait (see `trace`); off by default."""
+    """Record every copy, blocking wait and (on VMs given to `record_vm_calls`) VM call (see
+    `trace`); off by default."""
     get_function("tvm_ext.swap.set_tracing")(bool(enabled))
 
 
-def trace() -> list[CopyRecord | WaitRecord]:
+def record_vm_calls(vm: relax.VirtualMachine) -> None:
+    """Install the runtime library's instrument on `vm`: while tracing is on, each call it makes
+    is recorded with its begin and end on the trace's clock (a C++ instrument: well under a
+    microsecond per call, where a Python one costs tens)."""
+    vm.set_instrument(get_function("tvm_ext.swap.vm_instrument"))
+
+
+def trace() -> list[CopyRecord | WaitRecord | CallRecord]:
     """The records since tracing was enabled or the last reset, in completion order."""
-    out: list[CopyRecord | WaitRecord] = []
+    out: list[CopyRecord | WaitRecord | CallRecord] = []
     for kind, stream, nbytes, t0, t1, t2, name in get_function("tvm_ext.swap.trace")():
-        if int(kind) == 0:
+        kind = int(kind)
+        if kind == 0:
             out.append(CopyRecord(int(stream), str(name), int(nbytes), int(t0), int(t1), int(t2)))
-        else:
+        elif kind == 1:
             out.append(WaitRecord(int(stream), int(t1), int(t2)))
+        else:
+            out.append(CallRecord(str(name), int(t1), int(t2)))
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class EmulatedLink:
+    """The emulated host link of the CPU stand-in: per direction, bytes/s and s per copy."""
+
+    bandwidth: float
+    latency: float
+
+    def transfer_time(self, nbytes: int) -> float:
+        return self.latency + nbytes / self.bandwidth
+
+    def describe(self) -> str:
+        return f"{self.bandwidth / 1e9:.4g} GB/s, {self.latency * 1e6:.4g} us per copy"
+
+
+LINK_ENV_GBPS = "TVM_EXT_LINK_GBPS"
+LINK_ENV_LATENCY_US = "TVM_EXT_LINK_LATENCY_US"
+
+
+def set_emulated_link(bandwidth: float, latency: float = 0.0) -> None:
+    """Pace every copy between two devices on the CPU stand-in's copy streams to
+    `latency + bytes / bandwidth` seconds (bytes/s, s); bandwidth 0 turns it off. An exported
+    module run without this call takes the link from $TVM_EXT_LINK_GBPS (GB/s) and
+    $TVM_EXT_LINK_LATENCY_US. Raises ValueError on negative or non-finite values."""
+    get_function("tvm_ext.swap.set_link")(float(bandwidth), float(latency))
+
+
+def emulated_link() -> EmulatedLink | None:
+    """The link in force (set, or read from the environment), or None when copies run at
+    memcpy speed. Raises ValueError naming a malformed environment variable."""
+    bandwidth, latency = (float(v) for v in get_function("tvm_ext.swap.link")())
+    return EmulatedLink(bandwidth, latency) if bandwidth > 0 else None
 
 
 def now_ns() -> int:

@@ -56,7 +56,9 @@ _ASAP = -2  # swap-in issue position: as soon as the window is free
 # The problem's arrays, fixed for an Evaluator; op's needs: need_idx[need_ptr[op]:need_ptr[op+1]].
 Graph = namedtuple("Graph", ["need_ptr", "need_idx", "producer", "sizes", "durations",
                              "is_output"])
-Link = namedtuple("Link", ["h2d_bw", "h2d_lat", "d2h_bw", "d2h_lat"])  # bytes/s, seconds
+# Bytes/s and seconds; `issue`: compute-stream seconds per copy issued, `sync`: seconds from the
+# event a stalled stream waits for to its resuming (both 0 on a GPU; measured on the stand-in).
+Link = namedtuple("Link", ["h2d_bw", "h2d_lat", "d2h_bw", "d2h_lat", "issue", "sync"])
 Policy = namedtuple("Policy", ["mode", "beta", "gamma", "delta"])
 # Size classes: tensor t takes an object of class obj_class[t] (-1: any window of the arena);
 # class c has `count[c]` objects of `size[c]` bytes laid out from offset `base[c]`.
@@ -71,9 +73,11 @@ SwapOutTable = namedtuple("SwapOutTable", ["tensor", "after"])
 Derivation = namedtuple("Derivation", ["residencies", "swap_ins", "swap_outs", "op_wait",
                                        "end_on_device", "fallbacks", "big", "max_segments",
                                        "placements"])
-# What `simulate` returns: op times by position, copy times by event id.
+# What `simulate` returns: op times by position (`op_ready`: when the compute stream could have
+# started the op had it not waited for a copy), copy times by event id, and the end of the
+# compute stream (the last op and the copies issued after it).
 Timeline = namedtuple("Timeline", ["op_start", "op_end", "d2h_start", "d2h_end", "h2d_start",
-                                   "h2d_end"])
+                                   "h2d_end", "op_ready", "compute_end"])
 
 
 # ---------------------------------------------------------------- derivation state
@@ -866,17 +870,29 @@ def fifo_orders(h_q, h_r, h_valid, d_p, big):
 
 
 @nb.njit(cache=True)
+def _after_wait(ready, wait, sync):
+    """When a stream that is free at `ready` can go on past an event at `wait`: at once if the
+    event is over, else `sync` after it (the stalled stream is woken)."""
+    return wait + sync if wait > ready else ready
+
+
+@nb.njit(cache=True)
 def simulate(dur_pos, d_p, d_bytes, d_order, h_q, h_r, h_dep, h_bytes, h_order, op_wait,
              link, big):
     """Three streams: compute runs ops in position order; d2h and h2d run their copies in
     FIFO order. A d2h (issued after position d_p) starts after the op it follows; an h2d
     (issued after h_q, needed at h_r) after the op it is issued after and the d2h h_dep; an op
     after its swap-ins and the d2h op_wait. Dependencies name d2h events by key.
+    The compute stream issues the copies after the op they follow (swap-outs first, then
+    swap-ins, as the pass emits them; those at the start before op 0): a copy to an idle
+    stream costs it `link.issue` (waking the stream), and a stream that stalls on another's
+    event resumes `link.sync` after it (`_after_wait`).
     Each stream's order must have non-decreasing issue positions (the IR order).
     Returns a Timeline."""
     n = dur_pos.shape[0]
     op_s = np.zeros(n)
     op_e = np.zeros(n)
+    op_r = np.zeros(n)
     nd = d_p.shape[0]
     d_s = np.zeros(nd)
     d_e = np.zeros(nd)
@@ -888,11 +904,13 @@ def simulate(dur_pos, d_p, d_bytes, d_order, h_q, h_r, h_dep, h_bytes, h_order, 
     ph = 0
     d_free = 0.0
     h_free = 0.0
-    prev = 0.0
+    clock = 0.0  # the compute stream: free from here on
     for i in range(n + 1):
         while pd < nd and d_p[d_order[pd]] < i:
             e = d_order[pd]
-            s = max(d_free, op_e[d_p[e]])
+            if d_free <= clock:
+                clock += link.issue
+            s = _after_wait(d_free, clock, link.sync)
             d_s[e] = s
             d_e[e] = s + link.d2h_lat + d_bytes[e] / link.d2h_bw
             d_free = d_e[e]
@@ -901,20 +919,21 @@ def simulate(dur_pos, d_p, d_bytes, d_order, h_q, h_r, h_dep, h_bytes, h_order, 
             break
         while ph < h_order.shape[0] and h_q[h_order[ph]] < i:
             e = h_order[ph]
-            s = h_free
-            if h_q[e] >= 0:
-                s = max(s, op_e[h_q[e]])
+            if h_free <= clock:
+                clock += link.issue
+            s = _after_wait(h_free, clock, link.sync)
             if h_dep[e] >= 0:
-                s = max(s, d_e[h_dep[e] % big])
+                s = _after_wait(s, d_e[h_dep[e] % big], link.sync)
             h_s[e] = s
             h_e[e] = s + link.h2d_lat + h_bytes[e] / link.h2d_bw
             h_free = h_e[e]
             ready[h_r[e]] = max(ready[h_r[e]], h_e[e])
             ph += 1
-        s = max(prev, ready[i])
+        wait = ready[i]
         if op_wait[i] >= 0:
-            s = max(s, d_e[op_wait[i] % big])
-        op_s[i] = s
-        op_e[i] = s + dur_pos[i]
-        prev = op_e[i]
-    return Timeline(op_s, op_e, d_s, d_e, h_s, h_e)
+            wait = max(wait, d_e[op_wait[i] % big])
+        op_r[i] = clock
+        op_s[i] = _after_wait(clock, wait, link.sync)
+        op_e[i] = op_s[i] + dur_pos[i]
+        clock = op_e[i]
+    return Timeline(op_s, op_e, d_s, d_e, h_s, h_e, op_r, clock)

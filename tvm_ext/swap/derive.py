@@ -23,7 +23,7 @@ from . import _core
 from .plan import Residency, SwapIn, SwapOut, SwapPlan
 from .problem import ALIGNMENT, SwapProblem
 from .recompute import augment
-from .simulator import link, simulate
+from .simulator import link, makespan_of, simulate
 
 MODES = {"swapadvisor": _core.SWAPADVISOR, "lru": _core.LRU, "vdnn": _core.VDNN}
 CLASS_TOLERANCE = 0.05  # sizes within 5% share a class (e.g. 500 MiB tensors in 512 MiB objects)
@@ -73,6 +73,7 @@ class Evaluation:
     arena: int  # bytes of the planned region
     op_start: np.ndarray  # simulated, by position
     op_end: np.ndarray
+    op_ready: np.ndarray  # when compute could have started each op, had it not waited
     runs: np.ndarray  # the op at each position: the order with its recompute runs
     recomputed: np.ndarray  # tensors made again (recompute)
 
@@ -275,11 +276,9 @@ class Evaluator:
                              p.sizes[outs.tensor].astype(np.float64), d_order, q_final,
                              ins.before, ins.wait_key, p.sizes[ins.tensor].astype(np.float64),
                              h_order, derived.op_wait, self.link, derived.big)
-        op_e, d_e = sim.op_end, sim.d2h_end
-        makespan = max(op_e[-1] if len(op_e) else 0.0, d_e.max() if len(d_e) else 0.0)
         self.evaluations += 1
-        return Evaluation(float(makespan), derived, d_order, h_order, q_final, fixed, arena,
-                          sim.op_start, sim.op_end, runs, recompute)
+        return Evaluation(makespan_of(p, sim), derived, d_order, h_order, q_final, fixed, arena,
+                          sim.op_start, sim.op_end, sim.op_ready, runs, recompute)
 
     def score(self, order: np.ndarray, knobs: Knobs, counts: np.ndarray | None = None,
               recompute: np.ndarray | None = None) -> float:
@@ -288,10 +287,10 @@ class Evaluator:
     def score_with_stalls(self, order: np.ndarray, knobs: Knobs,
                           counts: np.ndarray | None = None,
                           recompute: np.ndarray | None = None) -> tuple[float, np.ndarray]:
-        """(simulated time, how long each op of `order`, by its position there, waited after
-        its predecessor; a second run's wait counts for the op it runs before)."""
+        """(simulated time, how long each op of `order`, by its position there, waited for
+        copies; a second run's wait counts for the op it runs before)."""
         ev = self.run(order, knobs, counts, recompute)
-        stalls = np.maximum(ev.op_start - np.concatenate([[0.0], ev.op_end[:-1]]), 0.0)
+        stalls = np.maximum(ev.op_start - ev.op_ready, 0.0)
         if len(ev.runs) == len(order):
             return ev.makespan, stalls
         # Each run's op of `order`: first runs are those ops, in order; a second run is placed

@@ -74,6 +74,8 @@ class SwapProblem:
     order: list[int] | None = None  # the IR's schedule (default 0..n-1)
     name: str = ""
     op_kinds: list[str] | None = None  # "kernel" / "view" / "builtin" (None: all kernels)
+    copy_issue: float = 0.0  # compute-stream seconds per copy issued (`Hardware`)
+    sync_latency: float = 0.0  # s from an event to the stream stalled on it resuming
 
     def __post_init__(self):
         self.durations = np.asarray(self.durations, dtype=np.float64)
@@ -141,6 +143,7 @@ class SwapProblem:
             d2h_bandwidth=hw.device_to_host.bandwidth, d2h_latency=hw.device_to_host.latency,
             count_scratch=count_scratch, order=graph.order, name=name or graph.function,
             op_kinds=[op.kind for op in graph.ops],
+            copy_issue=hw.copy_issue_overhead, sync_latency=hw.sync_overhead,
         )
 
     def with_budget(self, budget: int) -> SwapProblem:

@@ -2,7 +2,12 @@
 
 Compute runs the ops in schedule order, one at a time. Each copy stream runs its copies in
 the plan's order (the order the pass issues them), one at a time; a copy takes
-latency + bytes / bandwidth. Dependencies:
+latency + bytes / bandwidth. Two costs of the runtime that are 0 on the GPU presets and
+measured on the CPU stand-in (`tvm_ext.driver.measure_runtime_costs`): issuing a copy to an
+idle copy stream takes `copy_issue` seconds of the compute stream (it wakes the stream), and a
+stream that stalls on another's event (an op on its swap-in, a copy on the swap-out it must
+follow, an idle copy stream on the op that issues its copy) resumes `sync_latency` after the
+event. Dependencies:
   * a swap-out starts after the op it is issued after has finished;
   * a swap-in starts after the op it is issued after, and after the swap-out it waits for
     (the previous holder of its window, and its own data if it was swapped out before);
@@ -37,6 +42,15 @@ class SimResult:
     h2d_end: np.ndarray
     memory_times: np.ndarray  # step function: bytes from memory_times[k] on
     memory_bytes: np.ndarray
+    op_ready: np.ndarray | None = None  # by position: when compute could have started it
+
+    @property
+    def stalls(self) -> list[tuple[float, float]]:
+        """The spans during which the compute stream waited for a copy."""
+        if self.op_ready is None:
+            return []
+        return [(float(r), float(s)) for r, s in zip(self.op_ready, self.op_start, strict=True)
+                if s > r]
 
     def timelines(self, plan: SwapPlan) -> dict[str, list[tuple[int, float, float]]]:
         """Per stream, (op id or tensor id, start, end) of each event in stream order."""
@@ -76,20 +90,28 @@ def simulate(problem: SwapProblem, plan: SwapPlan) -> SimResult:
     tl = _core.simulate(
         dur, d_p, d_bytes, np.arange(len(d_p), dtype=np.int64), h_q, h_r, h_dep, h_bytes,
         np.arange(len(h_q), dtype=np.int64), op_wait, link(problem), big)
-    makespan = max(float(tl.op_end[-1]) if n else 0.0,
-                   float(tl.d2h_end.max()) if len(tl.d2h_end) else 0.0)
+    makespan = makespan_of(problem, tl)
     times, nbytes = _memory(problem, plan, tl.op_start, tl.op_end, tl.d2h_end, tl.h2d_start,
                             makespan)
     return SimResult(makespan, op_start=tl.op_start, op_end=tl.op_end, d2h_start=tl.d2h_start,
                      d2h_end=tl.d2h_end, h2d_start=tl.h2d_start, h2d_end=tl.h2d_end,
-                     memory_times=times, memory_bytes=nbytes)
+                     memory_times=times, memory_bytes=nbytes, op_ready=tl.op_ready)
+
+
+def makespan_of(problem: SwapProblem, tl) -> float:
+    """The end of the compute stream (the last op and the copies issued after it), or of the
+    last swap-out, which the final `wait_all` stalls for."""
+    compute = float(tl.compute_end)
+    copies = float(tl.d2h_end.max()) if len(tl.d2h_end) else 0.0
+    return compute if copies <= compute else copies + problem.sync_latency
 
 
 def link(problem: SwapProblem) -> _core.Link:
     """The problem's copy links, as the compiled core takes them."""
     # Plain floats only: another argument type would compile another version of the core.
     return _core.Link(float(problem.h2d_bandwidth), float(problem.h2d_latency),
-                      float(problem.d2h_bandwidth), float(problem.d2h_latency))
+                      float(problem.d2h_bandwidth), float(problem.d2h_latency),
+                      float(problem.copy_issue), float(problem.sync_latency))
 
 
 def validate(problem: SwapProblem, plan: SwapPlan) -> None:

@@ -1,27 +1,61 @@
-"""A picture of one swap plan: device memory over the simulated iteration against the budget,
-and what each of the three streams (compute, device-to-host, host-to-device) does when; a
-second run of an op (recompute) is drawn on the compute lane in its own colour."""
+"""Pictures of swap plans: device memory over the simulated iteration against the budget, and
+what each of the three streams (compute, device-to-host, host-to-device) does when (a second
+run of an op, recompute, in its own colour on the compute lane); and the stream lanes of a
+simulated and a measured iteration one above the other, on one time axis."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from .plan import SwapPlan
 from .problem import SwapProblem
 from .simulator import simulate
 
+_LANES = {"compute": (3, "tab:green"), "d2h": (2, "tab:orange"), "h2d": (1, "tab:purple"),
+          "stall": (0, "tab:red")}
+_MS = 1e3  # seconds to milliseconds
 
-def plot_plan(problem: SwapProblem, plan: SwapPlan, path: str, title: str = "") -> str:
-    """Write the PNG to `path` and return it."""
+
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _draw_lanes(ax, lanes: dict, names: Sequence[str]) -> None:
+    """One row per lane of (label, start s, end s) spans, the first name on top."""
+    rows = {name: (len(names) - 1 - i, _LANES[name][1]) for i, name in enumerate(names)}
+    for name, (y, color) in rows.items():
+        spans = [(s * _MS, (e - s) * _MS) for _, s, e in lanes.get(name, []) if e > s]
+        if spans:
+            ax.broken_barh(spans, (y - 0.35, 0.7), facecolors=color)
+    ax.set_yticks([y for y, _ in rows.values()], list(rows))
+
+
+def _draw_recompute(ax, plan: SwapPlan, compute: list, row: int) -> None:
+    """Over the compute lane (at `row`), the spans of ops that ran before (recompute)."""
+    seen: set[int] = set()
+    spans = []
+    for op, (_, s, e) in zip(plan.schedule, compute, strict=True):
+        if op in seen and e > s:
+            spans.append((s * _MS, (e - s) * _MS))
+        seen.add(op)
+    if spans:
+        ax.broken_barh(spans, (row - 0.35, 0.7), facecolors="tab:red", label="recompute")
+        ax.legend(loc="upper right", fontsize=8)
+
+
+def plot_plan(problem: SwapProblem, plan: SwapPlan, path: str, title: str = "") -> str:
+    """Write the PNG to `path` and return it."""
+    plt = _pyplot()
     sim = simulate(problem, plan)
-    scale = 1e3  # milliseconds
     fig, (mem, streams) = plt.subplots(2, 1, figsize=(11, 5.5), sharex=True,
                                        gridspec_kw={"height_ratios": [3, 1.4]})
     mib = 2**20
-    mem.step(sim.memory_times * scale, sim.memory_bytes / mib, where="post", color="tab:blue",
+    mem.step(sim.memory_times * _MS, sim.memory_bytes / mib, where="post", color="tab:blue",
              label=f"device memory ({plan.planner})")
     mem.axhline(problem.budget / mib, color="tab:red", linestyle="--", label="budget")
     mem.axhline(problem.no_swap_peak() / mib, color="gray", linestyle=":",
@@ -29,27 +63,30 @@ def plot_plan(problem: SwapProblem, plan: SwapPlan, path: str, title: str = "") 
     mem.set_ylabel("MiB")
     mem.legend(loc="upper right", fontsize=8)
     mem.set_title(title or f"{problem.name}: {plan.planner}, predicted "
-                  f"{plan.predicted_time * scale:.3f} ms, {plan.bytes_swapped / mib:.1f} MiB "
+                  f"{plan.predicted_time * _MS:.3f} ms, {plan.bytes_swapped / mib:.1f} MiB "
                   f"swapped")
-    lanes = {"compute": (2, "tab:green"), "d2h": (1, "tab:orange"), "h2d": (0, "tab:purple")}
-    seen: set[int] = set()
-    again = []  # positions whose op ran before: recompute
-    for i, op in enumerate(plan.schedule):
-        if op in seen:
-            again.append(i)
-        seen.add(op)
-    for name, events in sim.timelines(plan).items():
-        y, color = lanes[name]
-        redo = set(again) if name == "compute" else set()
-        for keep, colour, label in ((False, color, None), (True, "tab:red", "recompute")):
-            spans = [(s * scale, (e - s) * scale) for i, (_, s, e) in enumerate(events)
-                     if e > s and (i in redo) == keep]
-            if spans:
-                streams.broken_barh(spans, (y - 0.35, 0.7), facecolors=colour, label=label)
-    if again:
-        streams.legend(loc="upper right", fontsize=8)
-    streams.set_yticks([lane for lane, _ in lanes.values()], list(lanes))
+    tl = sim.timelines(plan)
+    _draw_lanes(streams, tl, ("compute", "d2h", "h2d"))
+    _draw_recompute(streams, plan, tl["compute"], row=2)
     streams.set_xlabel("simulated time (ms)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_timelines(path: str, panels: Sequence[tuple[str, dict]], title: str = "") -> str:
+    """One panel per (title, lanes) (lanes as `tvm_ext.swap.measured` gives them: "compute",
+    "d2h", "h2d", "stall"), stacked on one time axis; writes the PNG to `path`."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 1.6 + 1.5 * len(panels)),
+                             sharex=True, squeeze=False)
+    for ax, (name, lanes) in zip(axes[:, 0], panels, strict=True):
+        _draw_lanes(ax, lanes, ("compute", "d2h", "h2d", "stall"))
+        ax.set_title(name, fontsize=9)
+    axes[-1, 0].set_xlabel("time (ms)")
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

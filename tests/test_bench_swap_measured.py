@@ -1,0 +1,40 @@
+"""benchmarks/swap_measured.py's judgement of a run (the run itself is the benchmark's, on a
+quiet machine): errors within 15%, planners ranked alike where the simulator tells them apart,
+SwapAdvisor against the best baseline, infeasible pressures reported."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import swap_measured
+
+
+def _row(planner: str, sim: float, meas: float, ratio: float = 4) -> dict:
+    return {"model": "m", "ratio": ratio, "planner": planner, "simulated_ms": sim,
+            "measured_ms": meas, "error": meas / sim - 1, "simulated_pct_ideal": 100 * 5 / sim,
+            "measured_pct_ideal": 100 * 5 / meas, "exact": True, "hidden_simulated": 0.5,
+            "hidden_measured": 0.4, "swap_outs": 1, "swap_ins": 2,
+            "run": {"mean_overshoot_us": 30.0}}
+
+
+def test_summary_counts_errors_ranks_and_the_speedup():
+    rows = [_row("swapadvisor", 10, 11), _row("vdnn", 20, 26), _row("lru", 20, 19),
+            {"model": "m", "ratio": 12, "budget": 1, "infeasible": True}]
+    lines = swap_measured.summarize(rows)
+    assert lines[0] == "simulated vs measured within 15%: 2/3 (largest error 30.0%)"
+    # vdnn and lru tie in the simulator: only their pairs with swapadvisor are ranked.
+    assert lines[1].startswith("planners ranked alike measured and simulated: 2/2 pairs")
+    assert "m at 4x: swapadvisor 45.5% of ideal measured (50.0% simulated), 1.73x the best " \
+        "baseline measured" in lines
+    assert lines[-1] == "outputs exact: 3/3"
+    assert "infeasible" in swap_measured.format_row(rows[-1])
+    assert swap_measured.format_row(rows[0]).split()[:6] == ["m", "4", "swapadvisor", "10.00",
+                                                              "11.00", "+10.0%"]
+
+
+def test_summary_of_a_misranked_case():
+    lines = swap_measured.summarize([_row("swapadvisor", 10, 30), _row("lru", 20, 21)])
+    assert lines[1].startswith("planners ranked alike measured and simulated: 0/1 pairs")

@@ -1,0 +1,96 @@
+"""Measured swapped runs (tvm_ext/driver/measure_swap.py) on the CPU stand-in with a slow
+emulated link: outputs stay exact, the traced iteration has every kernel and copy on its lane in
+order, and the runtime's own costs are measured."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import tvm
+
+from tvm_ext import driver
+from tvm_ext.cost.emulation import fixed_link
+from tvm_ext.ir.targets import vm_devices
+from tvm_ext.models import get_model
+from tvm_ext.runtime import swap_streams
+from tvm_ext.swap import plan_swaps, simulate
+from tvm_ext.swap.measured import compare
+from tvm_ext.swap.placement import argument_devices
+from tvm_ext.swap.problem import problem_for_budget
+
+LLVM = tvm.target.Target("llvm")
+SLOW = fixed_link(0.02, 1000.0)  # 20 MB/s, 1 ms per copy: slower than the tiny kernels
+REPEAT = 2
+
+
+@pytest.fixture(scope="module")
+def swapped():
+    """mlp tiny's training step at its smallest budget (LRU), run with the slow link on."""
+    model = get_model("mlp", "tiny", training=True)
+    graph = driver.fused_graph(model, LLVM)
+    problem = problem_for_budget(graph, "min", "cpu")
+    plan = plan_swaps(problem, "lru")
+    assert plan.swap_ins and plan.swap_outs
+    args = model.random_arguments(0)
+    device, host = vm_devices(LLVM)
+    plain = driver.measure_run(driver.build(model, LLVM), args, device, repeat=1)
+    swap_streams.reset()
+    swap_streams.set_emulated_link(SLOW.bandwidth, SLOW.latency)
+    try:
+        run = driver.measure_run(driver.build(model, LLVM, swap_plan=plan), args, device,
+                                 host=host, arg_devices=argument_devices(graph, plan),
+                                 repeat=REPEAT)
+    finally:
+        swap_streams.set_emulated_link(0.0)
+    return graph, problem, plan, plain, run
+
+
+def test_swapped_run_stays_exact_with_the_emulated_link(swapped):
+    _, _, plan, plain, run = swapped
+    assert len(run.outputs) == len(plain.outputs)
+    for out, ref in zip(run.outputs, plain.outputs, strict=True):
+        np.testing.assert_array_equal(out, ref)
+    copies = len(plan.swap_ins) + len(plan.swap_outs)
+    summary = run.summary()
+    assert summary["emulated_link"] == pytest.approx({"gbps": 0.02, "latency_us": 1000.0})
+    # Every copy of every timed call went through the link (and none of the plain run's).
+    assert summary["copies"] == summary["paced_copies"] == REPEAT * copies
+    # The link is the bottleneck: a timed call takes at least its copies on one stream.
+    per_stream = max(sum(SLOW.transfer_time(c.nbytes) for c in plan.swap_outs),
+                     sum(SLOW.transfer_time(c.nbytes) for c in plan.swap_ins))
+    assert min(run.latencies_ms) >= per_stream * 1e3
+    assert 0.0 <= run.hidden_fraction <= 1.0
+    assert 0.0 < run.cpu_share <= 1.05
+
+
+def test_measured_timeline_has_every_kernel_and_copy_in_order(swapped):
+    graph, problem, plan, _, run = swapped
+    timeline = driver.timeline_of(run, graph)
+    kernels = [graph.ops[op].kernel for op in plan.schedule if graph.ops[op].kind == "kernel"]
+    assert [name for name, _, _ in timeline.lanes["compute"]] == kernels
+    assert [n for n, _, _ in timeline.lanes["d2h"]] == \
+        [graph.tensors[c.tensor].name for c in plan.swap_outs]
+    assert [n for n, _, _ in timeline.lanes["h2d"]] == \
+        [graph.tensors[c.tensor].name for c in plan.swap_ins]
+    for lane in ("compute", "d2h", "h2d", "stall"):
+        spans = timeline.lanes[lane]
+        assert all(0.0 <= s <= e <= timeline.makespan for _, s, e in spans), lane
+        # One thing at a time on each stream, in order.
+        assert all(a[2] <= b[1] for a, b in itertools.pairwise(spans)), lane
+    for lane in ("d2h", "h2d"):
+        for name, s, e in timeline.lanes[lane]:
+            assert e - s >= SLOW.latency, f"{lane} copy of {name} was not paced"
+    assert timeline.lanes["stall"], "with a link this slow the compute waits for copies"
+    cmp = compare(problem, plan, simulate(problem, plan), timeline)
+    assert cmp["measured_s"] == timeline.makespan
+    assert cmp["measured_d2h_s"] >= len(plan.swap_outs) * SLOW.latency
+
+
+def test_runtime_costs_are_measured():
+    costs = driver.measure_runtime_costs(fixed_link(1.0, 200.0), samples=10)
+    assert 0 < costs.copy_issue < 0.05
+    assert 0 <= costs.sync < 0.05
+    assert 0 <= costs.overshoot < 0.05
+    assert swap_streams.emulated_link() is None, "the link in force before is restored"

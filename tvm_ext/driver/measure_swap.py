@@ -1,0 +1,241 @@
+"""Swapped runs measured, not only simulated: timed iterations, a traced one (when each kernel
+and each copy ran), and the swap runtime's own costs on this machine.
+
+* `measure_run` runs `main` of a module (swapped or not) `repeat` times for time, then once more
+  with the runtime library's trace on and its VM instrument installed (a C++ hook: the kernels'
+  times, the copies on their streams and the caller's waits, on one clock). Timing runs use
+  the pooled allocator: the naive one maps fresh pages at every call, whose first touch then
+  costs the kernels time that neither a GPU's caching allocator nor the kernel measurements
+  (`measure_kernels`) pay.
+* `timeline_of(run, graph)` gives the traced iteration as `tvm_ext.swap.measured` lanes.
+* `measure_runtime_costs(link)` times what the simulator's stand-in hardware needs beyond the
+  link (`tvm_ext.cost.emulation.RuntimeCosts`): issuing a copy to an idle copy stream (it wakes
+  the stream's worker), the delay before a stalled stream resumes (a worker taking a copy, a
+  caller leaving a wait), and how far past its deadline a paced copy ends.
+* `stand_in(graph, timings, preset=... | link=...)` puts it together: the op durations, the
+  emulated link (a preset's, scaled to this CPU, or a fixed one) and the `Hardware` a swap plan
+  for the stand-in is made with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..cost.calibration import (
+    KernelTiming,
+    dispatch_overhead,
+    op_times_measured,
+    with_dispatch_overhead,
+)
+from ..cost.emulation import RuntimeCosts, scaled_link, stand_in_hardware, time_scale
+from ..cost.hardware import Hardware, Link, get_hardware
+from ..cost.roofline import op_times as roofline_op_times
+from ..ir.graph import DataflowGraph
+from ..runtime import swap_streams
+from ..runtime.timing import time_calls
+from ..swap.measured import Event, MeasuredTimeline
+from .run import flatten_outputs, place_argument
+
+
+@dataclasses.dataclass
+class MeasuredRun:
+    """Timed calls of `main` and one traced call."""
+
+    outputs: list[np.ndarray]
+    latencies_ms: list[float]
+    traced_ms: float  # the traced call (the instrument costs well under a us per VM call)
+    events: list[Event]  # of the traced call
+    streams: list[swap_streams.StreamStats]  # over the timed calls
+    link: swap_streams.EmulatedLink | None  # the emulated link in force, if any
+    # CPU time of the calling thread (which runs the kernels) over the wall time of the timed
+    # calls: near 1 for an unswapped run on a quiet machine; well below, other processes held
+    # the core (a loaded machine's scheduler also favours a thread that often sleeps in waits,
+    # so a swapped run is slowed less than an unswapped one).
+    cpu_share: float = float("nan")
+
+    @property
+    def median_ms(self) -> float:
+        return float(np.median(self.latencies_ms)) if self.latencies_ms else float("nan")
+
+    @property
+    def hidden_fraction(self) -> float:
+        """Of the copy time of the timed calls, the part during which the caller was not
+        blocked in a wait (the runtime's own count; 1.0 without copies)."""
+        busy = sum(s.busy_ns for s in self.streams)
+        return sum(s.overlap_ns for s in self.streams) / busy if busy else 1.0
+
+    def summary(self) -> dict:
+        paced = sum(s.paced for s in self.streams)
+        return {
+            "median_ms": self.median_ms, "latencies_ms": self.latencies_ms,
+            "traced_ms": self.traced_ms, "hidden_fraction": self.hidden_fraction,
+            "cpu_share": self.cpu_share,
+            "copies": sum(s.copies for s in self.streams),
+            "bytes_copied": sum(s.bytes for s in self.streams),
+            "paced_copies": paced, "late_copies": sum(s.late for s in self.streams),
+            "mean_overshoot_us": (sum(s.overshoot_ns for s in self.streams) / paced / 1e3
+                                  if paced else 0.0),
+            "emulated_link": None if self.link is None else {
+                "gbps": self.link.bandwidth / 1e9, "latency_us": self.link.latency * 1e6},
+        }
+
+
+def measure_run(
+    executable: relax.VMExecutable,
+    arguments: Sequence[np.ndarray],
+    device: tvm.runtime.Device,
+    *,
+    host: tvm.runtime.Device | None = None,
+    arg_devices: Sequence[int] | None = None,
+    repeat: int = 5,
+    warmup: int = 1,
+    allocator: str = "pooled",
+) -> MeasuredRun:
+    """Time `main` (`warmup` untimed calls, then `repeat` timed ones), then trace one call.
+    A swapped module runs on `[device, host]` with each argument where `arg_devices` says
+    (0: device, 1: host)."""
+    devices = [device] if host is None else [device, host]
+    arg_devices = list(arg_devices) if arg_devices is not None else [0] * len(arguments)
+    if len(arg_devices) != len(arguments) or max(arg_devices, default=0) >= len(devices):
+        raise ValueError("arg_devices must give a device index (into [device, host]) per "
+                         "argument")
+    vm = relax.VirtualMachine(executable, devices, memory_cfg=allocator)
+    args = [place_argument(a, devices[d], device)
+            for a, d in zip(arguments, arg_devices, strict=True)]
+    main = vm["main"]
+    outputs = flatten_outputs(main(*args))
+    for _ in range(warmup):
+        main(*args)
+    device.sync()
+    swap_streams.reset_stats()
+    cpu0 = time.thread_time()
+    latencies = time_calls(lambda: main(*args), device.sync, repeat)
+    cpu_share = (time.thread_time() - cpu0) * 1e3 / sum(latencies) if latencies else float("nan")
+    streams = swap_streams.stream_stats()
+    swap_streams.record_vm_calls(vm)
+    swap_streams.reset_stats()
+    swap_streams.set_tracing(True)
+    try:
+        traced = time_calls(lambda: vm["main"](*args), device.sync, 1)[0]
+    finally:
+        swap_streams.set_tracing(False)
+    events = [_event(r) for r in swap_streams.trace()]
+    swap_streams.reset_stats()
+    return MeasuredRun(outputs, latencies, traced, events, streams,
+                       swap_streams.emulated_link(), cpu_share)
+
+
+def _event(record) -> Event:
+    if isinstance(record, swap_streams.CopyRecord):
+        return Event("copy", record.name, record.start_ns, record.end_ns, record.stream,
+                     record.nbytes, record.enqueued_ns)
+    if isinstance(record, swap_streams.WaitRecord):
+        return Event("wait", "", record.start_ns, record.end_ns, record.stream)
+    return Event("call", record.name, record.start_ns, record.end_ns)
+
+
+def timeline_of(run: MeasuredRun, graph: DataflowGraph) -> MeasuredTimeline:
+    """The traced call of `run` as lanes; kernels are the calls of `graph`'s kernels."""
+    kernels = {op.kernel for op in graph.ops if op.kind == "kernel"}
+    return MeasuredTimeline.from_events(run.events, kernels)
+
+
+def measure_runtime_costs(link: Link | swap_streams.EmulatedLink, *, samples: int = 40,
+                          nbytes: int = 1 << 16, idle_s: float = 5e-4) -> RuntimeCosts:
+    """The swap runtime's own costs with `link` emulated (medians over `samples` copies of
+    `nbytes` from cpu:0 to cpu:1, each issued to an idle stream by a caller that computed for
+    `idle_s` before and then blocks on it). The link in force before is restored."""
+    before = swap_streams.emulated_link()
+    swap_streams.set_emulated_link(link.bandwidth, link.latency)
+    dev, host = tvm.cpu(0), tvm.cpu(1)
+    src = tvm.runtime.tensor(np.ones(nbytes // 4, "float32"), dev)
+    dst = swap_streams.host_empty((nbytes // 4,), "float32", host, dev)
+    swap_streams.reset()
+    swap_streams.set_tracing(True)
+    issue = []
+    try:
+        for _ in range(samples):
+            _compute_for(idle_s)  # the stream's worker goes idle meanwhile
+            start = time.perf_counter_ns()
+            swap_streams.copy_async(src, dst, 0, "calibration")
+            issue.append(time.perf_counter_ns() - start)
+            swap_streams.wait(dst, 0)
+        records = swap_streams.trace()
+    finally:
+        swap_streams.set_tracing(False)
+        swap_streams.reset()
+        if before is None:
+            swap_streams.set_emulated_link(0.0)
+        else:
+            swap_streams.set_emulated_link(before.bandwidth, before.latency)
+    copies = [r for r in records if isinstance(r, swap_streams.CopyRecord)]
+    waits = [r for r in records if isinstance(r, swap_streams.WaitRecord)]
+    paced_ns = link.latency * 1e9 + nbytes / link.bandwidth * 1e9
+    starts = [c.start_ns - c.enqueued_ns for c in copies]
+    # The caller's wait on each copy, where it blocked (the one spanning the copy's end).
+    resumes = [w.end_ns - c.end_ns for c in copies for w in waits
+               if w.start_ns <= c.end_ns <= w.end_ns]
+    return RuntimeCosts(
+        copy_issue=statistics.median(issue) * 1e-9,
+        sync=statistics.median(starts + resumes) * 1e-9,
+        overshoot=max(0.0, statistics.median(c.end_ns - c.start_ns - paced_ns
+                                             for c in copies)) * 1e-9)
+
+
+def _compute_for(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@dataclasses.dataclass
+class StandIn:
+    """What swap planning for the CPU stand-in with an emulated link uses: per-op durations
+    measured here, the link (fixed, or a preset's scaled by `scale`), the runtime's measured
+    costs, and the `Hardware` combining them (`tvm_ext.cost.emulation.stand_in_hardware`)."""
+
+    op_times: np.ndarray
+    link: Link
+    costs: RuntimeCosts
+    hardware: Hardware
+    scale: float | None = None  # this CPU's compute time / the preset's (scaled links)
+    preset: str | None = None
+    dispatch_overhead: float = 0.0
+
+    def summary(self) -> dict:
+        return {"link_gbps": self.link.bandwidth / 1e9, "link_latency_us": self.link.latency * 1e6,
+                "scale": self.scale, "preset": self.preset,
+                "compute_s": float(np.sum(self.op_times)),
+                "dispatch_overhead_us": self.dispatch_overhead * 1e6,
+                "copy_issue_us": self.costs.copy_issue * 1e6, "sync_us": self.costs.sync * 1e6,
+                "overshoot_us": self.costs.overshoot * 1e6}
+
+
+def stand_in(graph: DataflowGraph, timings: dict[str, KernelTiming], *,
+             preset: str | Hardware | None = None, link: Link | None = None,
+             iteration_s: float | None = None) -> StandIn:
+    """The stand-in for `graph` with kernels timed as `timings` (`measure_kernels`): with
+    `preset`, the preset's host link scaled by this CPU's compute time over the preset's
+    (`tvm_ext.cost.emulation`); with `link`, that link as it is. `iteration_s`, a measured
+    unswapped run, adds the VM's per-kernel dispatch overhead to the op durations."""
+    if (preset is None) == (link is None):
+        raise ValueError("stand_in takes a preset to scale or a link, not both or neither")
+    times = op_times_measured(graph, timings)
+    overhead = dispatch_overhead(graph, times, iteration_s) if iteration_s else 0.0
+    times = with_dispatch_overhead(graph, times, overhead)
+    scale = name = None
+    if preset is not None:
+        hw = get_hardware(preset)
+        name = hw.name
+        scale = time_scale(times, roofline_op_times(graph, hw))
+        link = scaled_link(hw.host_to_device, scale)
+    costs = measure_runtime_costs(link)
+    return StandIn(times, link, costs, stand_in_hardware(link, costs=costs), scale, name,
+                   overhead)
