@@ -39,12 +39,17 @@ from tvm import relax
 from tvm_ext.cost import Hardware
 from tvm_ext.errors import InputError
 from tvm_ext.ir.graph_builder import read_pass_input
+from tvm_ext.ir.kernel_dims import kernel_dims
+from tvm_ext.ir.local_kernels import LoweringError, chunk_params, local_kernel
 from tvm_ext.ir.pass_records import SWAP_ARGS_ATTR, SWAP_PLAN_ATTR, has_record
 from tvm_ext.ir.targets import host_vdevice
+from tvm_ext.ir.time_splits import annotate_time_splits
 from tvm_ext.runtime import swap_streams
 from tvm_ext.swap import SwapPlan, plan_swaps, validate
+from tvm_ext.swap.alignment import align
 from tvm_ext.swap.placement import DEVICE, HOST, argument_devices
-from tvm_ext.swap.problem import align, problem_for_budget
+from tvm_ext.swap.problem import problem_for_budget
+from tvm_ext.swap.split import chunk_bytes
 
 D2H, H2D = 0, 1  # copy stream ids
 
@@ -105,6 +110,7 @@ class SwapOffload:
         given = mod
         mod, graph, bindings, constants = read_pass_input(
             mod, self.function, "SwapOffload", SwapOffloadError, _check_form)
+        annotate_time_splits(mod, graph)
         func = given[self.function]
         if self.plan is not None:
             budget = self.plan.budget if self.device_memory is None else self.device_memory
@@ -125,10 +131,13 @@ class SwapOffload:
         target = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
         device = relax.VDevice(target, 0, "global")
         host = self.host or host_vdevice(target)
-        new_func = _Rewriter(graph, bindings, constants, plan, device, host,
-                             _match_casts(mod[self.function])).rewrite(func)
+        rewriter = _Rewriter(graph, bindings, constants, plan, device, host,
+                             _match_casts(mod[self.function]), mod)
+        new_func = rewriter.rewrite(func)
         mod = mod.clone()
         mod.update_func(mod.get_global_var(self.function), new_func)
+        for gv, kernel in rewriter.chunk_kernels.values():
+            mod[gv] = kernel
         mod.update_global_info("vdevice", [device, host])
         return mod
 
@@ -160,7 +169,7 @@ class _Rewriter:
     """Emits the planned function (see the module docstring)."""
 
     def __init__(self, graph, bindings, constants, plan: SwapPlan, device, host,
-                 match_casts: dict | None = None):
+                 match_casts: dict | None = None, mod: tvm.IRModule | None = None):
         self.g = graph
         self.bindings = bindings
         self.match_casts = match_casts or {}
@@ -173,6 +182,8 @@ class _Rewriter:
         self.host_val: dict[int, relax.Expr] = {}  # tensor -> its host copy
         self.swapped_out_var: dict[int, relax.Expr] = {}  # swap-out index -> device value copied
         self.waited_out: set[int] = set()  # swap-outs already waited for (waits are in order)
+        self.mod = mod  # the kernels, for the chunk kernels of split ops
+        self.chunk_kernels: dict[tuple, tuple] = {}  # (kernel, dim, chunks) -> (gv, PrimFunc)
 
     # ------------------------------------------------------------------ helpers
     def emit(self, expr, name: str = "") -> relax.Var:
@@ -224,11 +235,15 @@ class _Rewriter:
         for i, r in enumerate(plan.residencies):
             if r.source == "produced":
                 produced_at.setdefault(r.begin, []).append(i)
+        split_at = plan.split_at()
+        streamed = {(t, sp.position) for sp in plan.splits for t in sp.cut_outputs}
         for k, s in enumerate(plan.swap_ins):
-            swap_in_after.setdefault(s.after, []).append(k)
-            waits_before.setdefault(s.before, []).append(k)
+            if s.residency >= 0:  # a split op streams its own inputs
+                swap_in_after.setdefault(s.after, []).append(k)
+                waits_before.setdefault(s.before, []).append(k)
         for k, s in enumerate(plan.swap_outs):
-            swap_out_after.setdefault(s.after, []).append(k)
+            if (s.tensor, s.after) not in streamed:  # ... and outputs
+                swap_out_after.setdefault(s.after, []).append(k)
 
         attrs = {"num_input": g.num_input, "relax.force_pure": True,
                  SWAP_PLAN_ATTR: json.dumps(plan.summary()),
@@ -247,7 +262,10 @@ class _Rewriter:
                 for k in waits_before.get(pos, []):
                     self.emit(swap_streams.wait_call(
                         self.cur[plan.swap_ins[k].tensor], H2D))
-                self._op(op_id, produced_at.get(pos, []))
+                if pos in split_at:
+                    self._split_op(split_at[pos])
+                else:
+                    self._op(op_id, produced_at.get(pos, []))
                 self._swap_outs(swap_out_after.get(pos, []))
                 self._swap_ins(swap_in_after.get(pos, []))
             self.emit(swap_streams.wait_all_call())
@@ -320,6 +338,126 @@ class _Rewriter:
         # call_tir's third argument (symbolic shape values) follows the outputs.
         extra = list(value.args[2:3]) if name == "relax.call_tir" else []
         self.emit(relax.Call(value.args[0], [*args, *outs, *extra]))
+
+    # ------------------------------------------------------------------ split ops
+    def _split_op(self, sp) -> None:
+        """An op run in chunks (`tvm_ext.swap.split`): its cut inputs come in from their host
+        copies a chunk at a time into its buffers (with two, the next chunk is copied while
+        the current one is read), its cut outputs leave for their host copies from its
+        buffers, and the chunk kernel runs once per chunk with its chunk's index."""
+        g = self.g
+        op = g.ops[sp.op]
+        value = self.bindings[sp.op].value
+        self.wait_swap_out(sp.wait_swap_out)
+        cut_in, cut_out = set(sp.cut_inputs), set(sp.cut_outputs)
+        offset = [sp.offset]
+
+        def buffers(tid: int) -> list:
+            t = g.tensors[tid]
+            shape = [int(t.shape[0]) // sp.chunks, *(int(x) for x in t.shape[1:])]
+            pair = []
+            for _ in range(sp.buffers):
+                alloc = relax.op.memory.alloc_tensor(self.pools[sp.pool],
+                                                     relax.prim_value(offset[0]),
+                                                     relax.ShapeExpr(shape), t.dtype)
+                pair.append(self.emit(relax.op.memory.ensure_zero_offset(self.emit(alloc))))
+                offset[0] += chunk_bytes(t.nbytes, sp.chunks)
+            return pair
+
+        ins = {tid: buffers(tid) for tid in op.inputs if g.base(tid) in cut_in}
+        viewed = {tid for tid in op.inputs if g.base(tid) in set(sp.viewed_inputs)}
+        outs = [buffers(tid) for tid in op.outputs]
+        for tid in cut_out:
+            self._host_copy_of(tid)
+        gv = self._chunk_kernel(op, sp)
+        fields = value.args[1].fields if isinstance(value.args[1], relax.Tuple) \
+            else [value.args[1]]
+        nb = sp.buffers
+        for tid, pair in ins.items():
+            self._stream(self._host_chunk(tid, sp, 0), pair[0], H2D)
+        for j in range(sp.chunks):
+            b = j % nb
+            for tid, pair in ins.items():
+                if j > 0 and nb == 1:  # the buffer is free again: the kernel has run
+                    self._stream(self._host_chunk(tid, sp, j), pair[0], H2D)
+                if j + 1 < sp.chunks and nb == 2:
+                    self._stream(self._host_chunk(tid, sp, j + 1), pair[1 - b], H2D)
+                self.emit(swap_streams.wait_call(pair[b], H2D))
+            if j >= nb:
+                for pair in outs:  # its previous chunk has left
+                    self.emit(swap_streams.wait_call(pair[b], D2H))
+            inputs = iter(op.inputs)
+            args = []
+            for f in fields:
+                if isinstance(f.ty, relax.TensorType):
+                    tid = next(inputs)
+                    if tid in viewed:  # kept on the device: chunk j is a view of it
+                        args.append(self._device_chunk(tid, sp, j))
+                    else:
+                        args.append(ins[tid][b] if tid in ins else self.value_of(tid))
+                else:
+                    args.append(f)
+            chunk = [relax.prim_value(tvm.tirx.IntImm("int64", j))
+                     for _ in chunk_params(self.chunk_kernels[self._chunk_key(op, sp)][1])]
+            self.emit(relax.Call(gv, [*args, *chunk, *(pair[b] for pair in outs)]))
+            for tid, pair in zip(op.outputs, outs, strict=True):
+                self._stream(pair[b], self._host_chunk(tid, sp, j), D2H)
+        for k, s in enumerate(self.plan.swap_outs):
+            if s.tensor in cut_out and s.after == sp.position:
+                self.swapped_out_var[k] = outs[list(op.outputs).index(s.tensor)][
+                    (sp.chunks - 1) % nb]
+
+    def _device_chunk(self, tid: int, sp, j: int) -> relax.Var:
+        """Chunk j of a cut input kept on the device: a view of its bytes (at an offset that
+        is a multiple of the alignment, so a kernel may read it)."""
+        t = self.g.tensors[tid]
+        shape = [int(t.shape[0]) // sp.chunks, *(int(x) for x in t.shape[1:])]
+        view = self.emit(relax.op.memory.view(
+            self.value_of(tid), relax.ShapeExpr(shape), None,
+            relax.prim_value(tvm.tirx.IntImm("int64", j * t.nbytes // sp.chunks))))
+        return self.emit(relax.op.memory.ensure_zero_offset(view))
+
+    def _stream(self, src, dst, stream: int) -> None:
+        self.emit(swap_streams.copy_async_call(src, dst, stream, ""))
+
+    def _host_copy_of(self, tid: int) -> relax.Expr:
+        """The host copy of base tensor `tid`: an argument left there, or its place in the
+        host pool (a split op's output lands there)."""
+        if tid not in self.host_val:
+            t = self.g.tensors[tid]
+            self.host_val[tid] = self.emit(relax.op.memory.alloc_tensor(
+                self.host_pool, relax.prim_value(self.host_offsets[tid]),
+                relax.ShapeExpr(list(t.shape)), t.dtype))
+        return self.host_val[tid]
+
+    def _host_chunk(self, tid: int, sp, j: int) -> relax.Var:
+        """Chunk j of tensor `tid` (a view read by the op, or a base) in its base's host copy:
+        bytes [j, j + 1) x nbytes / chunks of it, shaped as the op reads it."""
+        t = self.g.tensors[tid]
+        host = self._host_copy_of(self.g.base(tid))
+        shape = [int(t.shape[0]) // sp.chunks, *(int(x) for x in t.shape[1:])]
+        return self.emit(relax.op.memory.view(
+            host, relax.ShapeExpr(shape), None,
+            relax.prim_value(tvm.tirx.IntImm("int64", j * t.nbytes // sp.chunks))))
+
+    @staticmethod
+    def _chunk_key(op, sp) -> tuple:
+        return (op.kernel, sp.dim, sp.chunks)
+
+    def _chunk_kernel(self, op, sp):
+        """The kernel of one chunk of `op` (`local_kernel`), made once per kernel and split."""
+        key = self._chunk_key(op, sp)
+        if key not in self.chunk_kernels:
+            kd = kernel_dims(self.mod[op.kernel], len(op.outputs), op.kernel)
+            try:
+                kernel = local_kernel(kd, {sp.dim: sp.chunks})
+            except LoweringError as err:
+                raise SwapOffloadError(f"{op.name}: cannot run in {sp.chunks} chunks: {err}") \
+                    from err
+            name = f"{op.kernel}_chunk{sp.chunks}_d{sp.dim}"
+            kernel = kernel.with_attr("global_symbol", name)
+            self.chunk_kernels[key] = (self.bb.add_func(kernel, name), kernel)
+        return self.chunk_kernels[key][0]
 
     def _swap_outs(self, indices: list[int]) -> None:
         for k in indices:

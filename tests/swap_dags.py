@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from tvm_ext.swap import Residency, SwapIn, SwapOut, SwapPlan, SwapProblem
-from tvm_ext.swap.problem import align
+from tvm_ext.swap.alignment import align
 
 
 def random_problem(seed: int, num_ops: int = 8, num_args: int = 3, budget_frac: float = 0.5,

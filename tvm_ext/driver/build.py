@@ -14,6 +14,7 @@ from ..ir.graph import DataflowGraph
 from ..ir.graph_builder import build_graph
 from ..ir.kernel_dims import problem_from_module
 from ..ir.targets import is_cpu
+from ..ir.time_splits import annotate_time_splits
 from ..models import Model
 from ..partition import PartitionProblem
 from ..runtime.cuda import DEFAULT_ARCH, cuda_target, ensure_cuda_runtime
@@ -51,8 +52,10 @@ def device_of(target: tvm.target.Target, index: int = 0) -> tvm.runtime.Device:
 
 
 def fused_graph(model: Model | tvm.IRModule, target: tvm.target.Target) -> DataflowGraph:
-    """The DataflowGraph of the model as the pipeline fuses it for `target`."""
-    return build_graph(pipeline.fuse(_module(model), target))
+    """The DataflowGraph of the model as the pipeline fuses it for `target`, with the ops a
+    swap plan may split in time (as SwapOffload reads it)."""
+    fused = pipeline.fuse(_module(model), target)
+    return annotate_time_splits(fused, build_graph(fused))
 
 
 def partition_problem(model: Model | tvm.IRModule,

@@ -51,6 +51,8 @@ class Op:
     workspace: int | None = None  # tensor id of the kernel's scratch, if any
     phase: str = "forward"  # "forward" or "backward"
     library: bool = False  # its GEMM/convolution runs in a vendor library (by default)
+    # Dims it may run along in chunks (`tvm_ext.ir.time_splits`); None: not analysed.
+    time_splits: list | None = None
 
 
 @dataclasses.dataclass

@@ -9,9 +9,10 @@ any plan on three streams (compute, device-to-host, host-to-device), and
 
 from __future__ import annotations
 
+from .alignment import ALIGNMENT
 from .baselines import checkpoint, ideal, lru, vdnn
 from .plan import PlanError, Residency, SwapIn, SwapOut, SwapPlan
-from .problem import ALIGNMENT, InfeasibleBudgetError, SwapProblem
+from .problem import InfeasibleBudgetError, SwapProblem
 from .search import SearchConfig, swapadvisor
 from .simulator import SimResult, simulate, validate
 

@@ -54,8 +54,13 @@ _ASAP = -2  # swap-in issue position: as soon as the window is free
 
 # ---------------------------------------------------------------- inputs and outputs
 # The problem's arrays, fixed for an Evaluator; op's needs: need_idx[need_ptr[op]:need_ptr[op+1]].
+# Ops split in time (`split.py`) have `chunks[op]` > 0: their cut inputs are streamed in from
+# the host (stream_idx[stream_ptr[op]:stream_ptr[op+1]], not among their needs), their cut
+# outputs out to it (out_idx[out_ptr[op]:...]), and their chunk buffers are one scratch tensor
+# among their needs.
 Graph = namedtuple("Graph", ["need_ptr", "need_idx", "producer", "sizes", "durations",
-                             "is_output"])
+                             "is_output", "stream_ptr", "stream_idx", "out_ptr", "out_idx",
+                             "chunks"])
 # Bytes/s and seconds; `issue`: compute-stream seconds per copy issued, `sync`: seconds from the
 # event a stalled stream waits for to its resuming (both 0 on a GPU; measured on the stand-in).
 Link = namedtuple("Link", ["h2d_bw", "h2d_lat", "d2h_bw", "d2h_lat", "issue", "sync"])
@@ -68,8 +73,9 @@ Layout = namedtuple("Layout", ["obj_class", "base", "size", "count"])
 # wait_key is the swap-out to finish before its window is written.
 ResidencyTable = namedtuple("ResidencyTable", ["tensor", "offset", "begin", "end", "swap_in",
                                                "wait_key", "valid"])
-SwapInTable = namedtuple("SwapInTable", ["tensor", "after", "before", "wait_key", "valid"])
-SwapOutTable = namedtuple("SwapOutTable", ["tensor", "after"])
+SwapInTable = namedtuple("SwapInTable", ["tensor", "after", "before", "wait_key", "valid",
+                                         "stream"])
+SwapOutTable = namedtuple("SwapOutTable", ["tensor", "after", "stream"])
 Derivation = namedtuple("Derivation", ["residencies", "swap_ins", "swap_outs", "op_wait",
                                        "end_on_device", "fallbacks", "big", "max_segments",
                                        "placements"])
@@ -117,9 +123,10 @@ _TENSORS = _Record([
 _RESIDENCIES = _Record([("tensor", _I), ("offset", _I), ("begin", _I), ("end", _I),
                         ("swap_in", _I), ("wait_key", _I), ("free_after", _I), ("free_at", _F),
                         ("valid", _B), ("count", types.int64)])
+# `stream`: the copy streams a split op's cut tensor (no window of its own), 0 otherwise.
 _SWAP_INS = _Record([("tensor", _I), ("after", _I), ("before", _I), ("wait_key", _I),
-                     ("valid", _B), ("count", types.int64)])
-_SWAP_OUTS = _Record([("tensor", _I), ("after", _I), ("count", types.int64)])
+                     ("valid", _B), ("stream", _B), ("count", types.int64)])
+_SWAP_OUTS = _Record([("tensor", _I), ("after", _I), ("stream", _B), ("count", types.int64)])
 _STATE = _Record([
     ("seg", _SEGMENTS), ("ten", _TENSORS), ("res", _RESIDENCIES), ("ins", _SWAP_INS),
     ("outs", _SWAP_OUTS), ("cls_base", _I), ("cls_size", _I), ("cls_count", _I),
@@ -216,29 +223,31 @@ def _seg_find(seg, off):
 # ---------------------------------------------------------------- setup
 @nb.njit(cache=True)
 def _uses(order, graph, fixed):
-    """Uses of each tensor not fixed, as sorted positions: (use_ptr, use_pos, total)."""
+    """Uses of each tensor not fixed (needs, and inputs streamed by split ops), as sorted
+    positions: (use_ptr, use_pos, total)."""
     n = order.shape[0]
     n_t = graph.sizes.shape[0]
-    need_ptr, need_idx = graph.need_ptr, graph.need_idx
     use_cnt = np.zeros(n_t + 1, np.int64)
     total = 0
     for i in range(n):
         op = order[i]
-        for k in range(need_ptr[op], need_ptr[op + 1]):
-            t = need_idx[k]
-            if not fixed[t]:
-                use_cnt[t + 1] += 1
-                total += 1
+        for ptr, idx in ((graph.need_ptr, graph.need_idx), (graph.stream_ptr, graph.stream_idx)):
+            for k in range(ptr[op], ptr[op + 1]):
+                t = idx[k]
+                if not fixed[t]:
+                    use_cnt[t + 1] += 1
+                    total += 1
     use_ptr = np.cumsum(use_cnt)
     use_pos = np.empty(max(total, 1), np.int64)
     fill = use_ptr[:-1].copy()
     for i in range(n):
         op = order[i]
-        for k in range(need_ptr[op], need_ptr[op + 1]):
-            t = need_idx[k]
-            if not fixed[t]:
-                use_pos[fill[t]] = i
-                fill[t] += 1
+        for ptr, idx in ((graph.need_ptr, graph.need_idx), (graph.stream_ptr, graph.stream_idx)):
+            for k in range(ptr[op], ptr[op + 1]):
+                t = idx[k]
+                if not fixed[t]:
+                    use_pos[fill[t]] = i
+                    fill[t] += 1
     return use_ptr, use_pos, total
 
 
@@ -285,10 +294,10 @@ def _new_tables(cap, n_t, nseg, arena):
     ins = structref.new(_SWAP_INS)
     ins.tensor, ins.after = np.empty(cap, np.int64), np.empty(cap, np.int64)
     ins.before, ins.wait_key = np.empty(cap, np.int64), np.empty(cap, np.int64)
-    ins.valid, ins.count = np.zeros(cap, np.bool_), 0
+    ins.valid, ins.stream, ins.count = np.zeros(cap, np.bool_), np.zeros(cap, np.bool_), 0
     outs = structref.new(_SWAP_OUTS)
     outs.tensor, outs.after = np.empty(n_t + 1, np.int64), np.empty(n_t + 1, np.int64)
-    outs.count = 0
+    outs.stream, outs.count = np.zeros(n_t + 1, np.bool_), 0
     return seg, res, ins, outs
 
 
@@ -330,6 +339,8 @@ def derive(order, graph, fixed, host_start, arena, link, policy, offload_after, 
     for i in range(st.n):
         op = order[i]
         now = est[i - 1] if i > 0 else 0.0
+        streams_from = st.ins.count
+        first_chunk = _stream_in(st, graph, op, i, now) if graph.chunks[op] > 0 else now
         m = _lock_needs(graph.need_ptr, graph.need_idx, ten, op, i, needs)
         # Largest first: fewer fragmentation failures.
         srt = np.argsort(-sizes[needs[:m]], kind="mergesort")
@@ -338,13 +349,88 @@ def derive(order, graph, fixed, host_start, arena, link, policy, offload_after, 
         if failed:
             _undo_step(st, needs, m, i, placed, n_placed)
             start = _place_needs(st, needs, srt, m, i, now, policy, placed, True)[0]
-        est[i] = start + durations[op]
+        if graph.chunks[op] > 0:
+            _streams_wait_for_scratch(st, graph, op, streams_from)
+        est[i] = max(start, first_chunk) + durations[op]
         if policy.mode == VDNN and i + 1 < st.n:
             _prefetch(st, graph.need_ptr, graph.need_idx, order[i + 1], i, now)
         _after_op(st, needs, m, i)
+        if graph.chunks[op] > 0:
+            _stream_out(st, graph, op, i)
         if policy.mode == VDNN:
             _offload(st, needs, m, i)
     return _derivation(st)
+
+
+@nb.njit(cache=True)
+def _stream_in(st, graph, op, i, now):
+    """A split op's cut inputs at position i come from their host copies: one resident is
+    evicted (copied out first if it has no host copy); each is streamed in by one h2d copy
+    into the op's chunk buffers. Returns when its first chunk can be there."""
+    ten = st.ten
+    ins = st.ins
+    chunks = graph.chunks[op]
+    first = now
+    for k in range(graph.stream_ptr[op], graph.stream_ptr[op + 1]):
+        x = graph.stream_idx[k]
+        if ten.fixed[x]:
+            raise ValueError("a tensor kept on the device is streamed")
+        if ten.resident[x]:
+            _advance(ten.cursor, ten.use_ptr, ten.use_pos, x, i)
+            p = ten.last_use[x] if ten.last_use[x] >= 0 else i - 1
+            _evict(st, x, _seg_find(st.seg, ten.offset[x]), p)
+        if not ten.host_copy[x]:
+            raise ValueError("a tensor is streamed before it is on the host")
+        nh = ins.count
+        ins.tensor[nh] = x
+        ins.after[nh] = i - 1
+        ins.before[nh] = i
+        ins.wait_key[nh] = ten.out_key[x]
+        ins.valid[nh] = True
+        ins.stream[nh] = True
+        ins.count = nh + 1
+        s = max(st.h2d_free, now, ten.out_end[x])
+        st.h2d_free = s + ten.xin[x]
+        first = max(first, s + ten.xin[x] / chunks)
+    return first
+
+
+@nb.njit(cache=True)
+def _streams_wait_for_scratch(st, graph, op, first):
+    """The streamed inputs (swap-ins from `first` on) write the op's chunk buffers: like it,
+    they wait for the swap-out of what that window held."""
+    scratch = graph.need_idx[graph.need_ptr[op + 1] - 1]
+    window = st.res.wait_key[st.ten.cur_res[scratch]]
+    for e in range(first, st.ins.count):
+        st.ins.wait_key[e] = max(st.ins.wait_key[e], window)
+
+
+@nb.njit(cache=True)
+def _stream_out(st, graph, op, i):
+    """A split op's cut outputs leave for the host chunk by chunk: one d2h copy each after the
+    op at i; they are on the host only, afterwards. Its chunk buffers' window (its scratch
+    tensor, the last of its needs, freed after the op) is not free until the copies are."""
+    ten = st.ten
+    outs = st.outs
+    big = ten.sizes.shape[0] + 1
+    scratch = graph.need_idx[graph.need_ptr[op + 1] - 1]
+    window = _seg_find(st.seg, ten.offset[scratch])
+    for j in range(graph.out_ptr[op], graph.out_ptr[op + 1]):
+        y = graph.out_idx[j]
+        nd = outs.count
+        outs.tensor[nd] = y
+        outs.after[nd] = i
+        outs.stream[nd] = True
+        outs.count = nd + 1
+        ten.out_key[y] = i * big + nd
+        s = max(st.d2h_free, st.est[i] - graph.durations[op] * (1.0 - 1.0 / graph.chunks[op]))
+        st.d2h_free = s + ten.xout[y]
+        ten.out_end[y] = st.d2h_free
+        ten.host_copy[y] = True
+        ten.resident[y] = False
+        ten.release[y] = i
+        st.seg.wait_key[window] = max(st.seg.wait_key[window], ten.out_key[y])
+        st.seg.free_at[window] = max(st.seg.free_at[window], ten.out_end[y])
 
 
 @nb.njit(cache=True)
@@ -483,8 +569,8 @@ def _derivation(st):
                          end=r.end[:nr], swap_in=r.swap_in[:nr], wait_key=r.wait_key[:nr],
                          valid=r.valid[:nr])
     ins = SwapInTable(tensor=h.tensor[:nh], after=h.after[:nh], before=h.before[:nh],
-                      wait_key=h.wait_key[:nh], valid=h.valid[:nh])
-    outs = SwapOutTable(tensor=d.tensor[:nd], after=d.after[:nd])
+                      wait_key=h.wait_key[:nh], valid=h.valid[:nh], stream=h.stream[:nh])
+    outs = SwapOutTable(tensor=d.tensor[:nd], after=d.after[:nd], stream=d.stream[:nd])
     return Derivation(residencies=res, swap_ins=ins, swap_outs=outs, op_wait=st.op_wait,
                       end_on_device=end_on_device, fallbacks=st.fallbacks, big=n_t + 1,
                       max_segments=st.max_segments, placements=st.placements)
@@ -877,8 +963,31 @@ def _after_wait(ready, wait, sync):
 
 
 @nb.njit(cache=True)
+def _d2h_span(e, s, d_free, d_p, d_bytes, d_stream, op_s, op_e, dur_pos, chunks_pos, link):
+    """(start, end) of swap-out e, its stream free from `s`: a split op's output streams from
+    its first chunk's end and ends a chunk's copy after the op at the earliest."""
+    xfer = link.d2h_lat + d_bytes[e] / link.d2h_bw
+    if not d_stream[e]:
+        return s, s + xfer
+    p = d_p[e]
+    c = chunks_pos[p]
+    s = max(d_free, op_s[p] + dur_pos[p] / c)
+    return s, max(s + xfer, op_e[p] + link.d2h_lat + d_bytes[e] / c / link.d2h_bw)
+
+
+@nb.njit(cache=True)
+def _h2d_usable(e, s, end, h_bytes, h_stream, h_r, chunks_pos, last_in, link):
+    """When the op needing swap-in e can use it (started at s, over at end): a split op's
+    streamed input once its first chunk is in (its last chunk noted in `last_in`)."""
+    if not h_stream[e]:
+        return end
+    last_in[h_r[e]] = max(last_in[h_r[e]], end)
+    return s + link.h2d_lat + h_bytes[e] / chunks_pos[h_r[e]] / link.h2d_bw
+
+
+@nb.njit(cache=True)
 def simulate(dur_pos, d_p, d_bytes, d_order, h_q, h_r, h_dep, h_bytes, h_order, op_wait,
-             link, big):
+             link, big, chunks_pos, h_stream, d_stream):
     """Three streams: compute runs ops in position order; d2h and h2d run their copies in
     FIFO order. A d2h (issued after position d_p) starts after the op it follows; an h2d
     (issued after h_q, needed at h_r) after the op it is issued after and the d2h h_dep; an op
@@ -887,6 +996,10 @@ def simulate(dur_pos, d_p, d_bytes, d_order, h_q, h_r, h_dep, h_bytes, h_order, 
     swap-ins, as the pass emits them; those at the start before op 0): a copy to an idle
     stream costs it `link.issue` (waking the stream), and a stream that stalls on another's
     event resumes `link.sync` after it (`_after_wait`).
+    A split op (`chunks_pos` > 0) pipelines its streamed copies with its chunks: it starts once
+    the first chunk of each input (`h_stream`) is in and ends no sooner than a chunk's compute
+    after the last; each output's stream (`d_stream`) starts after the first chunk's compute
+    and ends no sooner than a chunk's copy after the op.
     Each stream's order must have non-decreasing issue positions (the IR order).
     Returns a Timeline."""
     n = dur_pos.shape[0]
@@ -900,6 +1013,7 @@ def simulate(dur_pos, d_p, d_bytes, d_order, h_q, h_r, h_dep, h_bytes, h_order, 
     h_s = np.zeros(nh)
     h_e = np.zeros(nh)
     ready = np.zeros(n + 1)
+    last_in = np.zeros(n + 1)  # a split op's last streamed chunk in
     pd = 0
     ph = 0
     d_free = 0.0
@@ -911,8 +1025,8 @@ def simulate(dur_pos, d_p, d_bytes, d_order, h_q, h_r, h_dep, h_bytes, h_order, 
             if d_free <= clock:
                 clock += link.issue
             s = _after_wait(d_free, clock, link.sync)
-            d_s[e] = s
-            d_e[e] = s + link.d2h_lat + d_bytes[e] / link.d2h_bw
+            d_s[e], d_e[e] = _d2h_span(e, s, d_free, d_p, d_bytes, d_stream, op_s, op_e,
+                                       dur_pos, chunks_pos, link)
             d_free = d_e[e]
             pd += 1
         if i == n:
@@ -927,7 +1041,8 @@ def simulate(dur_pos, d_p, d_bytes, d_order, h_q, h_r, h_dep, h_bytes, h_order, 
             h_s[e] = s
             h_e[e] = s + link.h2d_lat + h_bytes[e] / link.h2d_bw
             h_free = h_e[e]
-            ready[h_r[e]] = max(ready[h_r[e]], h_e[e])
+            ready[h_r[e]] = max(ready[h_r[e]], _h2d_usable(e, s, h_e[e], h_bytes, h_stream, h_r,
+                                                           chunks_pos, last_in, link))
             ph += 1
         wait = ready[i]
         if op_wait[i] >= 0:
@@ -935,5 +1050,7 @@ def simulate(dur_pos, d_p, d_bytes, d_order, h_q, h_r, h_dep, h_bytes, h_order, 
         op_r[i] = clock
         op_s[i] = _after_wait(clock, wait, link.sync)
         op_e[i] = op_s[i] + dur_pos[i]
+        if chunks_pos[i] > 0:
+            op_e[i] = max(op_e[i], last_in[i] + dur_pos[i] / chunks_pos[i])
         clock = op_e[i]
     return Timeline(op_s, op_e, d_s, d_e, h_s, h_e, op_r, clock)

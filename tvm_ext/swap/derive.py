@@ -20,10 +20,18 @@ import time
 import numpy as np
 
 from . import _core
-from .plan import Residency, SwapIn, SwapOut, SwapPlan
-from .problem import ALIGNMENT, SwapProblem
+from .alignment import ALIGNMENT
+from .plan import Residency, Split, SwapIn, SwapOut, SwapPlan
+from .problem import SwapProblem
 from .recompute import augment
 from .simulator import link, makespan_of, simulate
+from .split import (
+    SplitOption,
+    choose_splits,
+    finest_working_set,
+    scratch_bytes,
+    serial_seconds,
+)
 
 MODES = {"swapadvisor": _core.SWAPADVISOR, "lru": _core.LRU, "vdnn": _core.VDNN}
 CLASS_TOLERANCE = 0.05  # sizes within 5% share a class (e.g. 500 MiB tensors in 512 MiB objects)
@@ -76,6 +84,67 @@ class Evaluation:
     op_ready: np.ndarray  # when compute could have started each op, had it not waited
     runs: np.ndarray  # the op at each position: the order with its recompute runs
     recomputed: np.ndarray  # tensors made again (recompute)
+    split: SplitSetup  # ops split in time
+
+
+@dataclasses.dataclass
+class SplitSetup:
+    """Ops split in time (`split.py`) and the derivation's graph with them: a split op's cut
+    tensors leave its needs for its streams, and its chunk buffers are a scratch tensor of its
+    own (ids after the problem's)."""
+
+    choice: dict[int, tuple[SplitOption, int, int]]  # op -> (option, chunks, buffers)
+    scratch: dict[int, int]  # op -> its scratch tensor
+    graph: _core.Graph
+    fixed: np.ndarray  # with the scratch tensors (never fixed)
+    host_start: np.ndarray
+
+    @property
+    def padding(self) -> int:
+        return len(self.scratch)
+
+    @classmethod
+    def build(cls, p: SwapProblem, choice: dict, fixed: np.ndarray,
+              is_output: np.ndarray) -> SplitSetup:
+        n_t = p.num_tensors
+        scratch = {op: n_t + k for k, op in enumerate(sorted(choice))}
+        needs, streams, outs, chunks = [], [], [], np.zeros(p.num_ops, dtype=np.int64)
+        durations = p.durations.copy()
+        for op in range(p.num_ops):
+            if op not in choice:
+                needs.append(p.needs(op))
+                streams.append([])
+                outs.append([])
+                continue
+            option, c, buffers = choice[op]
+            durations[op] += serial_seconds(p, option, c, buffers)
+            cut = {*option.cut_inputs, *option.cut_outputs}
+            needs.append([t for t in p.needs(op) if t not in cut] + [scratch[op]])
+            streams.append(list(option.cut_inputs))
+            outs.append(list(option.cut_outputs))
+            chunks[op] = c
+        extra = [scratch_bytes(p.sizes, *choice[op]) for op in sorted(choice)]
+        sizes = np.concatenate([p.sizes, np.asarray(extra, dtype=np.int64)]).astype(np.int64)
+        producer = np.concatenate([np.asarray(p.producers, dtype=np.int64),
+                                   np.asarray(sorted(choice), dtype=np.int64)])
+        graph = _core.Graph(*_csr(needs), producer, sizes, durations,
+                            np.concatenate([is_output, np.zeros(len(choice), dtype=bool)]),
+                            *_csr(streams), *_csr(outs), chunks)
+        pad = np.zeros(len(choice), dtype=bool)
+        return cls(choice, scratch, graph, np.concatenate([fixed, pad]),
+                   np.concatenate([p.host_start, pad]))
+
+
+def _split_info(p: SwapProblem, splits: list[Split]) -> dict:
+    """What splitting in time adds to a plan: ops split, the bytes their streams move."""
+    cut = [t for s in splits for t in (*s.cut_inputs, *s.cut_outputs)]
+    return {"split_ops": len(splits), "bytes_split": int(p.sizes[cut].sum()) if cut else 0}
+
+
+def _csr(lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    ptr = np.concatenate([[0], np.cumsum([len(x) for x in lists])]).astype(np.int64)
+    idx = np.asarray([t for x in lists for t in x], dtype=np.int64)
+    return ptr, idx
 
 
 class Evaluator:
@@ -94,11 +163,11 @@ class Evaluator:
         self.producer = np.asarray(problem.producers, dtype=np.int64)
         self.is_output = np.zeros(problem.num_tensors, dtype=bool)
         self.is_output[problem.outputs] = True
-        self.graph = _core.Graph(self.need_ptr, self.need_idx, self.producer, problem.sizes,
-                                 problem.durations, self.is_output)
         self.link = link(problem)
         self.evaluations = 0
         self._fixed_cache: dict[float, tuple[np.ndarray, int]] = {}
+        self._splits: dict[float, SplitSetup] = {}
+        self.split_options = problem.split_options()
         self.class_sizes, self.class_of = size_classes(problem)
         self._min_counts: dict[float, np.ndarray] = {}
 
@@ -128,9 +197,28 @@ class Evaluator:
         return max(free // ALIGNMENT * ALIGNMENT, 0)
 
     def _max_working_set(self, fixed: np.ndarray) -> int:
-        w = self.problem.sizes[self.need_idx] * ~fixed[self.need_idx]
-        return int(np.bincount(self.need_op, weights=w, minlength=self.problem.num_ops).max()) \
-            if len(w) else 0
+        """The most any op needs in the arena, split in time where that needs less."""
+        p = self.problem
+        w = p.sizes[self.need_idx] * ~fixed[self.need_idx]
+        if not len(w):
+            return 0
+        whole = np.bincount(self.need_op, weights=w, minlength=p.num_ops)
+        for op in range(p.num_ops):
+            finest = finest_working_set(p.sizes, p.needs(op), fixed, self.split_options[op])
+            if finest is not None:
+                whole[op] = min(whole[op], finest)
+        return int(whole.max())
+
+    # ---------------------------------------------------------------- splitting in time
+    def splits(self, keep: float) -> SplitSetup:
+        """The ops split in time for a `keep` fraction (those that do not fit the arena
+        whole: `split.choose_splits`) and the derivation's graph with them."""
+        if keep not in self._splits:
+            fixed, arena = self.fixed(keep)
+            self._splits[keep] = SplitSetup.build(self.problem,
+                                                  choose_splits(self.problem, arena, fixed),
+                                                  fixed, self.is_output)
+        return self._splits[keep]
 
     # ---------------------------------------------------------------- size classes
     def min_counts(self, keep: float) -> np.ndarray:
@@ -216,15 +304,17 @@ class Evaluator:
             self._demand = demand
         return self._demand
 
-    def layout_arrays(self, counts: np.ndarray | None) -> _core.Layout:
-        """The size-class layout of `counts` objects per class (an arena when None)."""
+    def layout_arrays(self, counts: np.ndarray | None, padding: int = 0) -> _core.Layout:
+        """The size-class layout of `counts` objects per class (an arena when None), for the
+        problem's tensors and `padding` scratch tensors after them (an arena)."""
         if counts is None:
             none = np.zeros(1, dtype=np.int64)
-            return _core.Layout(np.full(self.problem.num_tensors, -1, dtype=np.int64), none,
-                                none, none)
+            return _core.Layout(np.full(self.problem.num_tensors + padding, -1, dtype=np.int64),
+                                none, none, none)
         sizes = self.class_sizes
         base = np.concatenate([[0], np.cumsum(counts * sizes)[:-1]]).astype(np.int64)
-        return _core.Layout(self.class_of, base, sizes, np.asarray(counts, dtype=np.int64))
+        return _core.Layout(np.concatenate([self.class_of, np.full(padding, -1)]).astype(
+            np.int64), base, sizes, np.asarray(counts, dtype=np.int64))
 
     def offload_after(self, order: np.ndarray) -> np.ndarray:
         """vDNN: the position after which each forward activation read by the backward pass
@@ -250,7 +340,7 @@ class Evaluator:
 
     # ---------------------------------------------------------------- scoring
     def run(self, order: np.ndarray, knobs: Knobs, counts: np.ndarray | None = None,
-            recompute: np.ndarray | None = None) -> Evaluation:
+            recompute: np.ndarray | None = None) -> Evaluation:  # long: one derivation
         """Derive and simulate `order` with one arena, or with size classes of `counts`
         objects each, making the `recompute` tensors again before their late uses
         (`recompute.augment`; SwapAdvisor's policy only)."""
@@ -261,24 +351,33 @@ class Evaluator:
         if len(recompute) and self.mode != _core.SWAPADVISOR:
             raise ValueError("recompute is planned with SwapAdvisor's policy only")
         runs = augment(p, order, recompute)
-        fixed, arena = self.fixed(knobs.keep)
+        _, arena = self.fixed(knobs.keep)
+        split = self.splits(knobs.keep)
+        if split.choice and counts is not None:
+            raise ValueError("size classes cannot hold the chunk buffers of split ops")
         if counts is not None:
             arena = int((np.asarray(counts) * self.class_sizes).sum())
         # Plain floats and ints only: another argument type would compile another version.
         policy = _core.Policy(self.mode, float(knobs.beta), float(knobs.gamma),
                               float(knobs.delta))
-        derived = _core.derive(runs, self.graph, fixed, p.host_start, int(arena), self.link,
-                               policy, self.offload_after(order), self.layout_arrays(counts))
+        pad = split.padding
+        derived = _core.derive(runs, split.graph, split.fixed, split.host_start, int(arena),
+                               self.link, policy, np.concatenate([self.offload_after(order),
+                                                                  np.full(pad, -1)]),
+                               self.layout_arrays(counts, pad))
         ins, outs = derived.swap_ins, derived.swap_outs
         d_order, h_order, q_final = _core.fifo_orders(ins.after, ins.before, ins.valid,
                                                       outs.after, derived.big)
-        sim = _core.simulate(p.durations[runs], outs.after,
-                             p.sizes[outs.tensor].astype(np.float64), d_order, q_final,
-                             ins.before, ins.wait_key, p.sizes[ins.tensor].astype(np.float64),
-                             h_order, derived.op_wait, self.link, derived.big)
+        sizes = split.graph.sizes
+        sim = _core.simulate(split.graph.durations[runs], outs.after,
+                             sizes[outs.tensor].astype(np.float64), d_order, q_final,
+                             ins.before, ins.wait_key, sizes[ins.tensor].astype(np.float64),
+                             h_order, derived.op_wait, self.link, derived.big,
+                             split.graph.chunks[runs], ins.stream, outs.stream)
         self.evaluations += 1
-        return Evaluation(makespan_of(p, sim), derived, d_order, h_order, q_final, fixed, arena,
-                          sim.op_start, sim.op_end, sim.op_ready, runs, recompute)
+        return Evaluation(makespan_of(p, sim), derived, d_order, h_order, q_final,
+                          split.fixed[:p.num_tensors], arena, sim.op_start, sim.op_end,
+                          sim.op_ready, runs, recompute, split)
 
     def score(self, order: np.ndarray, knobs: Knobs, counts: np.ndarray | None = None,
               recompute: np.ndarray | None = None) -> float:
@@ -312,9 +411,9 @@ class Evaluator:
         order = np.asarray(order, dtype=np.int64)
         ev = self.run(order, knobs, counts, recompute)
         d = ev.derived
-        residencies, swap_outs, swap_ins = self._tables(ev, counts)
+        residencies, swap_outs, swap_ins, splits = self._tables(ev, counts)
         if counts is None:
-            pools = [max((r.offset + r.nbytes for r in residencies), default=0)]
+            pools = [max((w.offset + w.nbytes for w in (*residencies, *splits)), default=0)]
             classes: list[list[int]] = []
         else:
             classes = [[int(self.class_sizes[c]), int(n)] for c, n in enumerate(counts) if n > 0]
@@ -328,13 +427,14 @@ class Evaluator:
             outputs_on_host=[t for t in p.outputs if not d.end_on_device[t] and not fixed[t]],
             residencies=residencies, swap_outs=swap_outs, swap_ins=swap_ins,
             predicted_time=ev.makespan,
-            predicted_peak=int(sum(pools)) + int(p.sizes[fixed].sum()),
+            predicted_peak=int(sum(pools)) + int(p.sizes[fixed].sum()), splits=splits,
             planning_time=planning_time,
             info={"layout": "arena" if counts is None else "size classes",
                   "arena": int(ev.arena), "fallbacks": int(d.fallbacks),
                   "max_segments": int(d.max_segments), "placements": int(d.placements),
                   "beta": knobs.beta, "gamma": knobs.gamma, "delta": knobs.delta,
-                  "keep": knobs.keep, **self.recompute_info(ev), **(info or {})})
+                  "keep": knobs.keep, **self.recompute_info(ev), **_split_info(p, splits),
+                  **(info or {})})
         sim = simulate(p, plan)
         if abs(sim.makespan - ev.makespan) > 1e-9 * max(1.0, ev.makespan):
             raise AssertionError(f"simulator disagrees with the search core: {sim.makespan} "
@@ -353,10 +453,12 @@ class Evaluator:
                 "recompute_s": max(extra, 0.0)}
 
     def _tables(self, ev: Evaluation, counts: np.ndarray | None
-                ) -> tuple[list[Residency], list[SwapOut], list[SwapIn]]:
-        """The residencies, swap-outs and swap-ins of a derivation, in the plan's numbering:
-        copies in stream order, residencies in pools (one per size class with objects)."""
-        sizes = self.problem.sizes
+                ) -> tuple[list[Residency], list[SwapOut], list[SwapIn], list[Split]]:
+        """The residencies, swap-outs, swap-ins and splits of a derivation, in the plan's
+        numbering: copies in stream order, residencies in pools (one per size class with
+        objects); a split's scratch tensor is its chunk buffers' window."""
+        sizes = ev.split.graph.sizes
+        n_t = self.problem.num_tensors
         res, ins, outs = ev.derived.residencies, ev.derived.swap_ins, ev.derived.swap_outs
         big = ev.derived.big
         d_index = np.empty(len(ev.d_order), dtype=np.int64)
@@ -373,8 +475,12 @@ class Evaluator:
         res_index = np.full(len(res.valid), -1, dtype=np.int64)
         res_index[valid] = np.arange(len(valid))
         pool_of, base = self._pools(res.tensor, counts)
-        residencies = []
+        residencies, splits = [], []
         for r in valid:
+            if res.tensor[r] >= n_t:
+                splits.append(self._split(ev, r, int(pool_of[r]), int(base[pool_of[r]]),
+                                          out_index(int(res.wait_key[r]))))
+                continue
             e = res.swap_in[r]
             begin = int(ev.q_final[e] + 1) if e >= 0 else int(res.begin[r])
             residencies.append(Residency(
@@ -382,12 +488,23 @@ class Evaluator:
                 int(sizes[res.tensor[r]]), begin, int(res.end[r]),
                 "swap_in" if e >= 0 else "produced", int(h_index[e]) if e >= 0 else -1,
                 out_index(int(res.wait_key[r]))))
-        res_of_h2d = {int(res.swap_in[r]): int(res_index[r]) for r in valid
-                      if res.swap_in[r] >= 0}
+        kept = [r for r in valid if res.tensor[r] < n_t]
+        res_of_h2d = {int(res.swap_in[r]): k for k, r in enumerate(kept) if res.swap_in[r] >= 0}
+        # A split op's streamed inputs have no window of their own (residency -1).
         swap_ins = [SwapIn(int(ins.tensor[e]), int(ev.q_final[e]), int(ins.before[e]),
-                           int(sizes[ins.tensor[e]]), res_of_h2d[int(e)],
+                           int(sizes[ins.tensor[e]]), res_of_h2d.get(int(e), -1),
                            out_index(int(ins.wait_key[e]))) for e in ev.h_order]
-        return residencies, swap_outs, swap_ins
+        return residencies, swap_outs, swap_ins, sorted(splits, key=lambda s: s.position)
+
+    def _split(self, ev: Evaluation, r: int, pool: int, base: int, wait: int) -> Split:
+        """The split whose scratch tensor has residency `r` (made and dead at its op)."""
+        res = ev.derived.residencies
+        op = int(ev.runs[res.begin[r]])
+        option, chunks, buffers = ev.split.choice[op]
+        return Split(int(res.begin[r]), op, option.dim, chunks, pool,
+                     int(res.offset[r] - base), int(ev.split.graph.sizes[res.tensor[r]]),
+                     list(option.cut_inputs), list(option.whole_inputs),
+                     list(option.cut_outputs), wait, buffers, list(option.viewed_inputs))
 
     def _pools(self, tensors: np.ndarray, counts: np.ndarray | None
                ) -> tuple[np.ndarray, np.ndarray]:

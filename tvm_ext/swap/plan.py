@@ -27,7 +27,11 @@ Positions index `schedule` (the op at position i runs i-th). The plan says:
   the op at position `before` (the op waits for it; `op_waits()` lists every wait);
 * `host_start`: tensors that start on the host (arguments the plan leaves there) and
   `outputs_on_host`: outputs returned from the host (copied out by a swap-out); the others
-  stay in their pool window to the end.
+  stay in their pool window to the end;
+* `splits`: ops run in chunks along a dim (`tvm_ext.swap.split`), each with its chunk buffers'
+  window (pool, offset, bytes) at its position: its cut inputs come in from their host copies
+  by one swap-in each with no residency of its own (`residency` -1), its cut outputs leave for
+  the host by one swap-out each issued after it, and are on the host only afterwards.
 
 A view takes no bytes: the pass re-derives it from its base's current residency at each use.
 """
@@ -41,7 +45,9 @@ import json
 import numpy as np
 
 from ..errors import InternalError
-from .problem import ALIGNMENT, SwapProblem
+from .alignment import ALIGNMENT
+from .problem import SwapProblem
+from .split import SplitOption, chunk_counts, scratch_bytes
 
 
 class PlanError(InternalError):
@@ -81,6 +87,25 @@ class SwapIn:
 
 
 @dataclasses.dataclass
+class Split:
+    """An op run in `chunks` chunks along dim `dim` at `position` (see the module docstring)."""
+
+    position: int
+    op: int
+    dim: int
+    chunks: int
+    pool: int
+    offset: int
+    nbytes: int  # its chunk buffers: two per cut tensor
+    cut_inputs: list[int]
+    whole_inputs: list[int]
+    cut_outputs: list[int]
+    wait_swap_out: int = -1  # swap-out of what the chunk buffers' window held before
+    buffers: int = 2  # chunk buffers per cut tensor (1: chunks one after another, no overlap)
+    viewed_inputs: list[int] = dataclasses.field(default_factory=list)  # cut, on the device
+
+
+@dataclasses.dataclass
 class SwapPlan:
     planner: str
     budget: int
@@ -97,6 +122,11 @@ class SwapPlan:
     predicted_peak: int
     planning_time: float = 0.0
     info: dict = dataclasses.field(default_factory=dict)
+    splits: list[Split] = dataclasses.field(default_factory=list)
+
+    def split_at(self) -> dict[int, Split]:
+        """The splits by position."""
+        return {s.position: s for s in self.splits}
 
     # ---------------------------------------------------------------- figures
     @property
@@ -120,6 +150,9 @@ class SwapPlan:
         for r in self.residencies:
             if r.source == "produced" and r.wait_swap_out >= 0:
                 waits[r.begin].append(("d2h", r.wait_swap_out))
+        for sp in self.splits:
+            if sp.wait_swap_out >= 0:
+                waits[sp.position].append(("d2h", sp.wait_swap_out))
         return waits
 
     def summary(self) -> dict:
@@ -162,6 +195,7 @@ class SwapPlan:
                 raise PlanError(f"tensor {s.tensor} is swapped out twice")
             swapped_out_at[s.tensor] = k
         self._check_needs(problem)
+        self._check_splits(problem)
         self._check_copies(problem, swapped_out_at)
         for r in self.residencies:
             if r.source == "produced" and problem.producers[r.tensor] != self.schedule[r.begin]:
@@ -203,6 +237,16 @@ class SwapPlan:
         by_pool: dict[int, list[Residency]] = {}
         for r in self.residencies:
             by_pool.setdefault(r.pool, []).append(r)
+        for sp in self.splits:
+            if sp.offset % ALIGNMENT or sp.offset < 0 or \
+                    sp.offset + sp.nbytes > self.pools[sp.pool] or not 0 <= sp.position < n:
+                raise PlanError(f"the chunk buffers of the split at {sp.position} are outside "
+                                f"pool {sp.pool} or unaligned")
+            if self.schedule[sp.position] != sp.op:
+                raise PlanError(f"the split at {sp.position} is not its op's position")
+            # Its chunk buffers: a window held at its position only (tensor -1).
+            by_pool.setdefault(sp.pool, []).append(Residency(
+                -1, sp.pool, sp.offset, sp.nbytes, sp.position, sp.position, "produced"))
         for rs in by_pool.values():
             rs = sorted(rs, key=lambda r: r.begin)
             active: list[Residency] = []
@@ -214,14 +258,37 @@ class SwapPlan:
                                         f"position {r.begin}")
                 active.append(r)
 
+    def _check_splits(self, problem: SwapProblem) -> None:
+        """Each split is one of its op's options, in chunks it allows, with its cut inputs
+        streamed or (kept on the device) viewed, and chunk buffers of the size it needs."""
+        options = problem.split_options()
+        pinned = np.zeros(problem.num_tensors, dtype=bool)
+        pinned[self.pinned] = True
+        for sp in self.splits:
+            given = SplitOption(sp.dim, 0, tuple(sp.cut_inputs), tuple(sp.whole_inputs),
+                                tuple(sp.cut_outputs), tuple(sp.viewed_inputs))
+            match = [o for o in options[sp.op] if o.dim == sp.dim and
+                     dataclasses.replace(o.on_device(pinned), divisor=0) == given]
+            if not match or sp.chunks not in chunk_counts(match[0], problem.sizes) or \
+                    sp.buffers not in (1, 2):
+                raise PlanError(f"the split at {sp.position} is not one op "
+                                f"{problem.op_names[sp.op]} allows")
+            if sp.nbytes != scratch_bytes(problem.sizes, given, sp.chunks, sp.buffers):
+                raise PlanError(f"the split at {sp.position} has chunk buffers of the wrong size")
+
     def _check_needs(self, problem: SwapProblem) -> None:
         """Every need of an op not pinned is resident at each position the op runs."""
         pinned = set(self.pinned)
         covering: dict[int, list[Residency]] = {}
         for r in self.residencies:
             covering.setdefault(r.tensor, []).append(r)
+        split_at = self.split_at()
         for i, op in enumerate(self.schedule):
+            split = split_at.get(i)
+            cut = set() if split is None else {*split.cut_inputs, *split.cut_outputs}
             for t in problem.needs(op):
+                if t in cut:
+                    continue
                 if t in pinned:
                     continue
                 rs = [r for r in covering.get(t, []) if r.begin <= i <= r.end]
@@ -236,23 +303,35 @@ class SwapPlan:
             if any(a.after > b.after for a, b in itertools.pairwise(stream)):
                 raise PlanError("a copy stream is not in issue order")
         ends = {(r.tensor, r.end) for r in self.residencies}
+        streamed_out = {(t, sp.position) for sp in self.splits for t in sp.cut_outputs}
+        streamed_in = {(t, sp.position) for sp in self.splits for t in sp.cut_inputs}
         for k, s in enumerate(self.swap_outs):
-            if (s.tensor, s.after) not in ends:
+            if (s.tensor, s.after) not in ends | streamed_out:
                 raise PlanError(f"swap-out {k} is not issued where a residency of its tensor "
-                                f"ends")
+                                f"ends, nor by a split op")
         for k, s in enumerate(self.swap_ins):
+            if s.residency < 0:
+                if (s.tensor, s.before) not in streamed_in or s.after != s.before - 1:
+                    raise PlanError(f"swap-in {k} has no window and streams no split's input")
+                self._check_source(problem, k, s, swapped_out_at)
+                continue
             r = self.residencies[s.residency]
             if r.tensor != s.tensor or r.swap_in != k or r.begin != s.after + 1:
                 raise PlanError(f"swap-in {k} does not match its residency")
             if not s.after < s.before <= r.end:
                 raise PlanError(f"swap-in {k} is needed before it is issued")
-            if not problem.host_start[s.tensor]:
-                out = swapped_out_at.get(s.tensor)
-                if out is None or self.swap_outs[out].after > s.after:
-                    raise PlanError(f"swap-in {k} of tensor {s.tensor} comes before its "
-                                    f"swap-out")
-                if s.wait_swap_out < out:
-                    raise PlanError(f"swap-in {k} does not wait for the swap-out of its data")
+            self._check_source(problem, k, s, swapped_out_at)
+
+    def _check_source(self, problem: SwapProblem, k: int, s: SwapIn,
+                      swapped_out_at: dict[int, int]) -> None:
+        """A swap-in of a tensor made on the device follows, and waits for, its swap-out."""
+        if not problem.host_start[s.tensor]:
+            out = swapped_out_at.get(s.tensor)
+            if out is None or self.swap_outs[out].after > s.after:
+                raise PlanError(f"swap-in {k} of tensor {s.tensor} comes before its "
+                                f"swap-out")
+            if s.wait_swap_out < out:
+                raise PlanError(f"swap-in {k} does not wait for the swap-out of its data")
 
     # ---------------------------------------------------------------- serialization
     def to_dict(self) -> dict:
@@ -267,6 +346,7 @@ class SwapPlan:
         data["residencies"] = [Residency(**r) for r in data["residencies"]]
         data["swap_outs"] = [SwapOut(**s) for s in data["swap_outs"]]
         data["swap_ins"] = [SwapIn(**s) for s in data["swap_ins"]]
+        data["splits"] = [Split(**s) for s in data.get("splits", [])]
         return cls(**data)
 
     @classmethod

@@ -22,8 +22,8 @@ from ..cost.roofline import op_times as roofline_op_times
 from ..errors import InputError
 from ..ir.graph import DataflowGraph
 from ..units import format_size, parse_size
-
-ALIGNMENT = 256  # byte alignment of every tensor placed in a pool (CUDA's allocation granule)
+from .alignment import align
+from .split import SplitOption, finest_working_set
 
 
 class InfeasibleBudgetError(InputError):
@@ -37,10 +37,6 @@ class InfeasibleBudgetError(InputError):
             + (f" plus {format_size(pinned, 2)} of constants kept on the device" if pinned else "")
             + f", so the smallest feasible budget is {format_size(minimum, 2)} ({minimum} bytes); "
             f"raise the budget to at least that")
-
-
-def align(nbytes: int, alignment: int = ALIGNMENT) -> int:
-    return -(-int(nbytes) // alignment) * alignment
 
 
 @dataclasses.dataclass
@@ -74,6 +70,8 @@ class SwapProblem:
     order: list[int] | None = None  # the IR's schedule (default 0..n-1)
     name: str = ""
     op_kinds: list[str] | None = None  # "kernel" / "view" / "builtin" (None: all kernels)
+    # Per op, the dims it may be split along in time (`SplitOption.to_list()`); None: none.
+    op_splits: list[list[list]] | None = None
     copy_issue: float = 0.0  # compute-stream seconds per copy issued (`Hardware`)
     sync_latency: float = 0.0  # s from an event to the stream stalled on it resuming
 
@@ -143,6 +141,8 @@ class SwapProblem:
             d2h_bandwidth=hw.device_to_host.bandwidth, d2h_latency=hw.device_to_host.latency,
             count_scratch=count_scratch, order=graph.order, name=name or graph.function,
             op_kinds=[op.kind for op in graph.ops],
+            op_splits=None if all(op.time_splits is None for op in graph.ops) else
+            [op.time_splits or [] for op in graph.ops],
             copy_issue=hw.copy_issue_overhead, sync_latency=hw.sync_overhead,
         )
 
@@ -187,12 +187,25 @@ class SwapProblem:
     def pinned_bytes(self) -> int:
         return int(self.sizes[self.pinned].sum())
 
-    def op_working_set(self, op: int) -> int:
-        """Aligned bytes of `op`'s unpinned needs: what must fit in the pools while it runs."""
-        return int(sum(self.sizes[t] for t in self.needs(op) if not self.pinned[t]))
+    def split_options(self) -> list[list[SplitOption]]:
+        """Per op, the dims it may be split along in time (`tvm_ext.swap.split`)."""
+        if self.op_splits is None:
+            return [[] for _ in range(self.num_ops)]
+        return [[SplitOption.from_list(o) for o in ops] for ops in self.op_splits]
+
+    def op_working_set(self, op: int, split: bool = True) -> int:
+        """Aligned bytes of `op`'s unpinned needs: what must fit in the pools while it runs
+        (with `split`, at its finest split in time where that needs less)."""
+        whole = int(sum(self.sizes[t] for t in self.needs(op) if not self.pinned[t]))
+        if not split or self.op_splits is None:
+            return whole
+        finest = finest_working_set(self.sizes, self.needs(op), self.pinned,
+                                    self.split_options()[op])
+        return whole if finest is None else min(whole, finest)
 
     def min_budget(self) -> tuple[int, int]:
-        """(smallest budget that can run the graph, the op that sets it)."""
+        """(smallest budget that can run the graph, splitting ops in time where that needs
+        less; the op that sets it)."""
         if self.num_ops == 0:
             return self.pinned_bytes, -1
         sets = [self.op_working_set(op) for op in range(self.num_ops)]

@@ -171,6 +171,9 @@ class GeneticSearch:
 
     # ---------------------------------------------------------------- operators
     def _evaluate(self, ind: Individual) -> Individual:
+        if ind.counts is not None and self.evaluator.splits(ind.knobs.keep).choice:
+            ind.fitness = math.inf  # size classes hold no chunk buffers of split ops
+            return ind
         if ind.counts is not None:
             ind.counts = self.evaluator.repair(ind.counts, ind.knobs.keep)
             if ind.counts is None:  # this keep leaves too little room for size classes

@@ -29,6 +29,7 @@ import numpy as np
 from . import _core
 from .plan import PlanError, SwapPlan
 from .problem import SwapProblem
+from .split import SplitOption, serial_seconds
 
 
 @dataclasses.dataclass
@@ -72,6 +73,7 @@ def simulate(problem: SwapProblem, plan: SwapPlan) -> SimResult:
     """Times and device memory of one iteration of `plan` (see the module docstring)."""
     n = len(plan.schedule)
     dur = problem.durations[np.asarray(plan.schedule, dtype=np.int64)] if n else np.zeros(0)
+    dur = dur.copy()
     big = len(plan.swap_outs) + 1
     d_p = np.array([s.after for s in plan.swap_outs], dtype=np.int64)
     d_bytes = np.array([s.nbytes for s in plan.swap_outs], dtype=np.float64)
@@ -87,9 +89,24 @@ def simulate(problem: SwapProblem, plan: SwapPlan) -> SimResult:
     for r in plan.residencies:
         if r.source == "produced" and r.wait_swap_out >= 0:
             op_wait[r.begin] = max(op_wait[r.begin], key(r.wait_swap_out))
+    # Split ops: their chunks, their streamed inputs (no window) and outputs.
+    chunks = np.zeros(n, dtype=np.int64)
+    streamed_out = set()
+    for sp in plan.splits:
+        chunks[sp.position] = sp.chunks
+        option = SplitOption(sp.dim, sp.chunks, tuple(sp.cut_inputs), tuple(sp.whole_inputs),
+                             tuple(sp.cut_outputs))
+        dur[sp.position] += serial_seconds(problem, option, sp.chunks, sp.buffers)
+        if sp.wait_swap_out >= 0:
+            op_wait[sp.position] = max(op_wait[sp.position], key(sp.wait_swap_out))
+        streamed_out |= {(t, sp.position) for t in sp.cut_outputs}
+    h_stream = np.array([s.residency < 0 for s in plan.swap_ins], dtype=bool)
+    d_stream = np.array([(s.tensor, s.after) in streamed_out for s in plan.swap_outs],
+                        dtype=bool)
     tl = _core.simulate(
         dur, d_p, d_bytes, np.arange(len(d_p), dtype=np.int64), h_q, h_r, h_dep, h_bytes,
-        np.arange(len(h_q), dtype=np.int64), op_wait, link(problem), big)
+        np.arange(len(h_q), dtype=np.int64), op_wait, link(problem), big, chunks, h_stream,
+        d_stream)
     makespan = makespan_of(problem, tl)
     times, nbytes = _memory(problem, plan, tl.op_start, tl.op_end, tl.d2h_end, tl.h2d_start,
                             makespan)
@@ -163,6 +180,14 @@ def _memory(problem, plan, op_s, op_e, d_e, h_s, makespan):
             starts.append(begin)
             ends.append(max(end, op_e[r.end]))
             sizes.append(r.nbytes)
+        for sp in plan.splits:
+            # Its chunk buffers, from its first streamed input to its last streamed output.
+            ins = [h_s[k] for k, si in enumerate(plan.swap_ins)
+                   if si.residency < 0 and si.before == sp.position]
+            outs = [out_end[(t, sp.position)] for t in sp.cut_outputs]
+            starts.append(min([op_s[sp.position], *ins]))
+            ends.append(max([op_e[sp.position], *outs]))
+            sizes.append(sp.nbytes)
     if not starts:
         return np.array([0.0]), np.array([pinned], dtype=np.int64)
     t = np.concatenate([starts, ends])

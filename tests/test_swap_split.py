@@ -1,0 +1,124 @@
+"""Operator splitting in time in the swap plan: the smallest feasible budget falls to what the
+finest split needs, the split chosen is the one that fits with the fewest chunks (two buffers
+before one), split plans hold every invariant (checked and simulated), a split op's output ends
+on the host, and its streams wait for what its chunk buffers' window held."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tvm_ext.swap import (
+    InfeasibleBudgetError,
+    PlanError,
+    SwapProblem,
+    plan_swaps,
+    simulate,
+    validate,
+)
+from tvm_ext.swap.derive import Evaluator, Knobs
+from tvm_ext.swap.split import SplitOption, choose_splits, scratch_bytes, working_set
+
+
+def _chain(splits=True, sizes=(256, 4096, 4096, 4096, 256), link=4096.0) -> SwapProblem:
+    """w -> op0 -> a -> op1 -> b -> op2 -> c -> op3 -> d (returned); op1 and op2 may run in up to
+    16 chunks along their leading axis (a in, b out; b in, c out)."""
+    return SwapProblem(
+        op_names=["op0", "op1", "op2", "op3"], durations=[1.0] * 4,
+        op_deps=[[], [0], [1], [2]], op_inputs=[[0], [1], [2], [3]],
+        op_outputs=[[1], [2], [3], [4]], op_scratch=[[]] * 4, op_phases=["forward"] * 4,
+        tensor_names=["w", "a", "b", "c", "d"], sizes=list(sizes),
+        tensor_kinds=["parameter"] + ["activation"] * 4, producers=[-1, 0, 1, 2, 3],
+        host_start=[True] + [False] * 4, pinned=[False] * 5, outputs=[4], budget=1 << 20,
+        h2d_bandwidth=link, h2d_latency=0.0, d2h_bandwidth=link, d2h_latency=0.0,
+        op_splits=[[], [[0, 16, [1], [], [2]]], [[0, 16, [2], [], [3]]], []] if splits
+        else None)
+
+
+def test_splitting_lowers_the_smallest_feasible_budget():
+    whole, split = _chain(splits=False), _chain()
+    # Without splitting op1 needs a and b whole: 8192 B; split into 16 chunks with one buffer
+    # each it needs two chunk buffers of 256 B; op0 (w + a) then sets the floor.
+    assert whole.min_budget() == (8192, 1)
+    assert split.min_budget() == (4352, 0)
+    assert split.op_working_set(1) == 512 and split.op_working_set(1, split=False) == 8192
+    with pytest.raises(InfeasibleBudgetError, match=r"smallest feasible budget is 4\.25 KiB"):
+        plan_swaps(split.with_budget(4351))
+
+
+def test_the_fewest_chunks_that_fit_with_two_buffers_are_chosen():
+    p = _chain()
+    fixed = np.zeros(p.num_tensors, dtype=bool)
+    # room -> (chunks, buffers) of op1 and op2 alike (None: whole); each needs 8192 B whole.
+    for room, want in ((8192, None), (8191, (4, 2)), (2048, (8, 2)), (1024, (16, 2)),
+                       (600, (16, 1))):
+        chosen = choose_splits(p, room, fixed)
+        assert {op: (c, b) for op, (_, c, b) in chosen.items()} == \
+            ({} if want is None else {1: want, 2: want}), room
+        for op, (o, c, b) in chosen.items():
+            assert working_set(p.sizes, p.needs(op), fixed, o, c, b) <= room
+
+
+def test_a_kept_cut_input_is_read_in_place():
+    p = _chain()
+    fixed = np.zeros(p.num_tensors, dtype=bool)
+    fixed[1] = True  # a stays on the device: op1 reads chunks of it, streams only b out
+    option = p.split_options()[1][0].on_device(fixed)
+    assert option.cut_inputs == () and option.viewed_inputs == (1,)
+    assert scratch_bytes(p.sizes, option, 4) == 2 * 1024
+
+
+@pytest.mark.parametrize("budget", [4352, 5000, 6400, 8191])
+def test_split_plans_hold_and_stream_through_the_host(budget):
+    p = _chain().with_budget(budget)
+    for mode in ("swapadvisor", "lru", "vdnn"):
+        plan = Evaluator(p, mode).plan(np.asarray(p.order), Knobs(keep=0.0), mode)
+        validate(p, plan)
+        sim = simulate(p, plan)
+        assert sim.memory_bytes.max() <= budget
+        assert sim.makespan == pytest.approx(plan.predicted_time)
+        assert plan.splits and plan.info["split_ops"] == len(plan.splits)
+        for sp in plan.splits:
+            # Its cut inputs come in from the host with no window; its output goes out.
+            ins = [s for s in plan.swap_ins if s.before == sp.position and s.residency < 0]
+            assert sorted(s.tensor for s in ins) == sorted(sp.cut_inputs)
+            outs = [s for s in plan.swap_outs if s.after == sp.position]
+            assert sorted(s.tensor for s in outs) == sorted(sp.cut_outputs)
+            # The op starts once a chunk is in, not the whole input.
+            first = min(sim.h2d_start[k] for k, s in enumerate(plan.swap_ins) if s in ins)
+            assert sim.op_start[sp.position] < first + p.sizes[sp.cut_inputs[0]] / 4096.0
+
+
+def test_consecutive_splits_wait_for_the_previous_streams_out():
+    """op1 and op2 share the chunk buffers' window: op2's streams in wait for op1's output to
+    have left it."""
+    p = _chain().with_budget(4352)
+    plan = Evaluator(p, "swapadvisor").plan(np.asarray(p.order), Knobs(keep=0.0), "swapadvisor")
+    first, second = plan.splits
+    assert (first.pool, first.offset) == (second.pool, second.offset)
+    out_of_first = next(k for k, s in enumerate(plan.swap_outs)
+                        if s.after == first.position and s.tensor in first.cut_outputs)
+    for s in plan.swap_ins:
+        if s.residency < 0 and s.before == second.position:
+            assert s.wait_swap_out >= out_of_first
+    assert second.wait_swap_out >= out_of_first
+
+
+def test_a_split_plan_for_an_op_without_that_option_is_refused():
+    p = _chain().with_budget(4352)
+    plan = Evaluator(p, "swapadvisor").plan(np.asarray(p.order), Knobs(keep=0.0), "swapadvisor")
+    with pytest.raises(PlanError):
+        validate(_chain(splits=False).with_budget(4352), plan)
+
+
+def test_split_plans_round_trip_through_json():
+    p = _chain().with_budget(5000)
+    plan = plan_swaps(p, "swapadvisor", time_budget_s=2)
+    again = type(plan).from_json(plan.to_json())
+    assert again.splits == plan.splits
+    validate(p, again)
+
+
+def test_split_option_lists_round_trip():
+    option = SplitOption(2, 8, (1, 4), (0,), (5,))
+    assert SplitOption.from_list(option.to_list()) == option

@@ -1,0 +1,134 @@
+"""Operator splitting in time: an op whose working set does not fit runs as a sequence of chunks
+along one of its dims, its big inputs and outputs streamed through the device a chunk at a time.
+
+What an op may be split along comes from the kernel's TIR (`tvm_ext.ir.time_splits`, the
+partitioner's index analysis): a `SplitOption` is a dim that cuts the leading axis of some
+inputs and of every output and leaves the other inputs whole, with no reduction over it, so
+that chunk j of every cut tensor is one contiguous byte range of it and the chunks of the
+output are independent (outputs concatenated, nothing accumulated).
+
+A split op streams: its cut inputs come from their host copies (a tensor made on the device is
+copied out first, if it is not already on the host), chunk by chunk, into chunk buffers, and its
+cut outputs leave chunk by chunk, from chunk buffers, into the output's host copy: after the op
+the output is on the host only. With two buffers per cut tensor the next chunk is copied in (and
+the previous one out) while the current one is computed; with one, chunk after chunk, each copy
+in its turn: half the memory, no overlap. Its working set on the device is its whole inputs plus
+`scratch_bytes`: `buffers` chunks of every cut tensor. `choose_splits` splits exactly the ops
+that do not fit the memory the plan has for them, each into the fewest chunks that fit (with
+two buffers where any count fits so, else one); `finest_working_set` is what an op needs at the
+finest split with one buffer, which sets the smallest feasible budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .alignment import ALIGNMENT, align
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitOption:
+    """One dim an op may be split along (see the module docstring)."""
+
+    dim: int  # the dim's index in the kernel's analysis
+    divisor: int  # chunk counts must divide it
+    cut_inputs: tuple[int, ...]  # base tensors read a leading-axis chunk at a time
+    whole_inputs: tuple[int, ...]  # base tensors read whole by every chunk
+    cut_outputs: tuple[int, ...]  # base tensors written a leading-axis chunk at a time
+    # Cut inputs kept on the device for the whole call: chunks are views of them, not streams.
+    viewed_inputs: tuple[int, ...] = ()
+
+    def on_device(self, fixed) -> SplitOption:
+        """This option where the `fixed` tensors stay on the device: its cut inputs among them
+        are read as views of their device copies instead of streamed."""
+        viewed = tuple(t for t in self.cut_inputs if fixed[t])
+        if not viewed:
+            return self
+        return dataclasses.replace(self, cut_inputs=tuple(t for t in self.cut_inputs
+                                                          if not fixed[t]),
+                                   viewed_inputs=viewed)
+
+    def to_list(self) -> list:
+        return [self.dim, self.divisor, list(self.cut_inputs), list(self.whole_inputs),
+                list(self.cut_outputs)]
+
+    @classmethod
+    def from_list(cls, data) -> SplitOption:
+        dim, divisor, cut_in, whole_in, cut_out = data
+        return cls(int(dim), int(divisor), tuple(cut_in), tuple(whole_in), tuple(cut_out))
+
+
+def chunk_bytes(nbytes: int, chunks: int) -> int:
+    """Bytes of one chunk buffer of a tensor of `nbytes` (aligned like every window)."""
+    return align(-(-int(nbytes) // chunks))
+
+
+def scratch_bytes(sizes, option: SplitOption, chunks: int, buffers: int = 2) -> int:
+    """The chunk buffers of a split: `buffers` per cut tensor."""
+    return sum(buffers * chunk_bytes(sizes[t], chunks)
+               for t in (*option.cut_inputs, *option.cut_outputs))
+
+
+def chunk_counts(option: SplitOption, sizes) -> list[int]:
+    """The chunk counts an option allows (more than one), fewest first: divisors of its
+    divisor whose chunks of every cut tensor are whole aligned byte ranges of it."""
+    cut = (*option.cut_inputs, *option.viewed_inputs, *option.cut_outputs)
+    return [c for c in range(2, option.divisor + 1) if option.divisor % c == 0
+            and all(int(sizes[t]) % (c * ALIGNMENT) == 0 for t in cut)]
+
+
+def working_set(sizes, needs, fixed, option: SplitOption, chunks: int,
+                buffers: int = 2) -> int:
+    """Device bytes an op needs while it runs split so, besides the `fixed` tensors: its needs
+    but the cut tensors, plus the chunk buffers (`option` as `on_device(fixed)` gives it)."""
+    cut = {*option.cut_inputs, *option.cut_outputs}
+    rest = sum(int(sizes[t]) for t in needs if t not in cut and not fixed[t])
+    return rest + scratch_bytes(sizes, option, chunks, buffers)
+
+
+def finest_working_set(sizes, needs, fixed, options) -> int | None:
+    """The least working set of any split of an op (its finest chunks, one buffer each);
+    None: no split."""
+    best = None
+    for option in options:
+        counts = chunk_counts(option, sizes)
+        if counts:
+            ws = working_set(sizes, needs, fixed, option.on_device(fixed), counts[-1], 1)
+            best = ws if best is None else min(best, ws)
+    return best
+
+
+def choose_splits(problem, room: int, fixed) -> dict[int, tuple[SplitOption, int, int]]:
+    """{op: (option, chunks, buffers)} for every op whose needs (not `fixed`) exceed `room`
+    bytes: the split that fits with two buffers (overlapping copies and compute) if any does,
+    else with one, with the fewest chunks (ties: the least scratch). Ops that cannot fit
+    either way are left whole (the caller refuses the budget)."""
+    out: dict[int, tuple[SplitOption, int, int]] = {}
+    options = problem.split_options()
+    for op in range(problem.num_ops):
+        needs = problem.needs(op)
+        if sum(int(problem.sizes[t]) for t in needs if not fixed[t]) <= room:
+            continue
+        best = None
+        for option in (o.on_device(fixed) for o in options[op]):
+            for chunks in chunk_counts(option, problem.sizes):
+                fits = [b for b in (2, 1)
+                        if working_set(problem.sizes, needs, fixed, option, chunks, b) <= room]
+                if fits:
+                    key = (2 - fits[0], chunks,
+                           scratch_bytes(problem.sizes, option, chunks, fits[0]))
+                    if best is None or key < best[0]:
+                        best = (key, option, chunks, fits[0])
+        if best is not None:
+            out[op] = best[1:]
+    return out
+
+
+def serial_seconds(problem, option: SplitOption, chunks: int, buffers: int) -> float:
+    """Time a split op with one buffer per cut tensor adds to its compute: every chunk but
+    the first waits for its copy in and for the previous chunk's copy out."""
+    if buffers > 1:
+        return 0.0
+    copies = sum(problem.transfer_time(problem.sizes[t], "h2d") for t in option.cut_inputs) + \
+        sum(problem.transfer_time(problem.sizes[t], "d2h") for t in option.cut_outputs)
+    return copies * (chunks - 1) / chunks
