@@ -268,14 +268,14 @@ def test_conv2d_matches_numpy(conv, name, dtype, strategy, monkeypatch):
 # Storage orders: which tensor axis holds each role (X: n, c, h, w; W: f, c, kh, kw; Y: n, f,
 # h, w). "weight gradient": data and output [C, N, H, W], weight [C, F, KH, KW] (what TVM's
 # conv2d gradient computes); the output's images then merge into one product per group.
-LAYOUTS = {
+CONV_LAYOUTS = {
     "weight gradient": ((1, 0, 2, 3), (1, 0, 2, 3), (1, 0, 2, 3)),
     "channels last": ((0, 3, 1, 2), (0, 3, 1, 2), (0, 3, 1, 2)),
     "weight transposed only": ((0, 1, 2, 3), (1, 0, 3, 2), (0, 1, 2, 3)),
 }
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", list(CONV_LAYOUTS))
 @pytest.mark.parametrize("name", ["3x3 pad 1", "stride 2", "groups", "1x1 (no im2col)",
                                   "depthwise, multiplier 2"])
 def test_conv2d_reads_any_storage_order(conv, layout, name):
@@ -286,7 +286,7 @@ def test_conv2d_reads_any_storage_order(conv, layout, name):
     oh = _out(x_shape[2], w_shape[2], stride[0], pad[0], pad[2], dilation[0])
     ow = _out(x_shape[3], w_shape[3], stride[1], pad[1], pad[3], dilation[1])
     expected = _conv_reference(x, w, stride, pad, dilation, groups, (oh, ow))
-    xa, wa, ya = LAYOUTS[layout]
+    xa, wa, ya = CONV_LAYOUTS[layout]
     # Stored with role r on axis axes[r]: the storage is the logical array transposed.
     stored = [np.ascontiguousarray(np.transpose(a, np.argsort(axes)))
               for a, axes in ((x, xa), (w, wa))]
