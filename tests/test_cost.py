@@ -24,6 +24,16 @@ def test_presets_cover_the_swapadvisor_hardware():
         get_hardware("tpu")
 
 
+def test_every_preset_streams_near_its_memory_bandwidth():
+    """A streaming kernel reaches a good part of the preset's bandwidth, and a tiny kernel takes
+    microseconds on every preset: the CPU stand-in's fields once shifted by one (its bandwidth
+    efficiency read 2e-6, its kernels took seconds)."""
+    for name, hw in HARDWARE.items():
+        assert 0.3 <= hw.bandwidth_efficiency <= 1.0, name
+        assert 0.0 < hw.compute_efficiency <= hw.library_efficiency <= 1.0, name
+        assert op_time(8192.0, 32832, hw) < 1e-4, name
+
+
 def test_roofline_is_the_slower_of_compute_and_memory():
     hw = HARDWARE["gtx1080ti"]
     flops, nbytes = 2 * 1024**3, 12 * 1024**2  # a 1024^3 GEMM: compute-bound

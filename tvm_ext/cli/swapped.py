@@ -51,9 +51,14 @@ def plan_swaps_for(args, model, graph, target):
             "ideal_time": ideal.predicted_time, "hardware": name}
     if link is not None:
         info["emulated_link"] = link.summary()
+    more = ""
+    if plan.info.get("recomputed"):
+        more += f", recomputes {plan.info['recomputed']} tensors"
+    if plan.splits:
+        more += f", splits {len(plan.splits)} ops in time"
     print(f"swap    budget {format_size(problem.budget)} of no-swap peak "
           f"{format_size(problem.no_swap_peak())}: {plan.planner} plans "
-          f"{format_size(plan.predicted_peak)}, swaps {format_size(plan.bytes_swapped)}, "
+          f"{format_size(plan.predicted_peak)}, swaps {format_size(plan.bytes_swapped)}{more}, "
           f"predicted {plan.predicted_time * 1e3:.3f} ms ({name}; ideal "
           f"{ideal.predicted_time * 1e3:.3f} ms), planned in {plan.planning_time:.1f} s")
     if args.plot:

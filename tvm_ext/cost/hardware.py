@@ -69,7 +69,8 @@ HARDWARE: dict[str, Hardware] = {
     # untuned llvm kernels of a gpt-small training step (benchmarks/cost_model.py: the
     # iteration is then right, single kernels can be off by 3x either way).
     "cpu": Hardware("cpu", 50e9, 10 * GB, 16 * 2**30, Link("memcpy", 5 * GB, 2e-6),
-                    Link("memcpy", 5 * GB, 2e-6), 0.05, 1.0, 2e-6),
+                    Link("memcpy", 5 * GB, 2e-6), compute_efficiency=0.05,
+                    library_efficiency=1.0, bandwidth_efficiency=1.0, launch_overhead=2e-6),
 }
 
 # Device-to-device interconnects for partitioned execution (per direction, per GPU).
