@@ -1,13 +1,18 @@
 """SwapOffload measured on this machine: the CPU stand-in for GPU + host (cpu:0 the device,
 cpu:1 the host, the runtime library's copy streams in between).
 
-For each zoo model (inference and training step) and budget (a fraction of the no-swap peak),
-plan with SwapAdvisor, compile with the tvm_ext pipeline, run the swapped and the unswapped
-module side by side in one process, and report: the budget, the planned peak, the measured
-device peak (VM allocations + arguments kept on the device + module constants), whether the
-outputs are bit-identical, bytes swapped, and the median time of each build.
+For each zoo model (inference and training step) and each model of the third-party corpus
+(tests/corpus, tiny, exported with torch.export), and each budget (a fraction of the no-swap
+peak; 8.33% is 1/12), plan with the tvm_ext planner (swaps, recompute, splits in time), compile
+with the tvm_ext pipeline, run the swapped and the unswapped module side by side in one process,
+and report: the budget, the planned peak, the measured device peak (VM allocations + arguments
+kept on the device + module constants), whether the outputs are bit-identical (splits cut no
+reduction, so always exactly), bytes swapped, tensors recomputed, ops split, and the median time
+of each build. A budget below what the finest split of some op needs is refused with the
+smallest feasible budget, and the row says so.
 
-    python benchmarks/swap_offload.py [--size small] [--budgets 50% 25% 12.5%]
+    python benchmarks/swap_offload.py [--size small] [--budgets 50% 25% 12.5% 8.33% min]
+        [--corpus | --no-corpus]
 
 Writes benchmarks/results/swap_offload.json.
 """
@@ -25,7 +30,7 @@ import tvm
 
 from tvm_ext import driver
 from tvm_ext.ir.targets import vm_devices
-from tvm_ext.models import get_model
+from tvm_ext.models import get_model, load_model
 from tvm_ext.swap import InfeasibleBudgetError, plan_swaps
 from tvm_ext.swap.placement import argument_devices
 from tvm_ext.swap.problem import problem_for_budget
@@ -37,9 +42,10 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 DEPTH = {"mlp": {"layers": 16}, "gpt": {"layers": 8}, "resnet": {"blocks": (4, 4, 4)}}
 
 
-def run_model(name: str, size: str, training: bool, budgets, repeat: int, search_s: float):
+def run_model(name: str, size: str, training: bool, budgets, repeat: int, search_s: float,
+              model=None):
     target = tvm.target.Target("llvm")
-    model = get_model(name, size, training=training, **DEPTH.get(name, {}))
+    model = model or get_model(name, size, training=training, **DEPTH.get(name, {}))
     graph = driver.fused_graph(model, target)
     args = model.random_arguments(0)
     device, host = vm_devices(target)
@@ -59,7 +65,7 @@ def run_model(name: str, size: str, training: bool, budgets, repeat: int, search
             plan = plan_swaps(problem, "swapadvisor", time_budget_s=search_s, seed=0)
             row["plan_s"] = time.perf_counter() - start
         except InfeasibleBudgetError as err:
-            row["infeasible"] = str(err)
+            row.update(infeasible=str(err), min_budget=err.minimum)
             rows.append(row)
             continue
         ex = driver.build(model, target, swap_plan=plan)
@@ -69,27 +75,54 @@ def run_model(name: str, size: str, training: bool, budgets, repeat: int, search
                                                           strict=True))
         row.update(planned_peak=plan.predicted_peak, measured_peak=out.peak_bytes + constants,
                    host_peak=out.host_peak_bytes, exact=exact, swapped_bytes=plan.bytes_swapped,
+                   recomputed=plan.info.get("recomputed", 0), split_ops=len(plan.splits),
                    swap_ms=out.median_ms, slowdown=out.median_ms / plain.median_ms)
         rows.append(row)
     return rows
 
 
+def corpus_rows(args) -> list[dict]:
+    """The corpus models (tests/corpus), inference and (where they train) the training step."""
+    import sys
+    import tempfile
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__))), "tests"))
+    import corpus
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for cm in corpus.MODELS:
+            if cm.kind == "op":
+                continue
+            path, _ = corpus.export(cm, tmp)
+            for training in (False, True) if cm.training else (False,):
+                model = load_model(path, training=training)
+                rows += run_model(cm.name, "tiny", training, args.budgets, args.repeat,
+                                  args.search_s, model)
+    return rows
+
+
 def print_table(rows) -> None:
-    head = (f"{'model':8} {'step':9} {'budget':>10} {'planned':>10} {'measured':>10} "
-            f"{'fits':>4} {'exact':>5} {'swapped':>10} {'no-swap ms':>10} {'swap ms':>9} "
-            f"{'x':>6}")
+    head = (f"{'model':12} {'step':9} {'arg':>6} {'budget':>10} {'planned':>10} "
+            f"{'measured':>10} {'fits':>4} {'exact':>5} {'swapped':>10} {'rc':>4} {'split':>5} "
+            f"{'no-swap ms':>10} {'swap ms':>9} {'x':>6}")
     print(head)
     print("-" * len(head))
     for r in rows:
         step = "training" if r["training"] else "inference"
         if "infeasible" in r:
-            print(f"{r['model']:8} {step:9} {format_size(r['budget'], 2):>10}  infeasible: "
-                  f"{r['infeasible'][:70]}")
+            print(f"{r['model']:12} {step:9} {r['budget_arg']:>6} "
+                  f"{format_size(r['budget'], 2):>10}  refused: smallest feasible "
+                  f"{format_size(r['min_budget'], 2)} "
+                  f"({100 * r['min_budget'] / r['no_swap_peak']:.1f}% of the no-swap peak)")
             continue
-        print(f"{r['model']:8} {step:9} {format_size(r['budget'], 2):>10} "
+        print(f"{r['model']:12} {step:9} {r['budget_arg']:>6} "
+              f"{format_size(r['budget'], 2):>10} "
               f"{format_size(r['planned_peak'], 2):>10} {format_size(r['measured_peak'], 2):>10} "
               f"{'yes' if r['measured_peak'] <= r['budget'] else 'NO':>4} "
               f"{'yes' if r['exact'] else 'NO':>5} {format_size(r['swapped_bytes'], 2):>10} "
+              f"{r['recomputed']:4d} {r['split_ops']:5d} "
               f"{r['plain_ms']:10.2f} {r['swap_ms']:9.2f} {r['slowdown']:6.2f}")
 
 
@@ -97,8 +130,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["mlp", "gpt", "resnet"])
     p.add_argument("--size", default="small")
-    p.add_argument("--budgets", nargs="+", default=["50%", "25%", "12.5%", "min"],
+    p.add_argument("--budgets", nargs="+", default=["50%", "25%", "12.5%", "8.33%", "min"],
                    help="fractions of the no-swap peak, sizes, or min (smallest feasible)")
+    p.add_argument("--corpus", action=argparse.BooleanOptionalAction, default=True,
+                   help="also the third-party corpus models (tests/corpus, tiny)")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--search-s", type=float, default=10.0)
     args = p.parse_args(argv)
@@ -108,6 +143,8 @@ def main(argv=None) -> int:
         for training in (False, True):
             rows += run_model(name, args.size, training, args.budgets, args.repeat,
                               args.search_s)
+    if args.corpus:
+        rows += corpus_rows(args)
     print_table(rows)
     wall = time.perf_counter() - start
     print(f"wall {wall:.0f} s on {platform.node()} ({os.cpu_count()} cores), load average "
