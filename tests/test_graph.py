@@ -11,6 +11,7 @@ from tvm.script import relax as R
 from tvm_ext import driver, runtime
 from tvm_ext.ir.graph import DataflowGraph, GraphBuildError
 from tvm_ext.ir.graph_builder import build_graph
+from tvm_ext.ir.time_splits import annotate_time_splits
 from tvm_ext.models import Model, TensorSpec
 
 
@@ -122,9 +123,9 @@ def test_peak_equals_measured_unplanned_peak(name, training, zoo_cache, llvm):
 
 
 def test_build_graph_reads_a_module_fused_by_hand(llvm):
-    """`build_graph` on a module fused by hand gives the graph `driver.fused_graph` gives."""
+    """`build_graph` and the split analysis on a hand-fused module give `driver.fused_graph`."""
     fused = tvm.transform.Sequential(
         [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
          relax.transform.FuseOps(), relax.transform.FuseTIR()])(TwoLayer)
-    g = build_graph(fused)
+    g = annotate_time_splits(fused, build_graph(fused))
     assert g.to_dict() == driver.fused_graph(_two_layer_model(), llvm).to_dict()

@@ -24,6 +24,7 @@ from tvm_ext.passes import PartitionError, PartitionOperators
 from .. import pipeline
 from ..ir.graph import DataflowGraph
 from ..ir.graph_builder import build_graph
+from ..ir.time_splits import annotate_time_splits
 from ..models import Model
 from ..partition import PartitionPlan
 from ..partition.plan import layouts_of
@@ -98,7 +99,8 @@ def build_partitioned(
         plan, fallbacks, unrestricted = partition.plan_module(fused)
         part = PartitionOperators(num_devices, plan=plan, hardware=hardware)(fused)
     graph = build_graph(fused)
-    worker_graph = build_graph(relax.transform.RewriteDataflowReshape()(part))
+    worker_mod = relax.transform.RewriteDataflowReshape()(part)
+    worker_graph = annotate_time_splits(worker_mod, build_graph(worker_mod))
     swap_plan = None
     if device_memory is not None:
         options = dict(swap_options or {})
