@@ -39,7 +39,7 @@ from tvm_ext.errors import InputError
 from tvm_ext.ir.graph_builder import read_pass_input
 from tvm_ext.ir.pass_records import SWAP_ARGS_ATTR, SWAP_PLAN_ATTR, has_record
 from tvm_ext.ir.targets import host_vdevice
-from tvm_ext.runtime import swap_streams
+from tvm_ext.runtime import swap_calls
 from tvm_ext.swap import SwapPlan, plan_swaps, validate
 from tvm_ext.swap.placement import DEVICE, HOST, argument_devices
 from tvm_ext.swap.problem import align, problem_for_budget
@@ -198,7 +198,7 @@ class _Rewriter:
     def wait_swap_out(self, k: int) -> None:
         """Before a region is overwritten: the copy-out of what it held must be done."""
         if k >= 0 and k not in self.waited_out:
-            self.emit(swap_streams.wait_call(self.swapped_out_var[k], D2H))
+            self.emit(swap_calls.wait_call(self.swapped_out_var[k], D2H))
             self.waited_out.add(k)
 
     # ------------------------------------------------------------------ the function
@@ -243,12 +243,12 @@ class _Rewriter:
                 for ri in produced_at.get(pos, []):
                     self.wait_swap_out(plan.residencies[ri].wait_swap_out)
                 for k in waits_before.get(pos, []):
-                    self.emit(swap_streams.wait_call(
+                    self.emit(swap_calls.wait_call(
                         self.cur[plan.swap_ins[k].tensor], H2D))
                 self._op(op_id, produced_at.get(pos, []))
                 self._swap_outs(swap_out_after.get(pos, []))
                 self._swap_ins(swap_in_after.get(pos, []))
-            self.emit(swap_streams.wait_all_call())
+            self.emit(swap_calls.wait_all_call())
             outputs = []
             for tid in g.outputs:
                 base = g.base(tid)
@@ -276,7 +276,7 @@ class _Rewriter:
         self.host_offsets = offsets
         if not total:
             return None
-        return self.emit(swap_streams.host_storage_call(total, HOST, DEVICE), "host_pool")
+        return self.emit(swap_calls.host_storage_call(total, HOST, DEVICE), "host_pool")
 
     def _scalar_ops(self) -> None:
         """Packed calls with no tensor argument or result (the worker id a partitioned kernel
@@ -329,7 +329,7 @@ class _Rewriter:
                     relax.ShapeExpr(list(t.shape)), t.dtype)
                 self.host_val[s.tensor] = self.emit(alloc)
             src = self.cur[s.tensor]
-            self.emit(swap_streams.copy_async_call(src, self.host_val[s.tensor], D2H, t.name))
+            self.emit(swap_calls.copy_async_call(src, self.host_val[s.tensor], D2H, t.name))
             self.swapped_out_var[k] = src
             del self.cur[s.tensor]
 
@@ -339,4 +339,4 @@ class _Rewriter:
             t = self.g.tensors[s.tensor]
             self.wait_swap_out(s.wait_swap_out)
             dst = self.place(s.residency)
-            self.emit(swap_streams.copy_async_call(self.host_val[s.tensor], dst, H2D, t.name))
+            self.emit(swap_calls.copy_async_call(self.host_val[s.tensor], dst, H2D, t.name))

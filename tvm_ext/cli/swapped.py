@@ -49,8 +49,7 @@ def plan_swaps_for(args, graph, target):
 
 def write_swap_sidecar(path: str, graph, plan, target) -> None:
     with open(path, "w") as f:
-        json.dump({"plan": plan.to_dict(), "argument_devices": argument_devices(graph, plan),
-                   "devices": ["device", "host"], "target": str(target.kind.name)}, f)
+        json.dump(driver.swap_sidecar(graph, plan, target), f)
 
 
 def run_swapped(args, report, model, graph, plan, executable, target, arguments,

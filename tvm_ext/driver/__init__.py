@@ -12,6 +12,7 @@ from .build import (
     fused_graph,
     partition_problem,
     resolve_target,
+    swap_sidecar,
 )
 from .measure_kernels import measure_kernels
 from .partitioned import PartitionedBuild, build_partitioned, run_partitioned_build
@@ -35,5 +36,6 @@ __all__ = [
     "resolve_target",
     "run",
     "run_partitioned_build",
+    "swap_sidecar",
     "tune",
 ]

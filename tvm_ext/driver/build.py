@@ -17,6 +17,8 @@ from ..ir.targets import is_cpu
 from ..models import Model
 from ..partition import PartitionProblem
 from ..runtime.cuda import DEFAULT_ARCH, cuda_target, ensure_cuda_runtime
+from ..swap import SwapPlan
+from ..swap.placement import argument_devices
 
 
 def resolve_target(name: str, arch: str = DEFAULT_ARCH) -> tvm.target.Target:
@@ -83,3 +85,10 @@ def export(executable: relax.VMExecutable, path: str) -> str:
     """Write a deployable shared library."""
     executable.export_library(path)
     return path
+
+
+def swap_sidecar(graph: DataflowGraph, plan: SwapPlan, target: tvm.target.Target) -> dict:
+    """What a deployment of a swapped module needs beside it (`PATH.swap.json`): the plan, and
+    which device (0) or host (1) each argument goes to."""
+    return {"plan": plan.to_dict(), "argument_devices": argument_devices(graph, plan),
+            "devices": ["device", "host"], "target": str(target.kind.name)}

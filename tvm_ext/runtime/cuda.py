@@ -18,6 +18,7 @@ import tvm_ffi
 
 from ..errors import UnavailableError
 from .library import library_path
+from .vendor_libraries import preload
 
 DEFAULT_ARCH = "sm_90"  # Hopper
 _state: str | None = None
@@ -51,6 +52,7 @@ def ensure_cuda_runtime() -> str:
         ctypes.CDLL(stub, mode=ctypes.RTLD_GLOBAL)
         state = "stub"
     lib = os.path.join(os.path.dirname(tvm.__file__), "lib", "libtvm_runtime_cuda.so")
+    preload("libcudart.so.13")  # from a wheel or a toolkit off the loader's path, if need be
     try:
         ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
     except OSError as err:
