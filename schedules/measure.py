@@ -23,11 +23,10 @@ from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerFuture, RunnerInput
 from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture
 from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
 
+from tvm_ext.runtime.candidate_batch import EVALUATOR
 from tvm_ext.runtime.cuda import ensure_cuda_runtime
 from tvm_ext.runtime.library import load_library
 
-# Candidates are timed until each repeat lasts this long; the median of the repeats is kept.
-EVALUATOR = dict(number=1, repeat=3, min_repeat_ms=40, enable_cpu_cache_flush=False)
 NOT_TIMED = "not timed: build-only tuning (no device here to run on)"
 
 

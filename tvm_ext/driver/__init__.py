@@ -17,7 +17,7 @@ from .build import (
 from .measure_kernels import measure_kernels
 from .partitioned import PartitionedBuild, build_partitioned, run_partitioned_build
 from .run import CheckResult, RunResult, compare, flatten_outputs, run
-from .tune import tune
+from .tune import export_tuning_batch, tune
 
 __all__ = [
     "CheckResult",
@@ -29,6 +29,7 @@ __all__ = [
     "compare",
     "device_of",
     "export",
+    "export_tuning_batch",
     "flatten_outputs",
     "fused_graph",
     "measure_kernels",
