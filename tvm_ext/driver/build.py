@@ -26,7 +26,7 @@ def resolve_target(name: str, arch: str = DEFAULT_ARCH) -> tvm.target.Target:
     (any machine: see `tvm_ext.runtime.cuda`) or any TVM target string."""
     if name == "cuda":
         ensure_cuda_runtime()
-        return cuda_target(arch)
+        return cuda_target(arch)  # and the compiler
     if name == "llvm":
         return tvm.target.Target({"kind": "llvm", "mcpu": host_cpu()})
     return tvm.target.Target(name)

@@ -11,14 +11,16 @@ import time
 import traceback
 from collections.abc import Callable
 
+from ...errors import CheckError, UnavailableError
+
 PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
 
 
-class Skip(Exception):
+class Skip(UnavailableError):
     """Raised by a check that cannot run here; the message says why."""
 
 
-class Failed(Exception):
+class Failed(CheckError):
     """Raised by a check whose result is wrong; `data` keeps the figures it measured."""
 
     def __init__(self, reason: str, data: dict | None = None) -> None:
