@@ -44,7 +44,7 @@ from tvm_ext.ir.local_kernels import LoweringError, chunk_params, local_kernel
 from tvm_ext.ir.pass_records import SWAP_ARGS_ATTR, SWAP_PLAN_ATTR, has_record
 from tvm_ext.ir.targets import host_vdevice
 from tvm_ext.ir.time_splits import annotate_time_splits
-from tvm_ext.runtime import swap_streams
+from tvm_ext.runtime import swap_calls
 from tvm_ext.swap import SwapPlan, plan_swaps, validate
 from tvm_ext.swap.alignment import align
 from tvm_ext.swap.placement import DEVICE, HOST, argument_devices
@@ -211,7 +211,7 @@ class _Rewriter:
     def wait_swap_out(self, k: int) -> None:
         """Before a region is overwritten: the copy-out of what it held must be done."""
         if k >= 0 and k not in self.waited_out:
-            self.emit(swap_streams.wait_call(self.swapped_out_var[k], D2H))
+            self.emit(swap_calls.wait_call(self.swapped_out_var[k], D2H))
             self.waited_out.add(k)
 
     # ------------------------------------------------------------------ the function
@@ -260,7 +260,7 @@ class _Rewriter:
                 for ri in produced_at.get(pos, []):
                     self.wait_swap_out(plan.residencies[ri].wait_swap_out)
                 for k in waits_before.get(pos, []):
-                    self.emit(swap_streams.wait_call(
+                    self.emit(swap_calls.wait_call(
                         self.cur[plan.swap_ins[k].tensor], H2D))
                 if pos in split_at:
                     self._split_op(split_at[pos])
@@ -268,7 +268,7 @@ class _Rewriter:
                     self._op(op_id, produced_at.get(pos, []))
                 self._swap_outs(swap_out_after.get(pos, []))
                 self._swap_ins(swap_in_after.get(pos, []))
-            self.emit(swap_streams.wait_all_call())
+            self.emit(swap_calls.wait_all_call())
             outputs = []
             for tid in g.outputs:
                 base = g.base(tid)
@@ -296,7 +296,7 @@ class _Rewriter:
         self.host_offsets = offsets
         if not total:
             return None
-        return self.emit(swap_streams.host_storage_call(total, HOST, DEVICE), "host_pool")
+        return self.emit(swap_calls.host_storage_call(total, HOST, DEVICE), "host_pool")
 
     def _scalar_ops(self) -> None:
         """Packed calls with no tensor argument or result (the worker id a partitioned kernel
@@ -382,10 +382,10 @@ class _Rewriter:
                     self._stream(self._host_chunk(tid, sp, j), pair[0], H2D)
                 if j + 1 < sp.chunks and nb == 2:
                     self._stream(self._host_chunk(tid, sp, j + 1), pair[1 - b], H2D)
-                self.emit(swap_streams.wait_call(pair[b], H2D))
+                self.emit(swap_calls.wait_call(pair[b], H2D))
             if j >= nb:
                 for pair in outs:  # its previous chunk has left
-                    self.emit(swap_streams.wait_call(pair[b], D2H))
+                    self.emit(swap_calls.wait_call(pair[b], D2H))
             inputs = iter(op.inputs)
             args = []
             for f in fields:
@@ -418,7 +418,7 @@ class _Rewriter:
         return self.emit(relax.op.memory.ensure_zero_offset(view))
 
     def _stream(self, src, dst, stream: int) -> None:
-        self.emit(swap_streams.copy_async_call(src, dst, stream, ""))
+        self.emit(swap_calls.copy_async_call(src, dst, stream, ""))
 
     def _host_copy_of(self, tid: int) -> relax.Expr:
         """The host copy of base tensor `tid`: an argument left there, or its place in the
@@ -469,7 +469,7 @@ class _Rewriter:
                     relax.ShapeExpr(list(t.shape)), t.dtype)
                 self.host_val[s.tensor] = self.emit(alloc)
             src = self.cur[s.tensor]
-            self.emit(swap_streams.copy_async_call(src, self.host_val[s.tensor], D2H, t.name))
+            self.emit(swap_calls.copy_async_call(src, self.host_val[s.tensor], D2H, t.name))
             self.swapped_out_var[k] = src
             del self.cur[s.tensor]
 
@@ -482,4 +482,4 @@ class _Rewriter:
             # (src/swap/copy_streams.cc), so the swap-in waits on its stream as the simulator
             # has it, and the compute goes on.
             dst = self.place(s.residency)
-            self.emit(swap_streams.copy_async_call(self.host_val[s.tensor], dst, H2D, t.name))
+            self.emit(swap_calls.copy_async_call(self.host_val[s.tensor], dst, H2D, t.name))

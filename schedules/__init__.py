@@ -7,7 +7,9 @@ pass that applies it, and default GPU schedules for kernels without a record.
                      relax_pipeline=relax.get_pipeline("tvm_ext", target=target,
                                                        tune_db="tune_db"))  # apply them
 
-Kernels without a timed record keep TVM's default schedules (dlight on GPU).
+Kernels without a timed record keep TVM's default schedules (dlight on GPU). For a target this
+machine cannot run, `offline` exports the candidates of a build-only search as a batch to time
+elsewhere and imports the measurements back (`export_batch`, `import_measurements`).
 """
 
 from .apply_tuning_database import ApplyTuningDatabase, coverage, kernel_times, kernel_workload
@@ -19,6 +21,7 @@ from .database import (
 )
 from .default_cpu import ApplyDefaultCPUSchedules
 from .default_gpu import ApplyDefaultGPUSchedules
+from .offline import BatchExport, MeasurementImport, export_batch, import_measurements
 from .tasks import TuningTask, extract_tasks
 from .tuning import NoDeviceError, TuningReport, can_time, tune_tasks
 
@@ -29,6 +32,8 @@ __all__ = [
     "ApplyDefaultCPUSchedules",
     "ApplyDefaultGPUSchedules",
     "ApplyTuningDatabase",
+    "BatchExport",
+    "MeasurementImport",
     "NoDeviceError",
     "TuningDatabaseError",
     "TuningReport",
@@ -36,7 +41,9 @@ __all__ = [
     "can_time",
     "coverage",
     "database_dir",
+    "export_batch",
     "extract_tasks",
+    "import_measurements",
     "kernel_times",
     "kernel_workload",
     "open_database",

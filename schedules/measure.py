@@ -23,19 +23,21 @@ from tvm.s_tir.meta_schedule.runner import PyRunner, RunnerFuture, RunnerInput
 from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture
 from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
 
-from tvm_ext.runtime.cuda import ensure_cuda_runtime
+from tvm_ext.runtime.candidate_batch import EVALUATOR
+from tvm_ext.runtime.cuda import ensure_cuda_compiler, ensure_cuda_runtime
 from tvm_ext.runtime.library import load_library
 
-# Candidates are timed until each repeat lasts this long; the median of the repeats is kept.
-EVALUATOR = dict(number=1, repeat=3, min_repeat_ms=40, enable_cpu_cache_flush=False)
 NOT_TIMED = "not timed: build-only tuning (no device here to run on)"
 
 
-def init_worker(target_kind: str) -> None:
-    """Run in each worker process: load what building/running for the target needs."""
+def init_worker(target_kind: str, compiles: bool = True) -> None:
+    """Run in each worker process: load what building (`compiles`) or running for the target
+    needs."""
     load_library()
     if target_kind == "cuda":
         ensure_cuda_runtime()
+        if compiles:
+            ensure_cuda_compiler()
 
 
 def build_candidate(mod: tvm.IRModule, target: tvm.target.Target, _params) -> tvm.runtime.Module:
@@ -128,5 +130,5 @@ def timing_runner(target_kind: str, timeout_s: float = 30.0) -> ms.runner.LocalR
         timeout_sec=timeout_s,
         f_alloc_argument=alloc_arguments,
         evaluator_config=ms.runner.EvaluatorConfig(**EVALUATOR),
-        initializer=functools.partial(init_worker, target_kind),
+        initializer=functools.partial(init_worker, target_kind, False),
     )

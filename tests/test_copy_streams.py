@@ -20,7 +20,7 @@ from tvm.script import tirx as T
 
 from tvm_ext import pipeline
 from tvm_ext.runtime import cuda as cuda_support
-from tvm_ext.runtime import empty, memory_stats, swap_streams, to_device
+from tvm_ext.runtime import empty, memory_stats, swap_calls, swap_streams, to_device
 
 DEV = tvm.cpu(0)
 HOST = tvm.cpu(1)
@@ -486,14 +486,14 @@ def test_call_builders_match_the_calling_convention():
     var = {name: bd.var for name, bd in bindings.items()}
     call = {name: bd.value for name, bd in bindings.items()}
     built = {
-        "_1": swap_streams.copy_async_call(var["a"], var["a_host"], 0, "a"),
-        "_2": swap_streams.wait_call(var["a"], 0),
-        "_3": swap_streams.copy_async_call(var["a_host"], var["a2"], 0, "a"),
-        "_4": swap_streams.wait_call(var["a2"], 0),
-        "_5": swap_streams.copy_async_call(var["b"], var["b_host"], 1, "b"),
-        "_6": swap_streams.wait_all_call(),
-        "hpool": swap_streams.host_storage_call(16384, 1, 0),
-        "b_host": swap_streams.host_empty_call((64, 64), "float32", 1, 0),
+        "_1": swap_calls.copy_async_call(var["a"], var["a_host"], 0, "a"),
+        "_2": swap_calls.wait_call(var["a"], 0),
+        "_3": swap_calls.copy_async_call(var["a_host"], var["a2"], 0, "a"),
+        "_4": swap_calls.wait_call(var["a2"], 0),
+        "_5": swap_calls.copy_async_call(var["b"], var["b_host"], 1, "b"),
+        "_6": swap_calls.wait_all_call(),
+        "hpool": swap_calls.host_storage_call(16384, 1, 0),
+        "b_host": swap_calls.host_empty_call((64, 64), "float32", 1, 0),
     }
     for name, expr in built.items():
         tvm.ir.assert_structural_equal(relax.BlockBuilder().normalize(expr), call[name])

@@ -1,5 +1,6 @@
 """README.md's examples work as written: every ```python block runs, and every
-`scripts/compile.py` command shown parses (and passes the CLI's option checks)."""
+`scripts/compile.py` and `scripts/gpu_bundle.py` command shown parses (and passes the CLI's
+option checks)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import shlex
 
 import pytest
 
-from tvm_ext.cli import build_parser, main, refuse_idle_options
+from tvm_ext.cli import build_parser, gpu_bundle, main, refuse_idle_options
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
 
@@ -25,14 +26,16 @@ def _code_blocks(language: str | None = None) -> list[str]:
     return [body for lang, body in blocks if language is None or lang == language]
 
 
-def _commands() -> list[list[str]]:
-    """The arguments of each `python scripts/compile.py ...` command in a code block (the
+def _commands(script: str = "compile.py") -> list[list[str]]:
+    """The arguments of each `python scripts/<script> ...` command in a code block (the
     usage synopsis, with its [OPTIONAL] brackets, is checked separately)."""
     commands = []
     for block in _code_blocks():
         for line in block.splitlines():
             for part in line.split("&&"):
-                match = re.search(r"python3?\s+scripts/compile\.py\s*(.*)$", part.strip())
+                part = part.split("#")[0]
+                match = re.search(rf"python3?\s+scripts/{re.escape(script)}\s*(.*)$",
+                                  part.strip())
                 if match and "[" not in match.group(1):
                     commands.append(shlex.split(match.group(1)))
     return commands
@@ -40,10 +43,11 @@ def _commands() -> list[list[str]]:
 
 PYTHON_BLOCKS = _code_blocks("python")
 COMMANDS = _commands()
+BUNDLE_COMMANDS = _commands("gpu_bundle.py")
 
 
 def test_readme_has_examples():
-    assert PYTHON_BLOCKS and len(COMMANDS) >= 2
+    assert PYTHON_BLOCKS and len(COMMANDS) >= 2 and BUNDLE_COMMANDS
 
 
 @pytest.mark.parametrize("code", PYTHON_BLOCKS, ids=[f"block{i}" for i in
@@ -56,6 +60,11 @@ def test_python_block_runs(code):
 def test_command_parses(argv):
     parser = build_parser()
     refuse_idle_options(parser, parser.parse_args(argv))
+
+
+@pytest.mark.parametrize("argv", BUNDLE_COMMANDS, ids=[" ".join(c) for c in BUNDLE_COMMANDS])
+def test_bundle_command_parses(argv):
+    assert gpu_bundle.option_problem(gpu_bundle.build_parser().parse_args(argv)) is None
 
 
 def test_synopsis_names_only_real_options():

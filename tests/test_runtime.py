@@ -100,3 +100,23 @@ def test_pooled_allocator_reserves_and_reuses():
     third = runtime.memory_stats(dev)
     assert third.peak_reserved == second.peak_reserved
     assert third.in_use == N  # only the retained result is held
+
+
+def test_preload_finds_what_the_loader_finds_and_says_when_nothing_is_there():
+    from tvm_ext.runtime.vendor_libraries import preload
+
+    assert preload("libc.so.6") == "libc.so.6"
+    assert preload("libtvm_ext_no_such_library.so.1") is None
+
+
+def test_random_arrays_follow_their_specs():
+    from tvm_ext.runtime.random_arrays import sample_all
+
+    specs = [{"shape": [64], "dtype": "int64", "init": "randint", "high": 3},
+             {"shape": [2, 3], "dtype": "float32", "init": "ones"},
+             {"shape": [1000], "dtype": "float32", "init": "uniform", "scale": 0.5}]
+    ids, ones, uniform = sample_all(specs, seed=1)
+    assert ids.dtype == np.int64 and set(np.unique(ids)) <= {0, 1, 2}
+    np.testing.assert_array_equal(ones, np.ones((2, 3), "float32"))
+    assert uniform.dtype == np.float32 and np.abs(uniform).max() <= 0.5
+    np.testing.assert_array_equal(sample_all(specs, seed=1)[2], uniform)  # seeded

@@ -2,23 +2,33 @@
 (swap planning, after SwapAdvisor) or across several GPUs (operator partitioning, after Tofu).
 
 Importing the package loads its C++ runtime library (memory accounting, copy streams, Disco
-collectives) and registers the gradients TVM lacks.
+collectives) and registers the gradients TVM lacks. Where TVM runs without its compiler (a
+deployment: `TVM_USE_RUNTIME_LIB=1`, or no `libtvm_compiler.so`, as in the GPU bundle), only the
+runtime side is there: `tvm_ext.runtime` runs exported modules; nothing compiles.
 """
 
 from __future__ import annotations
 
 import os
 
+import tvm
+
 from . import _layout
 
 _layout.install(os.path.dirname(os.path.abspath(__file__)))
 
-from . import pipeline, runtime  # noqa: E402
-from .models import gradients  # noqa: E402
+from . import runtime  # noqa: E402
 
 __version__ = "0.1.0"
+RUNTIME_ONLY = bool(tvm._RUNTIME_ONLY)
 
 runtime.load_library()
-gradients.register_all()
 
-__all__ = ["__version__", "gradients", "pipeline", "runtime"]
+if RUNTIME_ONLY:
+    __all__ = ["RUNTIME_ONLY", "__version__", "runtime"]
+else:
+    from . import pipeline
+    from .models import gradients
+
+    gradients.register_all()
+    __all__ = ["RUNTIME_ONLY", "__version__", "gradients", "pipeline", "runtime"]

@@ -89,8 +89,7 @@ def emulated_link_for(args, model, graph, target) -> driver.StandIn:
 
 
 def write_swap_sidecar(path: str, graph, plan, target, link=None) -> None:
-    data = {"plan": plan.to_dict(), "argument_devices": argument_devices(graph, plan),
-            "devices": ["device", "host"], "target": str(target.kind.name)}
+    data = driver.swap_sidecar(graph, plan, target)
     if link is not None:  # what the plan was made for: set it when running the module
         data["emulated_link"] = {
             "environment": {swap_streams.LINK_ENV_GBPS: f"{link['link_gbps']:.6g}",

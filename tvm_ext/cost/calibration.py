@@ -8,6 +8,7 @@ estimate up against its measurement, and `calibrate` fits a preset's efficiencie
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -29,12 +30,24 @@ class KernelTiming:
 def op_times_measured(graph: DataflowGraph, timings: dict[str, KernelTiming]) -> np.ndarray:
     """Per-op seconds for `SwapProblem.from_graph(op_times=...)`: a kernel op takes its
     kernel's measured time, views and builtins nothing."""
-    out = np.zeros(graph.num_ops)
-    for op in graph.ops:
-        if op.kind == "kernel":
-            if op.kernel not in timings:
-                raise KeyError(f"no measurement for kernel {op.kernel}")
-            out[op.id] = timings[op.kernel].seconds
+    return op_times_of_kernels(op_kernels(graph), {k: t.seconds for k, t in timings.items()})
+
+
+def op_kernels(graph: DataflowGraph) -> list[str | None]:
+    """The kernel each op calls, None for views and builtins (plain data, to keep beside a
+    swap problem)."""
+    return [op.kernel if op.kind == "kernel" else None for op in graph.ops]
+
+
+def op_times_of_kernels(kernels: Sequence[str | None], seconds: Mapping[str, float]
+                        ) -> np.ndarray:
+    """Per-op seconds from seconds per kernel: an op takes its kernel's time, others nothing."""
+    out = np.zeros(len(kernels))
+    for i, kernel in enumerate(kernels):
+        if kernel is not None:
+            if kernel not in seconds:
+                raise KeyError(f"no measurement for kernel {kernel}")
+            out[i] = seconds[kernel]
     return out
 
 

@@ -13,6 +13,7 @@ from .build import (
     fused_graph,
     partition_problem,
     resolve_target,
+    swap_sidecar,
 )
 from .measure_kernels import measure_kernels
 from .measure_swap import (
@@ -25,7 +26,7 @@ from .measure_swap import (
 )
 from .partitioned import PartitionedBuild, build_partitioned, run_partitioned_build
 from .run import CheckResult, RunResult, compare, flatten_outputs, run
-from .tune import tune
+from .tune import export_tuning_batch, tune
 
 __all__ = [
     "CheckResult",
@@ -39,6 +40,7 @@ __all__ = [
     "compare",
     "device_of",
     "export",
+    "export_tuning_batch",
     "flatten_outputs",
     "fused_graph",
     "measure_kernels",
@@ -49,6 +51,7 @@ __all__ = [
     "run",
     "run_partitioned_build",
     "stand_in",
+    "swap_sidecar",
     "timeline_of",
     "tune",
 ]

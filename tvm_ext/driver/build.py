@@ -18,6 +18,8 @@ from ..ir.time_splits import annotate_time_splits
 from ..models import Model
 from ..partition import PartitionProblem
 from ..runtime.cuda import DEFAULT_ARCH, cuda_target, ensure_cuda_runtime
+from ..swap import SwapPlan
+from ..swap.placement import argument_devices
 
 
 def resolve_target(name: str, arch: str = DEFAULT_ARCH) -> tvm.target.Target:
@@ -25,7 +27,7 @@ def resolve_target(name: str, arch: str = DEFAULT_ARCH) -> tvm.target.Target:
     (any machine: see `tvm_ext.runtime.cuda`) or any TVM target string."""
     if name == "cuda":
         ensure_cuda_runtime()
-        return cuda_target(arch)
+        return cuda_target(arch)  # and the compiler
     if name == "llvm":
         return tvm.target.Target({"kind": "llvm", "mcpu": host_cpu()})
     return tvm.target.Target(name)
@@ -86,3 +88,10 @@ def export(executable: relax.VMExecutable, path: str) -> str:
     """Write a deployable shared library."""
     executable.export_library(path)
     return path
+
+
+def swap_sidecar(graph: DataflowGraph, plan: SwapPlan, target: tvm.target.Target) -> dict:
+    """What a deployment of a swapped module needs beside it (`PATH.swap.json`): the plan, and
+    which device (0) or host (1) each argument goes to."""
+    return {"plan": plan.to_dict(), "argument_devices": argument_devices(graph, plan),
+            "devices": ["device", "host"], "target": str(target.kind.name)}

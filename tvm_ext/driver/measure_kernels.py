@@ -17,22 +17,26 @@ from ..cost.calibration import KernelTiming
 from ..ir.graph import DataflowGraph
 from ..ir.graph_builder import build_graph
 from ..ir.pass_records import LIBRARY_ATTR
+from ..runtime.kernel_timing import kernel_arguments, time_kernel
 from .build import device_of
 
 
-def _random_args(func, dev, rng):
-    args = []
-    for param in func.params:
-        shape = [int(s) for s in param.shape]
-        dtype = str(param.dtype)
-        if dtype.startswith(("int", "uint")):
-            data = rng.integers(0, 2, size=shape).astype(dtype)  # valid indices for gathers
-        elif dtype == "bool":
-            data = rng.random(size=shape) < 0.5
-        else:
-            data = rng.standard_normal(size=shape).astype(dtype)
-        args.append(tvm.runtime.tensor(data, dev))
-    return args
+def kernel_params(func: tirx.PrimFunc) -> list[tuple[list[int], str]]:
+    """(shape, dtype) of each parameter of a kernel (static shapes only)."""
+    return [([int(s) for s in p.shape], str(p.dtype)) for p in func.params]
+
+
+def compile_kernel(func: tirx.PrimFunc, name: str, target: tvm.target.Target,
+                   library: bool = True) -> tuple:
+    """One kernel of a fused module compiled alone as the build compiles it (library dispatch
+    unless `library=False`, then the default schedules): (the compiled module, whether a
+    vendor library computes part of it)."""
+    func = func.with_attr("global_symbol", name)
+    passes = pipeline.library_kernels_passes(target, library) + pipeline.schedule_passes(target)
+    with target:
+        kernel = tvm.transform.Sequential(passes)(tvm.IRModule({name: func}))
+        lib = tvm.compile(kernel, target)
+    return lib, LIBRARY_ATTR in (kernel[name].attrs or {})
 
 
 def measure_kernels(model, target=None, graph: DataflowGraph | None = None, *,
@@ -53,16 +57,11 @@ def measure_kernels(model, target=None, graph: DataflowGraph | None = None, *,
         name = gv.name_hint
         if not isinstance(func, tirx.PrimFunc) or name not in calls:
             continue
-        func = func.with_attr("global_symbol", name)
-        passes = pipeline.library_kernels_passes(target, library) + \
-            pipeline.schedule_passes(target)
-        with target:
-            kernel = tvm.transform.Sequential(passes)(tvm.IRModule({name: func}))
-            lib = tvm.compile(kernel, target)
-        args = _random_args(func, dev, rng)
-        seconds = lib.mod.time_evaluator(name, dev, number=number, repeat=repeat)(*args).median
+        lib, dispatched = compile_kernel(func, name, target, library)
+        args = kernel_arguments(kernel_params(func), dev, rng)
+        seconds = float(np.median(time_kernel(lib.mod, name, args, dev, number=number,
+                                              repeat=repeat)))
         op = calls[name][0]
-        dispatched = LIBRARY_ATTR in (kernel[name].attrs or {})
         timings[name] = KernelTiming(name, float(seconds), op.flops, op.bytes_moved,
                                      len(calls[name]), dispatched)
     return timings

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import tvm
 
-from tvm_ext.schedules import TuningReport, extract_tasks, tune_tasks
+from tvm_ext.schedules import BatchExport, TuningReport, export_batch, extract_tasks, tune_tasks
 
 from .. import pipeline
 
@@ -40,3 +40,23 @@ def tune(
     staged = pipeline.module_at_schedule_phase(mod, target, **pipeline_options)
     return tune_tasks(extract_tasks(staged, target), target, work_dir, trials, measure=measure,
                       trials_per_iter=trials_per_iter, seed=seed, log=log)
+
+
+def export_tuning_batch(
+    mod: tvm.IRModule,
+    target: tvm.target.Target,
+    work_dir: str,
+    out_dir: str,
+    trials: int,
+    *,
+    trials_per_iter: int | None = None,
+    seed: int | None = 0,
+    log: Callable[[str], None] | None = None,
+    **pipeline_options,
+) -> BatchExport:
+    """Offline tuning, step 1 (`tvm_ext.schedules.offline`): search build-only for the kernels
+    of `mod` as the pipeline will compile them, and export the candidates to `out_dir` to be
+    timed on a machine that has the target's device."""
+    staged = pipeline.module_at_schedule_phase(mod, target, **pipeline_options)
+    return export_batch(extract_tasks(staged, target), target, work_dir, out_dir, trials,
+                        trials_per_iter=trials_per_iter, seed=seed, log=log)

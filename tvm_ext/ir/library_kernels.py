@@ -63,6 +63,26 @@ class LibraryCall:
     flops: int | None = None  # when the extents are static
 
 
+def gemm_dims(call: LibraryCall) -> tuple[int, int, int, int, bool]:
+    """(batch, M, N, K, whether B has batch dims) of a GEMM call with static extents."""
+    if call.kind != "gemm":
+        raise ValueError(f"{call.kind} is not a GEMM")
+
+    def extent(operand: int, wanted) -> int:
+        shape = [int(s) for s in call.operands[operand].shape]
+        total = 1
+        for role, axes in zip(call.roles[operand], call.views[operand], strict=True):
+            if wanted(role):
+                for axis in axes:
+                    total *= shape[axis]
+        return total
+
+    batch = extent(2, lambda r: r >= BATCH)
+    batched_b = any(r >= BATCH for r in call.roles[1])
+    return (batch, extent(0, lambda r: r == M), extent(1, lambda r: r == N),
+            extent(0, lambda r: r == K), batched_b)
+
+
 def root_statements(func: tirx.PrimFunc) -> list | None:
     """The top-level statements of the kernel's root block (None: no root block)."""
     root = func.body

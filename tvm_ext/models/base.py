@@ -18,6 +18,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..runtime import random_arrays
 from . import gradients
 
 
@@ -41,18 +42,11 @@ class TensorSpec:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
     def sample(self, rng: np.random.Generator) -> np.ndarray:
-        shape, dtype = self.shape, self.dtype
-        if self.init == "randint":
-            return rng.integers(0, self.high, size=shape).astype(dtype)
-        if self.init == "ones":
-            return np.ones(shape, dtype)
-        if self.init == "zeros":
-            return np.zeros(shape, dtype)
-        if self.init == "uniform":
-            return rng.uniform(-self.scale, self.scale, size=shape).astype(dtype)
-        if self.init == "normal":
-            return (rng.standard_normal(size=shape) * self.scale).astype(dtype)
-        raise ValueError(f"unknown init {self.init!r} for {self.name}")
+        try:
+            return random_arrays.sample(rng, self.shape, self.dtype, self.init, self.scale,
+                                        self.high)
+        except ValueError as err:
+            raise ValueError(f"{self.name}: {err}") from None
 
 
 @dataclasses.dataclass

@@ -1,8 +1,11 @@
 """The Python side of the tvm_ext runtime library: loading it (`library`), device memory
-accounting (`memory`), asynchronous swap copy streams (`swap_streams`), Disco sessions and
-collectives (`distributed`) and CUDA without a driver (`cuda`).
+accounting (`memory`), asynchronous swap copy streams (`swap_streams`; `swap_calls` builds the
+Relax calls a swap pass emits), Disco sessions and collectives (`distributed`), CUDA without a
+driver (`cuda`), running and checking a module (`vm_run`), timing kernels (`kernel_timing`) and
+offline tuning candidates (`candidate_batch`), and the checks a GPU bundle runs (`gpu_checks`).
 
-Nothing here needs TVM's compiler: an exported module runs with TVM's runtime and this package.
+Nothing here but `swap_calls` needs TVM's compiler: an exported module runs with TVM's runtime
+and this package.
 """
 
 from __future__ import annotations

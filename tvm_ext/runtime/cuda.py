@@ -3,8 +3,9 @@
 TVM's CUDA runtime library (`libtvm_runtime_cuda.so`) links the driver `libcuda.so.1`. Where
 no driver is installed it silently fails to load, and TVM then packs CUDA *source* into
 exported modules, which no GPU machine can load. `ensure_cuda_runtime()` loads the real driver
-if there is one, else tvm_ext's no-device stub (src/cuda_stub), then TVM's CUDA runtime; device
-code is then compiled (nvcc unless NVRTC is available) and exported as a cubin.
+if there is one, else tvm_ext's no-device stub (src/cuda_stub), then TVM's CUDA runtime;
+`ensure_cuda_compiler()` picks nvcc (else NVRTC), with which device code is compiled and exported
+as a cubin.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import tvm_ffi
 
 from ..errors import UnavailableError
 from .library import library_path
+from .vendor_libraries import preload
 
 DEFAULT_ARCH = "sm_90"  # Hopper
 _state: str | None = None
@@ -51,6 +53,7 @@ def ensure_cuda_runtime() -> str:
         ctypes.CDLL(stub, mode=ctypes.RTLD_GLOBAL)
         state = "stub"
     lib = os.path.join(os.path.dirname(tvm.__file__), "lib", "libtvm_runtime_cuda.so")
+    preload("libcudart.so.13")  # from a wheel or a toolkit off the loader's path, if need be
     try:
         ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
     except OSError as err:
@@ -58,22 +61,31 @@ def ensure_cuda_runtime() -> str:
             f"TVM's CUDA runtime does not load ({err}); it needs the CUDA 13 runtime "
             "(libcudart.so.13) on the library path"
         ) from err
-    if "TVM_CUDA_COMPILE_MODE" not in os.environ:
-        if shutil.which("nvcc"):
-            os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
-        else:
-            try:
-                import cuda.bindings  # noqa: F401  (NVRTC, TVM's default compiler)
-            except ImportError as err:
-                raise CudaUnavailableError(
-                    "no CUDA compiler: put nvcc on PATH or pip install cuda-bindings"
-                ) from err
     _state = state
     return _state
 
 
+def ensure_cuda_compiler() -> None:
+    """Choose how TVM compiles CUDA code here: nvcc where it is on PATH
+    (`TVM_CUDA_COMPILE_MODE=nvcc`), else NVRTC through cuda-bindings (TVM's default). Running
+    compiled modules needs neither (a GPU machine with the driver and the runtime only)."""
+    if "TVM_CUDA_COMPILE_MODE" in os.environ:
+        return
+    if shutil.which("nvcc"):
+        os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
+        return
+    try:
+        import cuda.bindings  # noqa: F401  (NVRTC, TVM's default compiler)
+    except ImportError as err:
+        raise CudaUnavailableError(
+            "no CUDA compiler: put nvcc on PATH or pip install cuda-bindings"
+        ) from err
+
+
 def cuda_target(arch: str = DEFAULT_ARCH) -> tvm.target.Target:
-    """A CUDA target with an explicit arch (auto-detection needs a GPU) and an llvm host."""
+    """A CUDA target with an explicit arch (auto-detection needs a GPU) and an llvm host, to
+    compile for (with the compiler `ensure_cuda_compiler` picks)."""
+    ensure_cuda_compiler()
     return tvm.target.Target({"kind": "cuda", "arch": arch}, host="llvm")
 
 

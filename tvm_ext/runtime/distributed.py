@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm_ffi import Shape
 
 from ..errors import RunError, UnavailableError
@@ -50,6 +51,7 @@ from . import library, memory
 from .cuda import CudaUnavailableError, ensure_cuda_runtime
 from .memory import PeakMeasurement
 from .timing import time_calls
+from .vendor_libraries import preload
 
 BACKENDS = ("cpu", "nccl")
 WORKER0 = "worker0"
@@ -71,12 +73,24 @@ def disco_module() -> ModuleType:
     `import tvm` imports `tvm.runtime.disco` before it loads libtvm_runtime_extra (which holds
     Disco), so the import fails and leaves `tvm.runtime.disco = None` and an empty `_ffi_api`
     behind. Re-import those two; keep `process_pool`, whose global function is already registered.
+    With TVM's runtime alone (no compiler) the first import does not fail: it skips the classes
+    of types not yet registered and registers `session`'s global function, so the re-import
+    must be allowed to register that function again.
     """
     mod = getattr(tvm.runtime, "disco", None)
     if mod is None or not hasattr(mod._ffi_api, "SessionThreaded"):
         for name in ("_ffi_api", "session", ""):
             sys.modules.pop("tvm.runtime.disco" + (f".{name}" if name else ""), None)
-        mod = importlib.import_module("tvm.runtime.disco")
+        register = tvm_ffi.register_global_func
+
+        def register_again(name, func=None, override=False):
+            return register(name, func, override=True)
+
+        tvm_ffi.register_global_func = register_again  # read by `session` as it imports
+        try:
+            mod = importlib.import_module("tvm.runtime.disco")
+        finally:
+            tvm_ffi.register_global_func = register
         tvm.runtime.disco = mod
     return mod
 
@@ -88,6 +102,7 @@ def load_nccl_backend() -> str:
         ensure_cuda_runtime()
     except CudaUnavailableError as err:
         raise NcclUnavailableError(f"the nccl backend needs TVM's CUDA runtime: {err}") from err
+    preload("libnccl.so.2")  # e.g. PyTorch's, from the nvidia-nccl wheel, if need be
     try:
         return str(library.get_function("tvm_ext.disco.load_nccl_backend")())
     except RuntimeError as err:

@@ -1,7 +1,7 @@
 """The swap runtime: asynchronous copies on copy streams, waits, host buffers, statistics.
 
 Thin wrappers over the `tvm_ext.swap.*` globals of the C++ runtime library
-(src/swap/copy_streams.cc), plus builders of the Relax calls that a swap pass emits. The calling
+(src/swap/copy_streams.cc); `swap_calls` builds the Relax calls a swap pass emits. The calling
 convention, for a non-dataflow function after CallTIRRewrite (device and host are positions in
 the VM's device list, e.g. `[tvm.cpu(0), tvm.cpu(1)]` or `[tvm.cuda(0), tvm.cpu(0)]`):
 
@@ -19,9 +19,10 @@ the VM's device list, e.g. `[tvm.cpu(0), tvm.cpu(1)]` or `[tvm.cuda(0), tvm.cpu(
     R.call_packed("tvm_ext.swap.wait_all", R.prim_value(-1), ty_args=R.Tuple([]))
                                                    # before returning
 
-`copy_async_call`, `wait_call`, `wait_all_call`, `host_storage_call` and `host_empty_call` build
-exactly these calls. See src/swap/copy_streams.cc for the semantics (FIFO per stream, automatic
-ordering of copies on different streams that touch the same memory, poisoning on failure).
+`swap_calls.copy_async_call`, `wait_call`, `wait_all_call`, `host_storage_call` and
+`host_empty_call` build exactly these calls. Nothing here needs TVM's compiler. See
+src/swap/copy_streams.cc for the semantics (FIFO per stream, automatic ordering of copies on
+different streams that touch the same memory, poisoning on failure).
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ import dataclasses
 from collections.abc import Sequence
 
 import tvm
-from tvm import relax
-from tvm.script import relax as R
 
 from .library import get_function
 
@@ -194,7 +193,7 @@ def set_tracing(enabled: bool) -> None:
     get_function("tvm_ext.swap.set_tracing")(bool(enabled))
 
 
-def record_vm_calls(vm: relax.VirtualMachine) -> None:
+def record_vm_calls(vm: tvm.runtime.vm.VirtualMachine) -> None:
     """Install the runtime library's instrument on `vm`: while tracing is on, each call it makes
     is recorded with its begin and end on the trace's clock (a C++ instrument: well under a
     microsecond per call, where a Python one costs tens)."""
@@ -257,49 +256,3 @@ def inject_failure(stream: int, count: int = 1) -> None:
     """Make the next `count` copies enqueued on `stream` fail while running, as a device error
     would (fault injection, to test that failures are reported and poison the stream)."""
     get_function("tvm_ext.swap.inject_failure")(stream, count)
-
-
-# ------------------------------------------------------------------------------------------------
-# Relax calls (what a swap pass emits)
-# ------------------------------------------------------------------------------------------------
-
-# Built with the TVMScript builders, so that they equal the hand-written calls above exactly.
-
-
-def copy_async_call(src: relax.Expr, dst: relax.Expr, stream: int, name: str) -> relax.Call:
-    """`R.call_packed("tvm_ext.swap.copy_async", src, dst, stream, name)`: swap-out or -in."""
-    return R.call_packed(
-        COPY_ASYNC, src, dst, R.prim_value(int(stream)), R.str(name), ty_args=R.Tuple([])
-    )
-
-
-def wait_call(tensor: relax.Expr, stream: int) -> relax.Call:
-    """`R.call_packed("tvm_ext.swap.wait", tensor, stream)`: before `tensor`'s memory is reused
-    (swap-out) or read (swap-in). Passing the tensor also keeps it alive until here."""
-    return R.call_packed(WAIT, tensor, R.prim_value(int(stream)), ty_args=R.Tuple([]))
-
-
-def wait_all_call(stream: int = ALL_STREAMS) -> relax.Call:
-    """`R.call_packed("tvm_ext.swap.wait_all", stream)`: before the function returns."""
-    return R.call_packed(WAIT_ALL, R.prim_value(int(stream)), ty_args=R.Tuple([]))
-
-
-def host_storage_call(nbytes: int, host_index: int, device_index: int) -> relax.Call:
-    """A host pool of `nbytes` for tensors swapped out of VM device `device_index` (pinned when
-    that device is CUDA); place tensors in it with `R.memory.alloc_tensor`."""
-    args = (R.shape([int(nbytes)]), R.prim_value(int(host_index)), R.prim_value(int(device_index)))
-    return R.call_builtin_with_ctx(HOST_STORAGE, args, ty_args=R.Object)
-
-
-def host_empty_call(
-    shape: Sequence[int], dtype: str, host_index: int, device_index: int
-) -> relax.Call:
-    """One host tensor for a tensor swapped out of VM device `device_index`."""
-    dims = [int(s) for s in shape]
-    args = (
-        R.shape(dims),
-        R.dtype(dtype),
-        R.prim_value(int(host_index)),
-        R.prim_value(int(device_index)),
-    )
-    return R.call_builtin_with_ctx(HOST_EMPTY, args, ty_args=R.Tensor(dims, dtype))

@@ -5,6 +5,7 @@ come from installed wheels: `scipy-openblas32` (a dependency of tvm_ext), `nvidi
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import importlib.util
 import os
@@ -54,3 +55,38 @@ def configure() -> None:
         path = None if os.environ.get(env) or func is None else find()
         if path is not None:
             func(path)
+
+
+# Where the CUDA runtime and NCCL live when they come from wheels (PyTorch's dependencies:
+# nvidia-cuda-runtime, nvidia-nccl-cu12 / -cu13) or from a toolkit off the loader's path.
+_WHEEL_PATTERNS = {
+    "libcudart.so.13": ("cu13/lib/libcudart.so.13", "cuda_runtime/lib/libcudart.so.13"),
+    "libnccl.so.2": ("nccl/lib/libnccl.so.2", "cu13/lib/libnccl.so.2", "cu12/lib/libnccl.so.2"),
+}
+_TOOLKIT_DIRS = ("/usr/local/cuda/lib64", "/usr/local/cuda-13*/lib64",
+                 "/usr/local/cuda/targets/x86_64-linux/lib")
+
+
+def preload(soname: str) -> str | None:
+    """Make `soname` (libcudart.so.13, libnccl.so.2) loadable by the libraries that link it:
+    nothing to do if the loader finds it; else load it, globally, from a wheel or a CUDA
+    toolkit, so that a later library needing that soname gets this one. Returns where it came
+    from (the soname itself when the loader found it), None when it is nowhere."""
+    try:
+        ctypes.CDLL(soname, mode=ctypes.RTLD_GLOBAL)
+        return soname
+    except OSError:
+        pass
+    candidates = [hit for root in _package_dirs("nvidia")
+                  for pattern in _WHEEL_PATTERNS.get(soname, ())
+                  for hit in sorted(glob.glob(os.path.join(root, pattern)))]
+    homes = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    dirs = [os.path.join(h, "lib64") for h in homes] + list(_TOOLKIT_DIRS)
+    candidates += [hit for d in dirs for hit in sorted(glob.glob(os.path.join(d, soname)))]
+    for path in candidates:
+        try:
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            return path
+        except OSError:
+            continue
+    return None

@@ -1,0 +1,152 @@
+"""Swapped builds (SwapOffload at several budgets) against the unswapped build of the same
+model, run side by side on the device with arguments drawn here from the model's specs:
+
+- the device peak the runtime library measured (plus the module's constants) within the budget;
+- outputs bit-identical to the unswapped build's (same kernels, same order of arithmetic);
+- time against the unswapped build, and the fraction of the copy time hidden behind compute:
+  1 - (swapped - unswapped) / (the bytes the streams moved at the measured bandwidths); on the
+  CPU stand-in the runtime also measures it directly (copy time while no caller waited);
+- the measured iteration against the swap simulator's, fed the kernel times measured here and
+  the measured bandwidths. The simulator needs numba; where it is missing the figures it needs
+  are kept and `scripts/gpu_bundle.py BUNDLE --finish RESULTS.json` adds the simulation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+
+import numpy as np
+
+from ...errors import CheckError
+from .. import swap_streams
+from ..kernel_timing import kernel_arguments, time_kernel
+from ..random_arrays import sample_all
+from ..vm_run import compare, run
+from .report import Failed, Skip
+from .suite import SuiteRun
+
+D2H, H2D = 0, 1  # SwapOffload's streams: swap-outs, swap-ins
+
+
+def run_unswapped(suite: SuiteRun, spec: dict) -> dict:
+    suite.swap_arguments = sample_all(spec["arguments"], spec["seed"])
+    result = run(suite.module(spec["unswapped"]), suite.swap_arguments, suite.device,
+                 repeat=spec["repeat"])
+    suite.unswapped = result
+    return {"model": spec["model"], "latency_ms": result.median_ms,
+            "peak_bytes": result.peak_bytes + spec["constants_bytes"],
+            "argument_bytes": result.argument_bytes, "no_swap_peak": spec["no_swap_peak"]}
+
+
+def time_kernels(suite: SuiteRun, spec: dict) -> dict:
+    """Every kernel of the model, alone on random arguments: what the simulator is fed."""
+    module = suite.module(spec["unswapped"])
+    rng = np.random.default_rng(0)
+    missing = []
+    for kernel in spec["kernels"]:
+        args = kernel_arguments(kernel["params"], suite.device, rng)
+        try:
+            secs = time_kernel(module, kernel["name"], args, suite.device, number=1, repeat=3)
+        except KeyError:
+            missing.append(kernel["name"])
+            continue
+        suite.kernel_seconds[kernel["name"]] = statistics.median(secs)
+    total = sum(suite.kernel_seconds.get(k["name"], 0.0) * k["calls"] for k in spec["kernels"])
+    data = {"kernels": len(spec["kernels"]), "timed": len(suite.kernel_seconds),
+            "sum_of_kernels_ms": total * 1e3, "seconds": dict(suite.kernel_seconds)}
+    if suite.unswapped is not None:
+        data["unswapped_iteration_ms"] = suite.unswapped.median_ms
+    if missing:
+        raise Failed(f"{len(missing)} kernels are not in the exported module: {missing[:5]}",
+                     data)
+    return data
+
+
+def check_budget(suite: SuiteRun, spec: dict, entry: dict) -> dict:
+    if suite.unswapped is None:
+        raise Skip("the unswapped build did not run, so there is nothing to compare with")
+    with open(suite.bundle.path(entry["sidecar"])) as f:
+        sidecar = json.load(f)
+    swap_streams.reset()
+    result = run(suite.module(entry["module"]), suite.swap_arguments, suite.device,
+                 repeat=spec["repeat"], host=suite.host,
+                 arg_devices=sidecar["argument_devices"])
+    calls = spec["repeat"] + 1
+    base = suite.unswapped
+    measured = result.peak_bytes + spec["constants_bytes"]
+    data = {"budget_label": entry["label"], "budget": entry["budget"],
+            "planned_peak": sidecar["plan"]["predicted_peak"], "measured_peak": measured,
+            "host_peak": result.host_peak_bytes, "swapped_ms": result.median_ms,
+            "unswapped_ms": base.median_ms, "slowdown": result.median_ms / base.median_ms,
+            "predicted_ms": sidecar["plan"]["predicted_time"] * 1e3}
+    plan = sidecar["plan"]
+    data.update(planned_bytes_out=sum(c["nbytes"] for c in plan["swap_outs"]),
+                planned_bytes_in=sum(c["nbytes"] for c in plan["swap_ins"]),
+                planned_copies=len(plan["swap_outs"]) + len(plan["swap_ins"]))
+    data.update(_overlap(suite, spec, calls, result.median_ms, base.median_ms))
+    with open(suite.bundle.path(spec["problem"])) as f:
+        problem = json.load(f)
+    data.update(simulate_measured(problem, sidecar["plan"], suite.kernel_seconds,
+                                  suite.bandwidth))
+    if data["simulated_ms"]:
+        data["measured_vs_simulated"] = result.median_ms / data["simulated_ms"]
+    problems = []
+    try:
+        compare(result.outputs, base.outputs, rtol=0, atol=0)
+    except CheckError as err:
+        problems.append(f"outputs differ from the unswapped build: {err}")
+    if measured > entry["budget"]:
+        problems.append(f"measured peak {measured} bytes exceeds the budget {entry['budget']}")
+    if problems:
+        raise Failed("; ".join(problems), data)
+    return data
+
+
+def _overlap(suite: SuiteRun, spec: dict, calls: int, swapped_ms: float,
+             unswapped_ms: float) -> dict:
+    out, inn = swap_streams.stats(D2H), swap_streams.stats(H2D)
+    if suite.bandwidth:  # measured by the copies check
+        d2h_bw, h2d_bw = suite.bandwidth["d2h"], suite.bandwidth["h2d"]
+    else:  # the preset the plan assumed
+        d2h_bw, h2d_bw = spec["link"]["d2h_bytes_per_s"], spec["link"]["h2d_bytes_per_s"]
+    copy_s = out.bytes / calls / d2h_bw + inn.bytes / calls / h2d_bw
+    exposed_s = max(0.0, swapped_ms - unswapped_ms) / 1e3
+    data = {"bytes_out_per_call": out.bytes // calls, "bytes_in_per_call": inn.bytes // calls,
+            "copy_ms": copy_s * 1e3, "bandwidth": "measured" if suite.bandwidth else "preset",
+            "overlap": min(1.0, max(0.0, 1 - exposed_s / copy_s)) if copy_s > 0 else None}
+    busy = out.busy_ns + inn.busy_ns
+    if out.timed and inn.timed and busy:  # CPU streams time their copies themselves
+        data["overlap_runtime"] = (out.overlap_ns + inn.overlap_ns) / busy
+    return data
+
+
+def simulate_measured(problem_doc: dict, plan: dict, kernel_seconds: dict[str, float],
+                      bandwidth: dict[str, float]) -> dict:
+    """The simulator's iteration time for the plan, with each kernel's measured time (the
+    roofline's where a kernel was not timed) and the measured copy bandwidths."""
+    try:
+        from ...cost.calibration import op_times_of_kernels
+        from ...swap.plan import SwapPlan
+        from ...swap.problem import SwapProblem
+        from ...swap.simulator import simulate
+    except ImportError as err:
+        return {"simulated_ms": None,
+                "simulated": f"deferred: the swap simulator does not import here ({err}); "
+                             "`python scripts/gpu_bundle.py BUNDLE --finish RESULTS.json` adds "
+                             "it where tvm_ext is installed"}
+    problem = SwapProblem.from_dict(problem_doc["problem"])
+    kernels = problem_doc["op_kernels"]
+    seconds = dict(kernel_seconds)
+    untimed = sorted({k for k in kernels if k is not None and k not in seconds})
+    for i, k in enumerate(kernels):  # the roofline's time for a kernel not timed
+        if k in untimed:
+            seconds.setdefault(k, float(problem.durations[i]))
+    changes = {"durations": op_times_of_kernels(kernels, seconds)}
+    if bandwidth:
+        changes.update(h2d_bandwidth=bandwidth["h2d"], d2h_bandwidth=bandwidth["d2h"])
+    problem = dataclasses.replace(problem, **changes)
+    makespan = simulate(problem, SwapPlan.from_dict(plan)).makespan
+    return {"simulated_ms": makespan * 1e3, "simulated_untimed_kernels": untimed,
+            "simulated_bandwidth": "measured" if bandwidth else "preset"}

@@ -1,0 +1,19 @@
+"""Exported zoo modules (inference and training step) against the outputs of the CPU build,
+computed where the bundle was built, on the same arguments."""
+
+from __future__ import annotations
+
+from ..vm_run import run
+from .suite import SuiteRun, compare_expected
+
+REPEAT = 3
+
+
+def check_module(suite: SuiteRun, entry: dict) -> dict:
+    args = suite.arrays(entry["arguments"])
+    expected = suite.arrays(entry["expected"])
+    result = run(suite.module(entry["module"]), args, suite.device, repeat=REPEAT)
+    data = {"latency_ms": result.median_ms, "peak_bytes": result.peak_bytes,
+            "argument_bytes": result.argument_bytes, "reference": entry["reference"]}
+    return {**data, **compare_expected(result.outputs, expected, entry["tolerances"], data,
+                                       entry["reference"])}
