@@ -39,7 +39,7 @@ def load_plan(path: str):
         raise ValueError(f"{path} holds no partition plan ({err})") from err
 
 
-def main_partitioned(args, report: dict, model, target, tune_db) -> int:
+def main_partitioned(args, report: dict, model, target, tune_db, gradient_model=None) -> int:
     plan = None
     try:
         if args.partition_plan:

@@ -54,7 +54,7 @@ def write_swap_sidecar(path: str, graph, plan, target) -> None:
 
 
 def run_swapped(args, report, model, graph, plan, executable, target, arguments,
-                 tune_db=None) -> int:
+                 tune_db=None, gradient_model=None) -> int:
     """Run the swapped module beside the unswapped one: outputs must match exactly (same
     kernels) and the measured device peak must fit the budget."""
     device, host = vm_devices(target)

@@ -1,6 +1,7 @@
 """The steps behind `scripts/compile.py`, as plain functions that tests and benchmarks share:
 targets and builds (`build`), running and checking (`run`), tuning (`tune`), partitioned builds
-(`partitioned`) and kernel measurement (`measure_kernels`)."""
+(`partitioned`), training across steps (`training`) and kernel measurement
+(`measure_kernels`)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,16 @@ from .build import (
 from .measure_kernels import measure_kernels
 from .partitioned import PartitionedBuild, build_partitioned, run_partitioned_build
 from .run import CheckResult, RunResult, compare, flatten_outputs, run
+from .training import PartitionedTrainingSession, StepResult, TrainingSession
 from .tune import tune
 
 __all__ = [
     "CheckResult",
     "PartitionedBuild",
+    "PartitionedTrainingSession",
     "RunResult",
+    "StepResult",
+    "TrainingSession",
     "build",
     "build_partitioned",
     "build_reference",

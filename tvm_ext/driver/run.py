@@ -43,13 +43,14 @@ def flatten_outputs(value) -> list[np.ndarray]:
     return out
 
 
-def _place(array: np.ndarray, where: tvm.runtime.Device, device: tvm.runtime.Device):
+def place_argument(array: np.ndarray, where: tvm.runtime.Device,
+                   device: tvm.runtime.Device) -> tvm.runtime.Tensor:
     """An argument on `where`; host arguments of a GPU module go to pinned memory, so that
     swap-in copies from them are asynchronous."""
     if where == device:
         return runtime.to_device(array, device)
     out = swap_streams.host_empty(array.shape, str(array.dtype), where, device)
-    out.copyfrom(np.ascontiguousarray(array))
+    out.copyfrom(np.asarray(array, order="C"))
     return out
 
 
@@ -79,7 +80,8 @@ def run(
         raise ValueError("arg_devices must give a device index (into [device, host]) per "
                          "argument")
     before = [runtime.memory_stats(dev).in_use for dev in devices]
-    args = [_place(a, devices[d], device) for a, d in zip(arguments, arg_devices, strict=True)]
+    args = [place_argument(a, devices[d], device)
+            for a, d in zip(arguments, arg_devices, strict=True)]
     arg_bytes = runtime.memory_stats(device).in_use - before[0]
     for dev in devices:
         runtime.reset_peak(dev)
@@ -102,18 +104,21 @@ class CheckResult:
 
 
 def compare(
-    outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray], rtol=1e-5, atol=1e-5
+    outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray], rtol=1e-5, atol=1e-5,
+    names: Sequence[str] | None = None,
 ) -> CheckResult:
-    """Raise `CheckError` naming the first output that differs beyond tolerance."""
+    """Raise `CheckError` naming the first output that differs beyond tolerance (`names`:
+    what to call each, default "output i")."""
     if len(outputs) != len(reference):
         raise CheckError(f"{len(outputs)} outputs, the reference has {len(reference)}")
+    names = list(names) if names is not None else [f"output {i}" for i in range(len(outputs))]
     max_abs = max_rel = 0.0
-    for i, (out, ref) in enumerate(zip(outputs, reference, strict=True)):
+    for name, out, ref in zip(names, outputs, reference, strict=True):
         if out.shape != ref.shape or out.dtype != ref.dtype:
-            raise CheckError(f"output {i}: {out.shape} {out.dtype}, reference "
+            raise CheckError(f"{name}: {out.shape} {out.dtype}, reference "
                              f"{ref.shape} {ref.dtype}")
         if not np.all(np.isfinite(out) == np.isfinite(ref)):
-            raise CheckError(f"output {i}: non-finite values differ from the reference")
+            raise CheckError(f"{name}: non-finite values differ from the reference")
         diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
         if diff.size:
             max_abs = max(max_abs, float(np.nanmax(diff)))
@@ -122,10 +127,8 @@ def compare(
         bad = ~np.isclose(out, ref, rtol=rtol, atol=atol, equal_nan=True)
         if bad.any():
             idx = np.unravel_index(int(np.argmax(bad)), bad.shape)
-            raise CheckError(f"output {i} differs at {tuple(int(j) for j in idx)}: "
+            raise CheckError(f"{name} differs at {tuple(int(j) for j in idx)}: "
                              f"{out[idx]!r} vs reference {ref[idx]!r} "
                              f"({int(bad.sum())} of {bad.size} elements beyond rtol={rtol}, "
                              f"atol={atol})")
     return CheckResult(max_abs, max_rel, len(outputs))
-
-
