@@ -49,9 +49,11 @@ class ReturnLossOnly:
             return mod
         values = {b.var: b.value for block in func.body.blocks for b in block.bindings}
         ret = func.body.body
-        fields = values[ret].fields if isinstance(values.get(ret), relax.Tuple) else None
-        if fields is None:
+        if isinstance(values.get(ret), relax.Tuple):
+            ret = values[ret]
+        if not isinstance(ret, relax.Tuple):
             return mod  # already returns the loss alone
+        fields = list(ret.fields)
         subst: dict = {}
         for position, arg in updates.items():
             var = _origin(fields[position], values)

@@ -19,11 +19,10 @@ to the call that makes them. A function SwapOffload rewrote calls its in-place k
 from __future__ import annotations
 
 import tvm
-import tvm_ffi
 from tvm import relax
 
 from tvm_ext.errors import InternalError
-from tvm_ext.ir.inplace_kernels import InPlaceError, inplace_kernel
+from tvm_ext.ir.inplace_kernels import InPlaceError, drop_unused, inplace_kernel
 from tvm_ext.ir.pass_records import SWAP_PLAN_ATTR, argument_updates, has_record
 
 _VIEWS = ("relax.reshape", "relax.memory.view", "relax.memory.ensure_zero_offset")
@@ -93,20 +92,7 @@ class UpdateArgumentsInPlace:
         new = mutator.visit_expr(func)
         mod = mutator.builder_.get()
         mod.update_func(mod.get_global_var(self.function), new)
-        return _without_unused(mod, [values[v].args[0] for v in writes])
-
-
-def _without_unused(mod: tvm.IRModule, kernels: list) -> tvm.IRModule:
-    """`mod` without those of `kernels` that no function calls any more."""
-    used: set = set()
-    for _, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            tvm_ffi.structural_walk(func, [(tvm.ir.GlobalVar, lambda gv: used.add(
-                gv.name_hint))])
-    for name in dict.fromkeys(gv.name_hint for gv in kernels):
-        if name not in used:
-            del mod[name]
-    return mod
+        return drop_unused(mod, [values[v].args[0] for v in writes])
 
 
 def _viewed(var, values: dict):

@@ -73,3 +73,17 @@ def test_idle_training_options_are_refused(argv, message, capsys):
         main(argv)
     assert exc.value.code == 2
     assert f"compile.py: error: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode, expected", [
+    (["--device-memory", "min"], "equal the unswapped build exactly (losses, parameters, "
+     "state), every step within the budget, host memory constant"),
+    (["--devices", "2", "--device-memory", "50%"], "match the single-device build (losses, "
+     "parameters, state within 1e-5), every worker within the budget, host memory constant"),
+])
+def test_swapped_and_partitioned_steps(mode, expected, capsys):
+    argv = ["mlp", "--training", "--optimizer", "adam", "--steps", "3", "--check", *mode]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"check   OK: 3 steps {expected}" in out
+    assert "check   OK: 3 steps match torch.optim" in out

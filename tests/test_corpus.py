@@ -16,21 +16,22 @@ pytest.importorskip("transformers")
 corpus = pytest.importorskip("corpus")
 
 CI_MODES = ("plain", "swap50", "k2", "k4", "training")
-SWEEP_MODES = ("k3", "k8", "swapmin", "k2+swap50")
+SWEEP_MODES = ("k3", "k8", "swapmin", "k2+swap50", "adamw", "adamw+swap25", "adamw+swapmin",
+               "adamw+k2", "adamw+k4", "adamw+k2+swap50")
 
 # What a user gets where a mode does not apply: a clear refusal (exit 2, this message), never a
 # wrong number. Swap budgets below the largest operator's working set need operator splitting.
 FLOOR = "smallest feasible budget is"
 EXPECTED_REFUSALS = {
     (name, mode): FLOOR for name in ("resnet", "convnext", "wav2vec2", "segformer")
-    for mode in ("swap50", "k2+swap50")
+    for mode in ("swap50", "k2+swap50", "adamw+swap25", "adamw+k2+swap50")
 }
 
 
 def _cases(modes, mark=None):
     for model in corpus.MODELS:
         for mode in modes:
-            if (mode == "training" and not model.training) or (
+            if (mode in corpus.TRAINING_MODES and not model.training) or (
                     model.kind == "op" and mode not in corpus.OP_MODES):
                 continue
             marks = [mark] if mark else []

@@ -144,3 +144,66 @@ def test_third_party_pt2_equals_torch_optim(corpus_resnet, target):
     check = training.compare_training([r.loss for r in results], session.parameters(),
                                       session.state(), ref, opt)
     assert check.max_loss_error < 1e-5
+
+
+# --------------------------------------------------------------------------------------------
+# Composition: swapped (SwapOffload) and partitioned (PartitionOperators) steps
+# --------------------------------------------------------------------------------------------
+
+def _swapped(step, target, budget: str):
+    from tvm_ext.ir.targets import vm_devices
+    from tvm_ext.swap import plan_swaps
+    from tvm_ext.swap.placement import argument_devices
+    from tvm_ext.swap.problem import problem_for_budget
+
+    graph = driver.fused_graph(step, target)
+    plan = plan_swaps(problem_for_budget(graph, budget, "h100"), "swapadvisor",
+                      time_budget_s=1.0)
+    device, host = vm_devices(target)
+    ex = driver.build(step, target, swap_plan=plan)
+    return driver.TrainingSession(ex, step, device, host=host,
+                                  arg_devices=argument_devices(graph, plan)), plan, graph
+
+
+@pytest.mark.parametrize("name, budget", [("mlp", "min"), ("gpt", "25%")])
+def test_swapped_steps_equal_plain_and_stay_within_budget(name, budget, zoo_cache, target):
+    """A steady state: every step within the budget (parameters and state included), host
+    memory the same after every step, and the same losses, parameters and state as the
+    unswapped step, exactly (the same kernels, in place)."""
+    step = make_optimizer_step(zoo_cache(name, True), Optimizer("adamw", lr=0.01))
+    batches = [step.random_inputs(seed) for seed in range(STEPS)]
+    session, plan, graph = _swapped(step, target, budget)
+    results = session.run(batches)
+    assert plan.host_start and plan.swap_outs  # arguments live on the host between steps
+    constants = graph.bytes_of_kind("constant")
+    assert all(r.peak_bytes + constants <= plan.budget for r in results)
+    assert len({r.host_bytes for r in results}) == 1
+    plain, expected = _train(step, target, batches)
+    assert [r.loss for r in results] == [r.loss for r in expected]
+    for a, b in zip([*session.parameters(), *session.state()],
+                    [*plain.parameters(), *plain.state()], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("k, budget", [(2, None), (4, None), (2, "50%")])
+def test_partitioned_steps_equal_torch_optim(k, budget, zoo_cache, target):
+    """Partitioned over k workers (and swapped per device): each worker holds its pieces of
+    the parameters and state across steps; 5 steps equal torch.optim's."""
+    from tvm_ext.runtime import distributed
+
+    grad_step = zoo_cache("mlp", True)
+    opt = Optimizer("adam", lr=0.01, weight_decay=0.01)
+    step = make_optimizer_step(grad_step, opt)
+    build = driver.build_partitioned(step, target, k, hardware="h100", device_memory=budget)
+    batches = [step.random_inputs(seed) for seed in range(STEPS)]
+    with distributed.Session(k) as sess:
+        session = driver.PartitionedTrainingSession(sess, build, step)
+        results = session.run(batches)
+        params, state = session.parameters(), session.state()
+    assert all(len(r.peak_bytes) == k for r in results)
+    if budget is not None:
+        assert all(max(r.peak_bytes) <= build.swap_plan.budget for r in results)
+        assert len({tuple(r.host_bytes) for r in results}) == 1
+    ref = training.reference_steps(step, training.tvm_gradient(grad_step, target), batches,
+                                   grad_step.random_params(0))
+    training.compare_training([r.loss for r in results], params, state, ref, opt)

@@ -72,36 +72,46 @@ def run_training(args, report: dict, step, gradient_model, session, target) -> i
     report.setdefault("training", {}).update(step_report(results))
     if not args.check:
         return 0
-    return check_training(args, report, step, gradient_model, target, batch, session, results)
+    return check_training(args, report, step, gradient_model, target, batch, results,
+                          session.parameters(), session.state())
 
 
-def check_training(args, report, step, gradient_model, target, batch, session,
-                   results) -> int:
-    """N steps against N steps of torch.optim from the same parameters on the same batch,
-    with gradients by torch.autograd (a .pt2 model) or by a plain TVM build of the training
-    step (a zoo model)."""
+def reference_of(args, step, gradient_model, target, batch, steps: int):
+    """(N steps of torch.optim from the same parameters on the same batch, with gradients by
+    torch.autograd (a .pt2 model) or by a plain TVM build of the training step (a zoo model);
+    what that is, in words)."""
     path = torch_file(step, args.model)
     if path is not None:
         gradient, what = training.torch_gradient(path, gradient_model), "PyTorch"
     else:
         gradient, what = training.tvm_gradient(gradient_model, target), "a plain TVM build"
-    what = f"torch.optim with gradients by {what}"
-    num_params = len(gradient_model.params)
+    ref = training.reference_steps(step, gradient, [batch] * steps,
+                                   step.random_params(args.seed)[:len(gradient_model.params)])
+    return ref, f"torch.optim with gradients by {what}"
+
+
+def check_training(args, report, step, gradient_model, target, batch, results, params,
+                   state, reference=None) -> int:
+    """N steps against N steps of torch.optim (`reference_of`, or `reference` if given)."""
+    ref, what = reference or reference_of(args, step, gradient_model, target, batch,
+                                          len(results))
     rtol = 1e-4 if args.rtol is None else args.rtol
     atol = 1e-5 if args.atol is None else args.atol
     optimizer = optimizer_of(args)
     try:
-        ref = training.reference_steps(step, gradient, [batch] * len(results),
-                                       step.random_params(args.seed)[:num_params])
-        check = training.compare_training([r.loss for r in results], session.parameters(),
-                                          session.state(), ref, optimizer, rtol, atol)
+        check = training.compare_training([r.loss for r in results], params, state, ref,
+                                          optimizer, rtol, atol)
     except CheckError as err:
         report["check"] = {"ok": False, "reference": what, "error": str(err), "rtol": rtol,
                            "atol": atol}
         print(f"check   FAILED against {what} (rtol {rtol:g}, atol {atol:g}): {err}",
               file=sys.stderr)
         return 1
-    report["check"] = {"ok": True, "reference": what, **vars(check)}
+    entry = {"ok": True, "reference": what, **vars(check)}
+    # Kept beside the other checks the report holds (e.g. against the unswapped build).
+    report["check"] = {**report.get("check", {}), **entry, "torch": {
+        **entry, "max_abs_error": max(check.max_loss_error, check.max_param_error,
+                                      check.max_state_error)}}
     noise = (f"; {check.noise_elements} elements with rounding-noise gradients within "
              f"2 N lr" if check.noise_elements else "")
     print(f"check   OK: {check.steps} steps match {what} (losses within "

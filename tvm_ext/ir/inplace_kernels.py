@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 import tvm
 import tvm_ffi
-from tvm import tirx
+from tvm import relax, s_tir, tirx
 from tvm.s_tir import SBlock
 
 from ..errors import InputError
@@ -156,4 +156,20 @@ def inplace_kernel(func: tirx.PrimFunc, num_args: int,
         else func.body
     passed = [outs[j] for j in sorted(writes) if writes[j] is None]
     rest = [o for j, o in enumerate(outs) if j not in writes]
-    return tirx.PrimFunc([*args, *passed, *rest], body, func.ret_type, func.attrs)
+    kernel = tirx.PrimFunc([*args, *passed, *rest], body, func.ret_type, func.attrs)
+    # Fresh buffers and variables: the kernel it came from may stay in the module.
+    return s_tir.renew_defs(kernel)
+
+
+def drop_unused(mod: tvm.IRModule, kernels: list) -> tvm.IRModule:
+    """`mod` without those of `kernels` (GlobalVars) that no Relax function calls any more:
+    the kernels an in-place form replaced."""
+    used: set = set()
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            tvm_ffi.structural_walk(func, [(tvm.ir.GlobalVar, lambda gv: used.add(
+                gv.name_hint))])
+    for name in dict.fromkeys(gv.name_hint for gv in kernels):
+        if name not in used:
+            del mod[name]
+    return mod

@@ -51,8 +51,10 @@ _ASAP = -2  # swap-in issue position: as soon as the window is free
 
 # ---------------------------------------------------------------- inputs and outputs
 # The problem's arrays, fixed for an Evaluator; op's needs: need_idx[need_ptr[op]:need_ptr[op+1]].
+# writer[t]: the op that overwrites t in place (-1: none); after it t's host copy is stale.
+# end_on_host[t]: t is copied to the host at the end if it is still on the device.
 Graph = namedtuple("Graph", ["need_ptr", "need_idx", "producer", "sizes", "durations",
-                             "is_output"])
+                             "is_output", "writer", "end_on_host"])
 Link = namedtuple("Link", ["h2d_bw", "h2d_lat", "d2h_bw", "d2h_lat"])  # bytes/s, seconds
 Policy = namedtuple("Policy", ["mode", "beta", "gamma", "delta"])
 # Size classes: tensor t takes an object of class obj_class[t] (-1: any window of the arena);
@@ -94,6 +96,9 @@ _TENSORS = _Record([
     ("sizes", _I), ("slot", _I),  # bytes, and bytes of its window (its size class's objects)
     ("obj_class", _I), ("fixed", _B), ("is_output", _B),
     ("prod_pos", _I),  # position of its producer, -1 if none
+    ("write_pos", _I),  # position of the op that overwrites it in place, -1 if none
+    ("host_start", _B),  # it starts the call on the host (and must end there if written)
+    ("end_on_host", _B),  # it must end the call on the host
     ("offload_after", _I),  # vDNN: offloaded after that position (-1: never)
     ("use_ptr", _I), ("use_pos", _I),  # its uses, sorted positions use_pos[use_ptr[t]:use_ptr[t+1]]
     ("xin", _F), ("xout", _F),  # estimated swap-in, swap-out time
@@ -247,10 +252,14 @@ def _new_tensors(order, graph, fixed, host_start, link, offload_after, layout, u
     ten.sizes, ten.obj_class = sizes, np.ascontiguousarray(layout.obj_class)
     ten.fixed, ten.is_output = fixed.copy(), graph.is_output.copy()
     ten.prod_pos, ten.slot = np.full(n_t, -1, np.int64), sizes.copy()
+    ten.write_pos, ten.host_start = np.full(n_t, -1, np.int64), host_start.copy()
+    ten.end_on_host = graph.end_on_host.copy()
     ten.xin, ten.xout = np.empty(n_t), np.empty(n_t)
     for t in range(n_t):
         if graph.producer[t] >= 0:
             ten.prod_pos[t] = pos_of_op[graph.producer[t]]
+        if graph.writer[t] >= 0:
+            ten.write_pos[t] = pos_of_op[graph.writer[t]]
         if layout.obj_class[t] >= 0:
             ten.slot[t] = layout.size[layout.obj_class[t]]
         ten.xin[t] = _xfer(sizes[t], link.h2d_bw, link.h2d_lat)
@@ -441,6 +450,8 @@ def _after_op(st, needs, m, i):
         t = needs[jj]
         last_use[t] = i
         res_end[cur_res[t]] = i
+        if ten.write_pos[t] == i:
+            ten.host_copy[t] = False  # overwritten in place: the device copy is the only one
         c = cursor[t]
         while c < use_ptr[t + 1] and use_pos[c] <= i:
             c += 1
@@ -470,8 +481,14 @@ def _derivation(st):
     end_on_device = np.zeros(n_t, np.bool_)
     for t in range(n_t):
         if ten.resident[t]:
-            end_on_device[t] = True
             st.res.end[ten.cur_res[t]] = st.n - 1
+            if ten.end_on_host[t] or (ten.host_start[t] and ten.write_pos[t] >= 0):
+                # An argument kept on the host and overwritten ends the call there.
+                if not ten.host_copy[t]:
+                    _write_back(st, t)
+                ten.resident[t] = False
+            else:
+                end_on_device[t] = True
     r, h, d = st.res, st.ins, st.outs
     nr, nh, nd = r.count, h.count, d.count
     res = ResidencyTable(tensor=r.tensor[:nr], offset=r.offset[:nr], begin=r.begin[:nr],
@@ -483,6 +500,20 @@ def _derivation(st):
     return Derivation(residencies=res, swap_ins=ins, swap_outs=outs, op_wait=st.op_wait,
                       end_on_device=end_on_device, fallbacks=st.fallbacks, big=n_t + 1,
                       max_segments=st.max_segments, placements=st.placements)
+
+
+@nb.njit(cache=True)
+def _write_back(st, t):
+    """Copy t, overwritten in place, back to its host buffer after the last op."""
+    outs, ten = st.outs, st.ten
+    nd = outs.count
+    outs.tensor[nd] = t
+    outs.after[nd] = st.n - 1
+    outs.count = nd + 1
+    s = max(st.d2h_free, st.est[st.n - 1] if st.n > 0 else 0.0)
+    st.d2h_free = s + ten.xout[t]
+    ten.host_copy[t] = True
+    ten.resident[t] = False
 
 
 # ---------------------------------------------------------------- tensors

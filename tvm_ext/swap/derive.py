@@ -90,8 +90,11 @@ class Evaluator:
         self.producer = np.asarray(problem.producers, dtype=np.int64)
         self.is_output = np.zeros(problem.num_tensors, dtype=bool)
         self.is_output[problem.outputs] = True
+        end_on_host = np.zeros(problem.num_tensors, dtype=bool)
+        end_on_host[problem.end_on_host] = True
         self.graph = _core.Graph(self.need_ptr, self.need_idx, self.producer, problem.sizes,
-                                 problem.durations, self.is_output)
+                                 problem.durations, self.is_output, problem.writer(),
+                                 end_on_host)
         self.link = link(problem)
         self.evaluations = 0
         self._fixed_cache: dict[float, tuple[np.ndarray, int]] = {}

@@ -2,7 +2,13 @@
 
 Ops carry a compute duration and the base tensors they touch (inputs, outputs, kernel scratch);
 tensors carry their size and whether they may start on the host (function arguments: a host
-copy exists before the iteration and stays valid, since Relax never writes an argument).
+copy exists before the iteration). An op may overwrite a tensor in place (`op_writes`: an
+optimizer step's update of a parameter or its state): from then on the host copy is stale, so
+evicting the tensor copies it out, and an argument that starts the iteration on the host ends
+it there, written back (the plan is a steady state across iterations). The op follows every
+other reader of what it overwrites (`op_deps` holds those too). Such a function (a training
+step) returns its other outputs (the loss) from the host (`end_on_host`): the caller keeps
+the return value, which must not hold device memory into the next iteration.
 Views are resolved to their base: they take no bytes and keep the base alive. `pinned` tensors
 (module constants by default) stay on the device for the whole iteration, outside the planned
 pools. Sizes in the problem are rounded up to the pool alignment (256 bytes), the granularity at
@@ -73,6 +79,8 @@ class SwapProblem:
     count_scratch: bool = False
     order: list[int] | None = None  # the IR's schedule (default 0..n-1)
     name: str = ""
+    op_writes: list[list[int]] | None = None  # base tensors each op overwrites in place
+    end_on_host: list[int] | None = None  # outputs copied to the host at the end
 
     def __post_init__(self):
         self.durations = np.asarray(self.durations, dtype=np.float64)
@@ -81,6 +89,10 @@ class SwapProblem:
         self.pinned = np.asarray(self.pinned, dtype=bool)
         if self.order is None:
             self.order = list(range(self.num_ops))
+        if self.op_writes is None:
+            self.op_writes = [[] for _ in range(self.num_ops)]
+        if self.end_on_host is None:
+            self.end_on_host = []
         if not self.is_topological(self.order):
             raise ValueError("the problem's default order is not topological")
 
@@ -121,10 +133,11 @@ class SwapProblem:
             op_inputs.append(ins)
             op_outputs.append(outs)
             op_scratch.append([op.workspace] if op.workspace is not None else [])
-            op_deps.append(_unique(graph.tensors[t].producer for t in op.inputs
-                                   if graph.tensors[t].producer is not None))
+            op_deps.append(_unique([*(graph.tensors[t].producer for t in op.inputs
+                                      if graph.tensors[t].producer is not None),
+                                    *graph.must_follow(op.id)]))
         kinds = [t.kind for t in graph.tensors]
-        is_arg = np.array([k in ("parameter", "input") for k in kinds])
+        is_arg = np.array([k in ("parameter", "state", "input") for k in kinds])
         is_const = np.array([k == "constant" for k in kinds])
         pinned = is_const & pin_constants
         host_start = is_arg | (is_const & ~pinned)
@@ -139,6 +152,8 @@ class SwapProblem:
             h2d_bandwidth=hw.host_to_device.bandwidth, h2d_latency=hw.host_to_device.latency,
             d2h_bandwidth=hw.device_to_host.bandwidth, d2h_latency=hw.device_to_host.latency,
             count_scratch=count_scratch, order=graph.order, name=name or graph.function,
+            op_writes=[graph.overwritten(op.id) for op in graph.ops],
+            end_on_host=_returned_from_host(graph),
         )
 
     def with_budget(self, budget: int) -> SwapProblem:
@@ -165,6 +180,16 @@ class SwapProblem:
         position[np.asarray(order, dtype=np.int64)] = np.arange(self.num_ops)
         return all(position[d] < position[op] for op in range(self.num_ops)
                    for d in self.op_deps[op])
+
+    def writer(self) -> np.ndarray:
+        """The op that overwrites each tensor in place (-1: none); at most one per tensor."""
+        out = np.full(self.num_tensors, -1, dtype=np.int64)
+        for op, tensors in enumerate(self.op_writes):
+            for t in tensors:
+                if out[t] >= 0:
+                    raise ValueError(f"tensor {self.tensor_names[t]} is overwritten by two ops")
+                out[t] = op
+        return out
 
     @property
     def pinned_bytes(self) -> int:
@@ -234,6 +259,16 @@ class SwapProblem:
     @classmethod
     def from_json(cls, text: str) -> SwapProblem:
         return cls.from_dict(json.loads(text))
+
+
+def _returned_from_host(graph: DataflowGraph) -> list[int]:
+    """The outputs a function that updates arguments in place returns from the host: those
+    that are not the updates (which go to their arguments)."""
+    if not any(t.overwrites is not None for t in graph.tensors):
+        return []
+    return _unique(graph.base(t) for t in graph.outputs
+                   if graph.tensors[t].overwrites is None and graph.tensors[t].arg_index is None
+                   and graph.tensors[graph.base(t)].kind not in ("constant",))
 
 
 def _unique(items) -> list[int]:
