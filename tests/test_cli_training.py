@@ -67,6 +67,7 @@ def test_pt2_steps_check_against_torch_optim(pt2_net, capsys):
      "--steps takes a number of steps >= 1"),
     (["mlp", "--training", "--optimizer", "adam", "--betas", "0.9"], "--betas 0.9: takes two"),
     (["mlp", "--training", "--optimizer", "adam", "--lr", "-1"], "--lr takes a number >= 0"),
+    (["mlp", "--training", "--dtype", "bf16"], "--dtype applies to an optimizer step"),
 ])
 def test_idle_training_options_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -87,3 +88,12 @@ def test_swapped_and_partitioned_steps(mode, expected, capsys):
     out = capsys.readouterr().out
     assert f"check   OK: 3 steps {expected}" in out
     assert "check   OK: 3 steps match torch.optim" in out
+
+
+def test_bf16_steps_track_the_float32_curve(capsys):
+    argv = ["mlp", "--training", "--optimizer", "adamw", "--lr", "1e-2", "--dtype", "bf16",
+            "--check"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "GEMMs and convolutions in bf16" in out
+    assert "check   OK: 5 bf16 losses track the float32 curve of torch.optim" in out

@@ -109,6 +109,10 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
                        help="weight decay (default 0; 0.01 for adamw, decoupled)")
     train.add_argument("--betas", metavar="B1,B2", help="Adam's betas (default 0.9,0.999)")
     train.add_argument("--eps", type=float, help="Adam's eps (default 1e-8)")
+    train.add_argument("--dtype", choices=["fp32", "bf16", "fp16"],
+                       help="compute GEMMs and convolutions in bfloat16 or float16 (float32 "
+                            "accumulation, master weights and optimizer state; fp16 with "
+                            "dynamic loss scaling); default fp32")
     train.add_argument("--steps", type=int, metavar="N",
                        help="with --run/--check: run N steps on a fixed synthetic batch and "
                             "print each step's loss, time and peak (default 5); --check "
@@ -183,7 +187,8 @@ def refuse_idle_options(parser: argparse.ArgumentParser, args) -> None:
 
 
 _OPTIMIZER_OPTIONS = {"lr": None, "weight_decay": None, "momentum": ("momentum",),
-                      "betas": ("adam", "adamw"), "eps": ("adam", "adamw"), "steps": None}
+                      "betas": ("adam", "adamw"), "eps": ("adam", "adamw"), "steps": None,
+                      "dtype": None}
 
 
 def _refuse_idle_training_options(parser: argparse.ArgumentParser, args, given) -> None:
@@ -212,6 +217,8 @@ def _refuse_idle_training_options(parser: argparse.ArgumentParser, args, given) 
             parser.error(f"--{name.replace('_', '-')} takes a number >= 0")
     if args.steps is None:
         args.steps = 5
+    if args.dtype is None:
+        args.dtype = "fp32"
 
 
 def _is_file_spec(spec: str) -> bool:

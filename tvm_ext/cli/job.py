@@ -89,7 +89,8 @@ def _load(args, report: dict):
           f"{format_size(model.param_bytes)}")
     gradient_model = None
     if args.optimizer:
-        built = with_optimizer(args, model)
+        built = with_optimizer(args, model, lambda: load_model(
+            args.model, args.size, True, loss_scale=True, **overrides))
         if built is None:
             return None
         model, gradient_model = built

@@ -9,6 +9,7 @@ import numpy as np
 
 from tvm_ext.driver import training
 from tvm_ext.errors import CheckError, InputError
+from tvm_ext.models.mixed_precision import low_precision_step
 from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
 from tvm_ext.units import format_size
 
@@ -23,18 +24,23 @@ def optimizer_of(args) -> Optimizer:
     return Optimizer(args.optimizer, **options)
 
 
-def with_optimizer(args, model):
-    """(the optimizer step of the training step `model`, `model`), or None after printing
-    why it cannot be built."""
+def with_optimizer(args, model, loss_scaled):
+    """(the optimizer step of the training step `model` in --dtype, `model`), or None after
+    printing why it cannot be built. `loss_scaled()` loads the model's training step with a
+    loss scale input (for fp16)."""
     try:
         optimizer = optimizer_of(args)
-        step = make_optimizer_step(model, optimizer)
+        low = model if args.dtype != "fp16" else loss_scaled()
+        step = make_optimizer_step(low_precision_step(low, args.dtype), optimizer)
     except InputError as err:
         print(f"error: {err}", file=sys.stderr)
         return None
+    precision = "" if args.dtype == "fp32" else (
+        f"; GEMMs and convolutions in {args.dtype} (float32 accumulation, master weights "
+        "and state" + (", dynamic loss scaling)" if args.dtype == "fp16" else ")"))
     print(f"train   {optimizer.describe()}: parameters and state updated in place, "
           f"{len(step.config['state'])} state tensors "
-          f"({format_size(sum(s.nbytes for s in step.params[len(model.params):]))})")
+          f"({format_size(sum(s.nbytes for s in step.params[len(model.params):]))}){precision}")
     return step, model
 
 
@@ -90,11 +96,19 @@ def reference_of(args, step, gradient_model, target, batch, steps: int):
     return ref, f"torch.optim with gradients by {what}"
 
 
+# How far a low-precision loss curve may stray from the float32 one (relative, absolute), as
+# measured on the zoo and the corpus over the first steps (see the README).
+LOW_PRECISION_BOUND = {"bf16": (3e-2, 1e-3), "fp16": (1e-2, 1e-3)}
+
+
 def check_training(args, report, step, gradient_model, target, batch, results, params,
                    state, reference=None) -> int:
-    """N steps against N steps of torch.optim (`reference_of`, or `reference` if given)."""
+    """N steps against N steps of torch.optim (`reference_of`, or `reference` if given); in
+    bf16 / fp16, the loss curve against torch.optim's float32 one."""
     ref, what = reference or reference_of(args, step, gradient_model, target, batch,
                                           len(results))
+    if args.dtype != "fp32":
+        return _check_loss_curve(args, report, results, ref, what)
     rtol = 1e-4 if args.rtol is None else args.rtol
     atol = 1e-5 if args.atol is None else args.atol
     optimizer = optimizer_of(args)
@@ -117,4 +131,26 @@ def check_training(args, report, step, gradient_model, target, batch, results, p
     print(f"check   OK: {check.steps} steps match {what} (losses within "
           f"{check.max_loss_error:.2e}, parameters {check.max_param_error:.2e}, state "
           f"{check.max_state_error:.2e}; rtol {rtol:g}, atol {atol:g}{noise})")
+    return 0
+
+
+def _check_loss_curve(args, report, results, ref, what) -> int:
+    """The low-precision losses within LOW_PRECISION_BOUND of the float32 reference's."""
+    rtol, atol = LOW_PRECISION_BOUND[args.dtype]
+    rtol = rtol if args.rtol is None else args.rtol
+    atol = atol if args.atol is None else args.atol
+    losses = np.array([r.loss for r in results])
+    expected = np.array(ref.losses)
+    deviation = float(np.max(np.abs(losses - expected) / np.maximum(np.abs(expected), 1e-12)))
+    ok = bool(np.all(np.abs(losses - expected) <= atol + rtol * np.abs(expected)))
+    entry = {"ok": ok, "reference": f"{what}, float32", "rtol": rtol, "atol": atol,
+             "max_relative_deviation": deviation, "steps": len(results)}
+    report["check"] = {**report.get("check", {}), **entry, "torch": {
+        **entry, "max_abs_error": float(np.max(np.abs(losses - expected)))}}
+    if not ok:
+        print(f"check   FAILED: the {args.dtype} losses stray from the float32 curve of {what} "
+              f"by up to {deviation:.2e} relative (rtol {rtol:g}, atol {atol:g})", file=sys.stderr)
+        return 1
+    print(f"check   OK: {len(results)} {args.dtype} losses track the float32 curve of {what} "
+          f"(largest relative deviation {deviation:.2e}; rtol {rtol:g}, atol {atol:g})")
     return 0

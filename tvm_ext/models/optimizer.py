@@ -45,6 +45,7 @@ from tvm import relax, te, tirx
 from ..errors import InputError
 from ..ir.pass_records import STATE_ATTR, UPDATES_ATTR
 from .base import Model, TensorSpec
+from .mixed_precision import LossScaler
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 # The state each optimizer keeps per parameter (torch's names), and whether it counts steps.
@@ -151,112 +152,170 @@ def _adam_scalars(opt: Optimizer, step: te.Tensor, dtype: str):
     return -step_size, tirx.sqrt(bias2).astype(dtype)
 
 
-def update_kernel(opt: Optimizer, dtype: str):
-    """The TE function of one parameter's update: `(p, grad, *state, [step]) -> [p', *state']`.
-    Each new value is its own stage, the state's first, so that every stage reads and writes
-    the element it owns and the parameter is read by no stage after its own: the kernel may
-    write each new value over the argument it replaces (`tvm_ext.ir.inplace_kernels`)."""
+def update_kernel(opt: Optimizer, dtype: str, scaled: bool = False):
+    """The TE function of one parameter's update: `(p, grad, *state, [step], [inv_scale,
+    finite]) -> [p', *state']`. Each new value is its own stage, the state's first, so that
+    every stage reads and writes the element it owns and the parameter is read by no stage
+    after its own: the kernel may write each new value over the argument it replaces
+    (`tvm_ext.ir.inplace_kernels`). `scaled` (float16 loss scaling): the gradient is
+    multiplied by `inv_scale`, and where `finite` is 0 every value stays as it was."""
     def c(x: float) -> tirx.PrimExpr:
         return tirx.const(float(x), dtype)
 
-    def grad_at(p, grad, i):
-        """The gradient with coupled weight decay (SGD, Adam): torch's grad.add(p, alpha=wd)."""
-        if opt.weight_decay and opt.kind != "adamw":
-            return grad(*i) + c(opt.weight_decay) * p(*i)
-        return grad(*i)
+    def split(extra):
+        """(state, step, inv_scale, finite) from the arguments after p and grad."""
+        extra = list(extra)
+        scale = extra[-2:] if scaled else [None, None]
+        extra = extra[:-2] if scaled else extra
+        step = extra.pop() if opt.counts_steps else None
+        return extra, step, *scale
 
-    def sgd(p, grad):
-        return [te.compute(p.shape, lambda *i: p(*i) + c(-opt.lr) * grad_at(p, grad, i),
-                           name="param")]
+    def kernel(p, grad, *extra):
+        state, step, inv, finite = split(extra)
 
-    def momentum(p, grad, buf, step):
-        first = step() == tirx.const(1.0, step.dtype)
-        buf_new = te.compute(p.shape, lambda *i: tirx.Select(
-            first, grad_at(p, grad, i),
-            buf(*i) * c(opt.momentum) + c(1.0 - opt.dampening) * grad_at(p, grad, i)),
-            name="momentum_buffer")
+        def grad_at(i):
+            """The gradient (unscaled), with coupled weight decay (SGD, Adam): torch's
+            grad.add(p, alpha=wd)."""
+            g = grad(*i) * inv().astype(dtype) if scaled else grad(*i)
+            if opt.weight_decay and opt.kind != "adamw":
+                return g + c(opt.weight_decay) * p(*i)
+            return g
 
-        def direction(i):
-            if opt.nesterov:
-                return grad_at(p, grad, i) + c(opt.momentum) * buf_new(*i)
-            return buf_new(*i)
-        p_new = te.compute(p.shape, lambda *i: p(*i) + c(-opt.lr) * direction(i), name="param")
-        return [p_new, buf_new]
+        def stage(new, old, name):
+            """The stored value `new`, or `old` where the step is skipped (not finite)."""
+            if not scaled:
+                return te.compute(p.shape, new, name=name)
+            return te.compute(p.shape, lambda *i: tirx.Select(
+                finite() > tirx.const(0.0, finite.dtype), new(*i), old(*i)), name=name)
 
-    def adam(p, grad, m, v, step):
-        neg_step_size, bias2_sqrt = _adam_scalars(opt, step, dtype)
-        b1, b2 = opt.betas
-        decay = opt.kind == "adamw" and opt.weight_decay
-
-        def decayed(i):  # AdamW: p.mul_(1 - lr * wd) before the step
-            return p(*i) * c(1.0 - opt.lr * opt.weight_decay) if decay else p(*i)
-
-        # torch's lerp(m, g, 1 - beta1) for a weight below 0.5: m + w * (g - m).
-        m_new = te.compute(p.shape, lambda *i: m(*i) + c(1.0 - b1) * (
-            grad_at(p, grad, i) - m(*i)), name="exp_avg")
-        v_new = te.compute(p.shape, lambda *i: v(*i) * c(b2) + c(1.0 - b2) * grad_at(
-            p, grad, i) * grad_at(p, grad, i), name="exp_avg_sq")
-        p_new = te.compute(p.shape, lambda *i: decayed(i) + neg_step_size * (
-            m_new(*i) / (tirx.sqrt(v_new(*i)) / bias2_sqrt + c(opt.eps))), name="param")
-        return [p_new, m_new, v_new]
-
-    return {"sgd": sgd, "momentum": momentum, "adam": adam, "adamw": adam}[opt.kind]
+        return _STAGES[opt.kind](opt, c, p, grad_at, state, step, stage, dtype)
+    return kernel
 
 
-def _increment(step: te.Tensor) -> te.Tensor:
-    return te.compute((), lambda: step() + tirx.const(1.0, step.dtype), name="step_increment")
+def _sgd(opt, c, p, grad_at, state, step, stage, dtype):
+    return [stage(lambda *i: p(*i) + c(-opt.lr) * grad_at(i), p, "param")]
+
+
+def _momentum(opt, c, p, grad_at, state, step, stage, dtype):
+    (buf,) = state
+    first = step() == tirx.const(1.0, step.dtype)
+    buf_new = stage(lambda *i: tirx.Select(first, grad_at(i), buf(*i) * c(opt.momentum)
+                                           + c(1.0 - opt.dampening) * grad_at(i)),
+                    buf, "momentum_buffer")
+
+    def param(*i):
+        d = grad_at(i) + c(opt.momentum) * buf_new(*i) if opt.nesterov else buf_new(*i)
+        return p(*i) + c(-opt.lr) * d
+    return [stage(param, p, "param"), buf_new]
+
+
+def _adam(opt, c, p, grad_at, state, step, stage, dtype):
+    m, v = state
+    neg_step_size, bias2_sqrt = _adam_scalars(opt, step, dtype)
+    b1, b2 = opt.betas
+    decay = opt.kind == "adamw" and opt.weight_decay
+    # torch's lerp(m, g, 1 - beta1) for a weight below 0.5: m + w * (g - m).
+    m_new = stage(lambda *i: m(*i) + c(1.0 - b1) * (grad_at(i) - m(*i)), m, "exp_avg")
+    v_new = stage(lambda *i: v(*i) * c(b2) + c(1.0 - b2) * grad_at(i) * grad_at(i), v,
+                  "exp_avg_sq")
+
+    def param(*i):  # AdamW: p.mul_(1 - lr * wd) before the step
+        decayed = p(*i) * c(1.0 - opt.lr * opt.weight_decay) if decay else p(*i)
+        return decayed + neg_step_size * (m_new(*i) / (tirx.sqrt(v_new(*i)) / bias2_sqrt
+                                                       + c(opt.eps)))
+    return [stage(param, p, "param"), m_new, v_new]
+
+
+_STAGES = {"sgd": _sgd, "momentum": _momentum, "adam": _adam, "adamw": _adam}
+
+
+def _increment(step: te.Tensor, *finite: te.Tensor) -> te.Tensor:
+    """step + 1 (+ finite: a skipped step does not count, as torch's GradScaler skips it)."""
+    one = finite[0]() if finite else tirx.const(1.0, step.dtype)
+    return te.compute((), lambda: step() + one, name="step_increment")
+
+
+def _update_scale(scale: te.Tensor, tracker: te.Tensor, finite: te.Tensor,
+                  scaler: LossScaler):
+    """torch's GradScaler.update: back off after a non-finite step, grow after
+    `growth_interval` finite ones in a row."""
+    f32 = "float32"
+    ok = finite() > tirx.const(0.0, f32)
+    grown = tracker() + tirx.const(1.0, f32) >= tirx.const(float(scaler.growth_interval), f32)
+    new_scale = te.compute((), lambda: tirx.Select(
+        ok, tirx.Select(grown, scale() * tirx.const(scaler.growth_factor, f32), scale()),
+        scale() * tirx.const(scaler.backoff_factor, f32)), name="loss_scale_new")
+    new_tracker = te.compute((), lambda: tirx.Select(
+        tirx.all(ok, tirx.Not(grown)), tracker() + tirx.const(1.0, f32),
+        tirx.const(0.0, f32)), name="growth_tracker_new")
+    return [new_scale, new_tracker]
 
 
 # --------------------------------------------------------------------------------------------
 # The step
 # --------------------------------------------------------------------------------------------
 
-def make_optimizer_step(step: Model, optimizer: Optimizer) -> Model:
+def make_optimizer_step(step: Model, optimizer: Optimizer,
+                        scaler: LossScaler | None = None) -> Model:
     """The training iteration of a training step `step` (see the module docstring):
-    `main(inputs..., labels, params..., state...) -> (loss, params'..., state'...)`."""
+    `main(inputs..., labels, params..., state...) -> (loss, params'..., state'...)`. A step
+    that scales its loss (float16, `make_training_step(..., loss_scale=True)`) gets dynamic loss
+    scaling (`scaler`, torch's GradScaler defaults): its scale and growth count are state."""
     if not step.training or "gradients" not in step.config:
         raise InputError(f"{step.name}: the optimizer step needs a training step "
                          "(make_training_step) to add the update to")
-    grad_names = list(step.config["gradients"])
     by_name = {s.name: i for i, s in enumerate(step.params)}
-    trainable = [by_name[n] for n in grad_names]
+    trainable = [by_name[n] for n in step.config["gradients"]]
     for i in trainable:
         dtype = step.params[i].dtype
         if dtype not in ("float16", "float32", "float64"):
             raise InputError(f"{step.name}: cannot update parameter {step.params[i].name} of "
                              f"dtype {dtype}")
-    state_specs = _state_specs(step, trainable, optimizer)
-    mod = _step_module(step, trainable, state_specs, optimizer)
-    num_params = len(step.params)
-    n = len(trainable)
-    updates = [step.num_input + i for i in trainable]
-    per_param = optimizer.state_names
-    updates += [step.num_input + num_params + k * n + j for k in range(len(per_param))
-                for j in range(n)]
-    if optimizer.counts_steps:
-        updates.append(step.num_input + num_params + len(per_param) * n)
+    scaled = bool(step.config.get("loss_scaling"))
+    scaler = (scaler or LossScaler()) if scaled else None
+    inputs = step.inputs[:-1] if scaled else list(step.inputs)  # the scale is state here
+    state_specs = _state_specs(step, trainable, optimizer, scaler)
+    mod = _step_module(step, trainable, state_specs, optimizer, scaler)
+    first = len(inputs) + len(step.params)  # the first state argument
+    updates = [len(inputs) + i for i in trainable] + list(range(first,
+                                                                first + len(state_specs)))
     mod["main"] = mod["main"].with_attr(UPDATES_ATTR, updates) \
         .with_attr(STATE_ATTR, len(state_specs))
     weights = None
     if step.weights is not None:
         weights = [*step.weights, *(s.sample(None) for s in state_specs)]
-    config = dict(step.config, optimizer=optimizer.to_dict(), num_params=num_params,
+    config = dict(step.config, optimizer=optimizer.to_dict(), num_params=len(step.params),
                   state=[s.name for s in state_specs])
-    return Model(step.name, mod, list(step.inputs),
-                 [*step.params, *state_specs], True, config, weights)
+    if scaler is not None:
+        config["loss_scaler"] = dataclasses.asdict(scaler)
+    return Model(step.name, mod, inputs, [*step.params, *state_specs], True, config, weights)
 
 
-def _state_specs(step: Model, trainable: list[int], opt: Optimizer) -> list[TensorSpec]:
+def _state_specs(step: Model, trainable: list[int], opt: Optimizer,
+                 scaler: LossScaler | None) -> list[TensorSpec]:
     specs = [TensorSpec(f"{step.params[i].name}.{name}", step.params[i].shape,
                         step.params[i].dtype, init="zeros")
              for name in opt.state_names for i in trainable]
     if opt.counts_steps:
         specs.append(TensorSpec("step", (), "float32", init="zeros"))
+    if scaler is not None:
+        specs += [TensorSpec("loss_scale", (), "float32", init="full", scale=scaler.init_scale),
+                  TensorSpec("growth_tracker", (), "float32", init="zeros")]
     return specs
 
 
+@dataclasses.dataclass
+class _Emitted:
+    """The values the updates read: the gradients' call, the step count, the scaling."""
+
+    out: relax.Var
+    count: relax.Var | None
+    inv_scale: relax.Var | None
+    finite: relax.Var | None
+
+
 def _step_module(step: Model, trainable: list[int], state_specs: list[TensorSpec],
-                 opt: Optimizer) -> tvm.IRModule:
+                 opt: Optimizer, scaler: LossScaler | None) -> tvm.IRModule:
     """The module of the optimizer step: `main` inlines the training step, then updates;
     the update kernels are its PrimFuncs."""
     grad_fn = step.main.without_attr("global_symbol")
@@ -264,37 +323,69 @@ def _step_module(step: Model, trainable: list[int], state_specs: list[TensorSpec
     gv = bb.add_func(grad_fn, "training_step")
     args = [relax.Var(p.name, p.ty) for p in grad_fn.params]
     state = [relax.Var(s.name, relax.TensorType(s.shape, s.dtype)) for s in state_specs]
-    params = args[step.num_input:]
-    n = len(trainable)
-    per_param = len(opt.state_names)
-    with bb.function("main", [*args, *state]):
+    scaled = scaler is not None
+    k = step.num_input - (1 if scaled else 0)  # inputs of the optimizer step
+    inputs, params = args[:k], args[step.num_input:]
+    n, per_param = len(trainable), len(opt.state_names)
+    with bb.function("main", [*inputs, *params, *state]):
         with bb.dataflow():
-            out = bb.emit(relax.Call(gv, args))
+            scale = [state[-2]] if scaled else []
+            out = bb.emit(relax.Call(gv, [*inputs, *scale, *params]))
             loss = bb.emit(relax.TupleGetItem(out, 0))
-            count = bb.emit_te(_increment, state[-1], primfunc_name_hint="step_increment") \
-                if opt.counts_steps else None
-            new_params, new_state = [], [[None] * n for _ in range(per_param)]
-            for j, i in enumerate(trainable):
-                grad = bb.emit(relax.TupleGetItem(out, j + 1))
-                kernel = update_kernel(opt, step.params[i].dtype)
-                own = [state[k * n + j] for k in range(per_param)]
-                extra = [count] if count is not None else []
-                result = bb.emit_te(kernel, params[i], grad, *own, *extra,
-                                    primfunc_name_hint=f"{opt.kind}_update")
-                if per_param == 0:  # one output: emit_te returns the tensor itself
-                    new_params.append(result)
-                    continue
-                new_params.append(bb.emit(relax.TupleGetItem(result, 0)))
-                for k in range(per_param):
-                    new_state[k][j] = bb.emit(relax.TupleGetItem(result, k + 1))
-            fields = [loss, *new_params, *(v for row in new_state for v in row)]
-            if count is not None:
-                fields.append(count)
+            e = _Emitted(out, None, None, None)
+            if scaled:
+                e.inv_scale = bb.emit(relax.op.divide(relax.const(1.0, "float32"), scale[0]))
+                e.finite = _all_finite(bb, [relax.TupleGetItem(out, j + 1) for j in range(n)])
+                loss = bb.emit(relax.op.multiply(loss, e.inv_scale))
+            if opt.counts_steps:
+                step_var = state[per_param * n]
+                e.count = bb.emit_te(_increment, step_var, *([e.finite] if scaled else []),
+                                     primfunc_name_hint="step_increment")
+            fields = [loss, *_updates(bb, step, trainable, params, state, opt, e, scaled)]
+            if e.count is not None:
+                fields.append(e.count)
+            if scaled:
+                new_scale = bb.emit_te(
+                    lambda a, b, f: _update_scale(a, b, f, scaler), state[-2], state[-1],
+                    e.finite, primfunc_name_hint="loss_scale_update")
+                fields += [bb.emit(relax.TupleGetItem(new_scale, q)) for q in range(2)]
             result = bb.emit_output(relax.Tuple(fields))
         bb.emit_func_output(result)
     mod = bb.get()
     mod = relax.transform.InlinePrivateFunctions()(mod)
     mod = relax.transform.DeadCodeElimination(["main"])(mod)
-    mod["main"] = mod["main"].with_attr("global_symbol", "main") \
-        .with_attr("num_input", step.num_input)
+    mod["main"] = mod["main"].with_attr("global_symbol", "main").with_attr("num_input", k)
     return mod
+
+
+def _all_finite(bb: relax.BlockBuilder, grads: list) -> relax.Var:
+    """1.0 if every element of every gradient is finite, else 0.0 (a float32 scalar)."""
+    flags = [bb.emit(relax.op.min(relax.op.astype(relax.op.isfinite(g), "float32")))
+             for g in grads]
+    flag = flags[0]
+    for f in flags[1:]:
+        flag = bb.emit(relax.op.minimum(flag, f))
+    return flag
+
+
+def _updates(bb, step: Model, trainable: list[int], params: list, state: list,
+             opt: Optimizer, e: _Emitted, scaled: bool) -> list:
+    """Emit every parameter's update; returns the new parameters, then the new state (per
+    state name, per parameter)."""
+    n, per_param = len(trainable), len(opt.state_names)
+    new_params, new_state = [], [[None] * n for _ in range(per_param)]
+    for j, i in enumerate(trainable):
+        grad = bb.emit(relax.TupleGetItem(e.out, j + 1))
+        kernel = update_kernel(opt, step.params[i].dtype, scaled)
+        own = [state[q * n + j] for q in range(per_param)]
+        extra = ([e.count] if e.count is not None else []) + \
+            ([e.inv_scale, e.finite] if scaled else [])
+        result = bb.emit_te(kernel, params[i], grad, *own, *extra,
+                            primfunc_name_hint=f"{opt.kind}_update")
+        if per_param == 0:  # one output: emit_te returns the tensor itself
+            new_params.append(result)
+            continue
+        new_params.append(bb.emit(relax.TupleGetItem(result, 0)))
+        for q in range(per_param):
+            new_state[q][j] = bb.emit(relax.TupleGetItem(result, q + 1))
+    return [*new_params, *(v for row in new_state for v in row)]
