@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "runs it on K cpu workers (Disco) and --check compares with the "
                            "single-device module; with --device-memory the budget is per device")
     part.add_argument("--strategy", default=None,
-                      choices=["tofu", "data_parallel", "megatron", "exact"],
+                      choices=["tofu", "data_parallel", "megatron", "exact", "zero1", "zero2",
+                               "zero3"],
                       help="partitioning strategy (default tofu)")
     part.add_argument("--link", default=None,
                       help="link between devices for planning (nvlink, pcie, ...; default "

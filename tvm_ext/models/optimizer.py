@@ -354,8 +354,62 @@ def _step_module(step: Model, trainable: list[int], state_specs: list[TensorSpec
     mod = bb.get()
     mod = relax.transform.InlinePrivateFunctions()(mod)
     mod = relax.transform.DeadCodeElimination(["main"])(mod)
-    mod["main"] = mod["main"].with_attr("global_symbol", "main").with_attr("num_input", k)
+    for gv, func in list(mod.functions_items()):
+        if isinstance(func, tirx.PrimFunc):
+            # Opaque: fusion leaves each update its own kernel, which planners can place
+            # (and partition: ZeRO-style sharded state) apart from the gradient's.
+            mod[gv] = func.with_attr("op_pattern", _OPAQUE)
+    main = _updates_early(mod["main"], {gv.name_hint for gv, f in mod.functions_items()
+                                        if isinstance(f, tirx.PrimFunc)})
+    mod["main"] = main.with_attr("global_symbol", "main").with_attr("num_input", k)
     return mod
+
+
+_OPAQUE = 8  # relax's OpPatternKind kOpaque
+
+
+def _updates_early(func: relax.Function, kernels: set[str]) -> relax.Function:
+    """`func` with each update (a call of `kernels`, and what reads its result apart) placed
+    right after its operands are made and every other reader of what it overwrites has run,
+    so that each gradient dies at its update instead of at the end of the step."""
+    (block,) = func.body.blocks
+    movable = {}
+    for b in block.bindings:
+        value = b.value
+        if isinstance(value, relax.Call) and value.op.same_as(tvm.ir.Op.get("relax.call_tir")) \
+                and value.args[0].name_hint in kernels:
+            movable[b.var] = b
+        elif isinstance(value, relax.TupleGetItem) and value.tuple_value in movable:
+            movable[b.var] = b
+    defined = set(func.params)
+    readers: dict = {}  # argument -> bindings (not movable) that read it
+    for b in block.bindings:
+        if b.var not in movable:
+            for v in relax.analysis.free_vars(b.value):
+                readers.setdefault(v, set()).add(b.var)
+    order, pending = [], [b for b in block.bindings if b.var in movable]
+
+    def ready(b):
+        used = relax.analysis.free_vars(b.value)
+        return all(v in defined for v in used) and all(
+            r in defined for v in used if v in func.params for r in readers.get(v, ()))
+
+    for b in block.bindings:
+        if b.var in movable:
+            continue
+        order.append(b)
+        defined.add(b.var)
+        progress = True
+        while progress:
+            progress = False
+            for m in [m for m in pending if ready(m)]:
+                order.append(m)
+                defined.add(m.var)
+                pending.remove(m)
+                progress = True
+    order += pending
+    body = relax.SeqExpr([relax.DataflowBlock(order)], func.body.body)
+    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
 
 
 def _all_finite(bb: relax.BlockBuilder, grads: list) -> relax.Var:
