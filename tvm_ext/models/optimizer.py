@@ -359,8 +359,10 @@ def _step_module(step: Model, trainable: list[int], state_specs: list[TensorSpec
             # Opaque: fusion leaves each update its own kernel, which planners can place
             # (and partition: ZeRO-style sharded state) apart from the gradient's.
             mod[gv] = func.with_attr("op_pattern", _OPAQUE)
+    hints = (f"{opt.kind}_update", "step_increment", "loss_scale_update")
     main = _updates_early(mod["main"], {gv.name_hint for gv, f in mod.functions_items()
-                                        if isinstance(f, tirx.PrimFunc)})
+                                        if isinstance(f, tirx.PrimFunc)
+                                        and gv.name_hint.startswith(hints)})
     mod["main"] = main.with_attr("global_symbol", "main").with_attr("num_input", k)
     return mod
 
@@ -408,6 +410,11 @@ def _updates_early(func: relax.Function, kernels: set[str]) -> relax.Function:
                 pending.remove(m)
                 progress = True
     order += pending
+    seen = set(func.params)
+    for b in order:  # every operand before its use, or keep the order as it was
+        if not all(v in seen for v in relax.analysis.free_vars(b.value)):
+            return func
+        seen.add(b.var)
     body = relax.SeqExpr([relax.DataflowBlock(order)], func.body.body)
     return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
 

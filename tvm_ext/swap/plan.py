@@ -259,19 +259,23 @@ class SwapPlan:
         that started on the host is back there at the end (written back)."""
         position = {op: i for i, op in enumerate(self.schedule)}
         pinned = set(self.pinned)
+        on_host, returned = set(self.host_start), set(self.outputs_on_host)
+        fetches: dict[int, list[int]] = {}
+        for k, s in enumerate(self.swap_ins):
+            fetches.setdefault(s.tensor, []).append(k)
         for t, op in enumerate(problem.writer()):
             if op < 0 or t in pinned:
                 continue
             w = position[int(op)]
             out = swapped_out_at.get(t)
             copied = out is not None and self.swap_outs[out].after >= w
-            for k, s in enumerate(self.swap_ins):
-                if s.tensor == t and s.after >= w and not (
-                        copied and self.swap_outs[out].after <= s.after
-                        and s.wait_swap_out >= out):
+            for k in fetches.get(t, []):
+                s = self.swap_ins[k]
+                if s.after >= w and not (copied and self.swap_outs[out].after <= s.after
+                                         and s.wait_swap_out >= out):
                     raise PlanError(f"swap-in {k} fetches {problem.tensor_names[t]} after it "
                                     "was overwritten, without its copy-out")
-            if t in self.host_start and not (copied and t in self.outputs_on_host):
+            if t in on_host and not (copied and t in returned):
                 raise PlanError(f"{problem.tensor_names[t]} starts on the host and is "
                                 "overwritten, but is not written back")
 
