@@ -15,7 +15,13 @@ Batch sizes are multiples of 24 so that every k here divides them. Checks the ta
   peak (replicated tensors, gathered copies);
 * search for k=8 on the 24-layer gpt "large" training graph in at most 10 s.
 
-Usage: python benchmarks/partition.py [--quick] [--out benchmarks/results/partition.json]
+ZeRO (`--zero`, also run by default): AdamW optimizer steps (the update in the graph, the
+optimizer state as arguments) at k = 2, 4, 8 on NVLink: the bytes each device sends and its
+peak for ours, data parallelism and ZeRO stages 1-3 (each planned in the same cost model, the
+updates' splits chosen under the stage's layouts; and each stage's closed form), written to
+benchmarks/results/partition_zero.json. Ours must send no more than the best of them.
+
+Usage: python benchmarks/partition.py [--quick] [--zero] [--out benchmarks/results/partition.json]
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from pathlib import Path
 
 from tvm_ext.driver import partition_problem
 from tvm_ext.models import get_model
-from tvm_ext.partition import NotApplicable, TableTooLarge, plan_partition
+from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
+from tvm_ext.partition import NotApplicable, TableTooLarge, plan_partition, zero_bytes
 
 STRATEGIES = ("tofu", "data_parallel", "megatron", "exact")
 BASELINES = ("data_parallel", "megatron")
@@ -163,12 +170,94 @@ def time_target() -> dict:
             "ok": plan.search_seconds <= TIME_TARGET_S}
 
 
+ZERO_STRATEGIES = ("tofu", "data_parallel", "zero1", "zero2", "zero3")
+ZERO_CONFIGS = [CONFIGS[0], CONFIGS[1], CONFIGS[2], CONFIGS[3], CONFIGS[5]]
+ZERO_KS = (2, 4, 8)
+
+
+def zero_rows(configs=ZERO_CONFIGS, ks=ZERO_KS) -> list[dict]:
+    """Ours against data parallelism and ZeRO 1-3 on AdamW optimizer steps (see the module
+    docstring)."""
+    rows = []
+    for name, size, overrides in configs:
+        step = make_optimizer_step(get_model(name, size, training=True, **overrides),
+                                   Optimizer("adamw"))
+        problem = partition_problem(step)
+        g = problem.graph
+        trained = sum(g.tensors[g.base(t.id)].nbytes for t in g.tensors
+                      if t.overwrites is not None and g.tensors[g.base(t.id)].kind == "parameter")
+        label = f"{name}-{size}" + "".join(f" {k}={v}" for k, v in overrides.items())
+        for k in ks:
+            row = {"model": label, "k": k, "trained_bytes": trained,
+                   "state_bytes": g.bytes_of_kind("state")}
+            for strategy in ZERO_STRATEGIES:
+                try:
+                    plan = plan_partition(problem, k, strategy=strategy, link="nvlink")
+                except NotApplicable as err:
+                    row[strategy] = {"error": str(err)}
+                    continue
+                stage = 0 if strategy == "data_parallel" else int(strategy[-1]) \
+                    if strategy.startswith("zero") else None
+                row[strategy] = {
+                    "bytes_per_device": plan.bytes_per_device,
+                    "closed_form_bytes": None if stage is None else zero_bytes(trained, k,
+                                                                               stage),
+                    "peak_bytes_per_device": plan.peak_bytes_per_device,
+                    "comm_time_s": plan.comm_time}
+            base = [row[s]["bytes_per_device"] for s in ZERO_STRATEGIES[1:]
+                    if "error" not in row[s]]
+            row["ours_le_best"] = not base or row["tofu"]["bytes_per_device"] <= \
+                min(base) * (1 + 1e-9) + 1e-12
+            rows.append(row)
+            print(format_zero_row(row), flush=True)
+    return rows
+
+
+ZERO_HEADER = " | ".join([f"{'model (AdamW step)':<28s}", " k", "  tofu MB", "    DP MB",
+                          "    Z1 MB", "    Z2 MB", "    Z3 MB", "DP/Z1/Z2/Z3 closed MB",
+                          "tofu pk GB", " DP pk GB", " Z3 pk GB", "<=base"])
+
+
+def format_zero_row(row: dict) -> str:
+    def mb(s, key="bytes_per_device"):
+        r = row[s]
+        return f"{'n/a':>9s}" if "error" in r else f"{r[key] / 1e6:9.2f}"
+
+    closed = "/".join("n/a" if "error" in row[s] else f"{row[s]['closed_form_bytes'] / 1e6:.2f}"
+                      for s in ZERO_STRATEGIES[1:])
+    gb = {s: ("n/a" if "error" in row[s] else f"{row[s]['peak_bytes_per_device'] / 1e9:.3f}")
+          for s in ("tofu", "data_parallel", "zero3")}
+    return " | ".join([f"{row['model']:<28s}", f"{row['k']:>2d}",
+                       *(mb(s) for s in ZERO_STRATEGIES), f"{closed:>21s}",
+                       f"{gb['tofu']:>10s}", f"{gb['data_parallel']:>9s}",
+                       f"{gb['zero3']:>9s}", "yes" if row["ours_le_best"] else "NO"])
+
+
+def main_zero(out: Path, quick: bool) -> int:
+    print("AdamW optimizer steps: bytes sent per device per step (MB), planned in the cost "
+          "model and ZeRO's closed form; peak per device")
+    print(ZERO_HEADER)
+    rows = zero_rows(ZERO_CONFIGS[:2] + ZERO_CONFIGS[2:3] if quick else ZERO_CONFIGS)
+    summary = {"cases": len(rows), "ours_le_best": sum(r["ours_le_best"] for r in rows)}
+    print(f"ours <= best of data parallel and ZeRO 1-3: {summary['ours_le_best']}/"
+          f"{summary['cases']}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    print(f"wrote {out}")
+    return 0 if summary["ours_le_best"] == summary["cases"] else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small configurations only")
+    parser.add_argument("--zero", action="store_true",
+                        help="only the ZeRO comparison on AdamW optimizer steps")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" /
                                              "partition.json"))
     args = parser.parse_args(argv)
+    zero_out = Path(args.out).with_name("partition_zero.json")
+    if args.zero:
+        return main_zero(zero_out, args.quick)
     print("bytes sent per device per iteration (MB); iter = predicted compute + communication "
           "of ours; k*pk/1 = k * peak per device / single-device peak; ratio = peak / bound")
     print(HEADER)
@@ -196,7 +285,8 @@ def main(argv=None) -> int:
     out.write_text(json.dumps({"platform": platform.platform(), "python": sys.version,
                                "summary": summary, "rows": rows}, indent=1))
     print(f"wrote {out}")
-    return 0
+    print()
+    return main_zero(zero_out, args.quick)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 vDNN and LRU, and ideal, in the same simulator.
 
 Cases: training steps of gpt (xl: hidden 4096, 24 layers), a wide resnet (WRN-74-10) and a
-deep mlp, plus gpt-xl inference (weights above the budget from 2x on); budgets of the no-swap
+deep mlp, plus gpt-xl inference (weights above the budget from 2x on), and whole AdamW
+iterations of gpt-xl and the wide resnet (`*-adamw`: forward, backward and the update in place,
+parameters and the optimizer state as arguments; `*-adamw-bf16`: GEMMs and convolutions from
+bfloat16 copies of the float32 master weights); budgets of the no-swap
 peak divided by 1, 2, 4, 8, 12; the gtx1080ti (PCIe 3) and h100 (PCIe 5) presets with roofline
 op times. Planners: `SA` (`swapadvisor`: the search over schedule, layout, swaps and recompute),
 `swap` (`swap_only`: the same search without recompute, SwapAdvisor as published), `ckpt`
@@ -40,11 +43,15 @@ import numpy as np
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 MODELS = {
-    # key: (zoo name, size, training)
+    # key: (zoo name, size, training[, optimizer, compute dtype])
     "gpt": ("gpt", "xl", True),
     "resnet": ("resnet", "wide", True),
     "mlp": ("mlp", "deep", True),
     "gpt-infer": ("gpt", "xl", False),
+    "gpt-adamw": ("gpt", "xl", True, "adamw", "fp32"),
+    "gpt-adamw-bf16": ("gpt", "xl", True, "adamw", "bf16"),
+    "resnet-adamw": ("resnet", "wide", True, "adamw", "fp32"),
+    "resnet-adamw-bf16": ("resnet", "wide", True, "adamw", "bf16"),
 }
 PLANNERS = ("ideal", "lru", "vdnn", "checkpoint", "swap_only", "swapadvisor")
 
@@ -55,8 +62,15 @@ def build_graph(key: str):
     from tvm_ext.driver import fused_graph
     from tvm_ext.models import get_model
 
-    name, size, training = MODELS[key]
-    return fused_graph(get_model(name, size, training=training), tvm.target.Target("llvm"))
+    name, size, training, *optimizer = MODELS[key]
+    model = get_model(name, size, training=training)
+    if optimizer:
+        from tvm_ext.models.mixed_precision import low_precision_step
+        from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
+
+        kind, dtype = optimizer
+        model = make_optimizer_step(low_precision_step(model, dtype), Optimizer(kind))
+    return fused_graph(model, tvm.target.Target("llvm"))
 
 
 def phase_bound(problem) -> float:

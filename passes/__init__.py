@@ -2,12 +2,16 @@
 
 from .dispatch_library import DispatchLibraryKernels
 from .partition_operators import PartitionError, PartitionOperators
+from .return_loss_only import ReturnLossOnly
 from .swap_offload import SwapOffload, SwapOffloadError
+from .update_arguments_in_place import UpdateArgumentsInPlace
 
 __all__ = [
     "DispatchLibraryKernels",
     "PartitionError",
     "PartitionOperators",
+    "ReturnLossOnly",
     "SwapOffload",
     "SwapOffloadError",
+    "UpdateArgumentsInPlace",
 ]

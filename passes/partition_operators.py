@@ -61,7 +61,7 @@ from tvm_ext.ir.partition_lowering import PartitionLowering
 from tvm_ext.ir.pass_records import PARTITION_ATTR, SWAP_PLAN_ATTR, has_record
 from tvm_ext.partition import PartitionPlan, plan_partition
 from tvm_ext.partition.layout import PARTIAL, REP, conversion_sequence, local_shape
-from tvm_ext.partition.plan import layouts_of
+from tvm_ext.partition.plan import in_place_mismatches, layouts_of
 from tvm_ext.partition.sharding import level_stride
 from tvm_ext.units import json_default
 
@@ -178,9 +178,16 @@ class PartitionOperators:
     def _decide(self, graph: DataflowGraph, problem, lowering: PartitionLowering):
         if self.plan is not None:
             _validate(self.plan, graph, problem, lowering)
-            return self.plan, lowering.fallbacks(), {}
-        return _plan(problem, lowering, self.num_devices, self.hardware, self.strategy,
-                     self.link, self.topology, self.compare_unrestricted)
+            decided = self.plan, lowering.fallbacks(), {}
+        else:
+            decided = _plan(problem, lowering, self.num_devices, self.hardware, self.strategy,
+                            self.link, self.topology, self.compare_unrestricted)
+        mismatched = in_place_mismatches(decided[0], graph)
+        if mismatched:
+            raise PartitionError(f"the plan lays out {', '.join(mismatched[:3])} unlike the "
+                                 "argument each overwrites in place: an update must keep its "
+                                 "argument's layout")
+        return decided
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
         names = [gv.name_hint for gv in mod.functions]

@@ -21,7 +21,13 @@ lowered, destination-passing form the rest of the pipeline leaves alone:
 4. arguments the plan leaves on the host are declared on a host virtual device (VM device 1),
    the others on the device (VM device 0);
 5. the function attribute `tvm_ext.swap_plan` records the plan summary (budget, planned peak,
-   bytes swapped, predicted time) and `tvm_ext.swap_arguments` where each argument lives.
+   bytes swapped, predicted time) and `tvm_ext.swap_arguments` where each argument lives;
+6. an optimizer step's update (an op that overwrites an argument in place, see
+   `tvm_ext.ir.graph`) writes into the argument's current device copy (its pool window, or the
+   argument itself when the plan keeps it on the device) through the in-place form of its
+   kernel (`tvm_ext.ir.inplace_kernels`); the plan copies an argument kept on the host back
+   into the argument's host buffer after it is overwritten, so each step starts where the last
+   one left it.
 
 Run it after the legalize phase (and the partition phase, per device) and before the schedule
 phase and `dataflow_lower_passes`, as the "tvm_ext" pipeline does with `device_memory=`. A
@@ -39,9 +45,16 @@ from tvm import relax
 from tvm_ext.cost import Hardware
 from tvm_ext.errors import InputError
 from tvm_ext.ir.graph_builder import read_pass_input
+from tvm_ext.ir.inplace_kernels import InPlaceError, drop_unused, inplace_kernel
 from tvm_ext.ir.kernel_dims import kernel_dims
 from tvm_ext.ir.local_kernels import LoweringError, chunk_params, local_kernel
-from tvm_ext.ir.pass_records import SWAP_ARGS_ATTR, SWAP_PLAN_ATTR, has_record
+from tvm_ext.ir.pass_records import (
+    STATE_ATTR,
+    SWAP_ARGS_ATTR,
+    SWAP_PLAN_ATTR,
+    UPDATES_ATTR,
+    has_record,
+)
 from tvm_ext.ir.targets import host_vdevice
 from tvm_ext.ir.time_splits import annotate_time_splits
 from tvm_ext.runtime import swap_calls
@@ -136,10 +149,10 @@ class SwapOffload:
         new_func = rewriter.rewrite(func)
         mod = mod.clone()
         mod.update_func(mod.get_global_var(self.function), new_func)
-        for gv, kernel in rewriter.chunk_kernels.values():
+        for gv, kernel in [*rewriter.kernels, *rewriter.chunk_kernels.values()]:
             mod[gv] = kernel
         mod.update_global_info("vdevice", [device, host])
-        return mod
+        return drop_unused(mod, [gv for gv, _ in rewriter.replaced])
 
 
 def _match_casts(func: relax.Function) -> dict:
@@ -171,6 +184,9 @@ class _Rewriter:
     def __init__(self, graph, bindings, constants, plan: SwapPlan, device, host,
                  match_casts: dict | None = None, mod: tvm.IRModule | None = None):
         self.g = graph
+        self.mod = mod  # the kernels: for in-place forms and the chunk kernels of split ops
+        self.kernels: list = []  # (GlobalVar, PrimFunc) of the in-place kernels made
+        self.replaced: list = []  # (kernel, its in-place form)
         self.bindings = bindings
         self.match_casts = match_casts or {}
         self.scalar_ops: set[int] = set()
@@ -182,7 +198,6 @@ class _Rewriter:
         self.host_val: dict[int, relax.Expr] = {}  # tensor -> its host copy
         self.swapped_out_var: dict[int, relax.Expr] = {}  # swap-out index -> device value copied
         self.waited_out: set[int] = set()  # swap-outs already waited for (waits are in order)
-        self.mod = mod  # the kernels, for the chunk kernels of split ops
         self.chunk_kernels: dict[tuple, tuple] = {}  # (kernel, dim, chunks) -> (gv, PrimFunc)
 
     # ------------------------------------------------------------------ helpers
@@ -192,6 +207,8 @@ class _Rewriter:
     def value_of(self, tid: int) -> relax.Expr:
         """The device value of tensor `tid` for a use now (views re-derived from their base)."""
         t = self.g.tensors[tid]
+        if t.overwrites is not None:  # an in-place update: the same buffer as its base
+            return self.value_of(self.g.base(tid))
         if t.alias_of is None:
             if tid not in self.cur:
                 raise SwapOffloadError(f"plan error: {t.name} is not resident where it is used")
@@ -245,7 +262,9 @@ class _Rewriter:
             if (s.tensor, s.after) not in streamed:  # ... and outputs
                 swap_out_after.setdefault(s.after, []).append(k)
 
-        attrs = {"num_input": g.num_input, "relax.force_pure": True,
+        kept = {k: func.attrs[k] for k in (UPDATES_ATTR, STATE_ATTR)
+                if func.attrs is not None and k in func.attrs}
+        attrs = {**kept, "num_input": g.num_input, "relax.force_pure": True,
                  SWAP_PLAN_ATTR: json.dumps(plan.summary()),
                  SWAP_ARGS_ATTR: ["host" if w == HOST else "device" for w in where]}
         # Pure from the outside (force_pure): the impure copies and waits stay inside.
@@ -274,7 +293,7 @@ class _Rewriter:
                 base = g.base(tid)
                 if base in plan.outputs_on_host:
                     value = self.host_val[base]
-                    if base != tid:
+                    if base != tid and g.tensors[tid].overwrites is None:
                         value = self.emit(relax.op.reshape(
                             value, relax.ShapeExpr(list(g.tensors[tid].shape))))
                     outputs.append(value)
@@ -287,10 +306,13 @@ class _Rewriter:
         return self.bb.get()["main"]
 
     def _host_pool(self):
-        """One host buffer holding every tensor the plan swaps out, each at its own offset."""
+        """One host buffer holding every tensor the plan swaps out, each at its own offset,
+        but the outputs returned from the host: each its own host tensor, so that the return
+        value the caller keeps holds nothing else."""
         offsets, total = {}, 0
+        returned = set(self.plan.outputs_on_host)
         for s in self.plan.swap_outs:
-            if s.tensor not in offsets:
+            if s.tensor not in offsets and s.tensor not in returned:
                 offsets[s.tensor] = total
                 total += align(self.g.tensors[s.tensor].nbytes)
         self.host_offsets = offsets
@@ -318,12 +340,16 @@ class _Rewriter:
         if op.kind == "view" or op_id in self.scalar_ops:
             return  # views are re-derived at each use; scalar ops were emitted first
         outs_by_tensor = {self.plan.residencies[ri].tensor: ri for ri in residencies}
-        outs = []
-        for tid in op.outputs:
+        placed, written = {}, {}  # written: output index -> base it overwrites in place
+        for j, tid in enumerate(op.outputs):
+            if g.tensors[tid].overwrites is not None:
+                written[j] = g.base(tid)
+                continue
             if tid not in outs_by_tensor:
                 raise SwapOffloadError(f"plan error: {g.tensors[tid].name} has no window at "
                                        f"its producer {op.name}")
-            outs.append(self.place(outs_by_tensor[tid]))
+            placed[j] = self.place(outs_by_tensor[tid])
+        outs = [placed[j] for j in range(len(op.outputs)) if j in placed]
         name = value.op.name if isinstance(value.op, tvm.ir.Op) else ""
         if name not in ("relax.call_dps_packed", "relax.call_tir"):
             raise SwapOffloadError(f"{op.name}: SwapOffload cannot place the outputs of "
@@ -333,11 +359,47 @@ class _Rewriter:
         inputs = iter(op.inputs)
         packed = value.args[1]
         fields = packed.fields if isinstance(packed, relax.Tuple) else [packed]
-        args = [self.value_of(next(inputs)) if isinstance(f.ty, relax.TensorType) else f
-                for f in fields]
+        tensors = [next(inputs) if isinstance(f.ty, relax.TensorType) else None for f in fields]
+        args = [self.value_of(t) if t is not None else f
+                for t, f in zip(tensors, fields, strict=True)]
         # call_tir's third argument (symbolic shape values) follows the outputs.
         extra = list(value.args[2:3]) if name == "relax.call_tir" else []
-        self.emit(relax.Call(value.args[0], [*args, *outs, *extra]))
+        callee = value.args[0]
+        if written:
+            callee, passed = self._in_place(op, callee, name, tensors, written)
+            if name == "relax.call_dps_packed":  # an extern writes its destination whole
+                outs = [self.value_of(written[j]) if j in written else placed[j]
+                        for j in range(len(op.outputs))]
+            else:
+                args += [self.value_of(b) for b in passed]
+        self.emit(relax.Call(callee, [*args, *outs, *extra]))
+
+    def _in_place(self, op, callee, name: str, tensors: list, written: dict):
+        """The callee writing the outputs of `written` into their bases' device copies, and
+        the bases passed as buffers to write (those the callee does not read)."""
+        g = self.g
+        positions = {}
+        for j, base in written.items():
+            found = [i for i, t in enumerate(tensors) if t is not None and g.base(t) == base]
+            positions[j] = found[0] if found else None
+        if name == "relax.call_dps_packed":
+            if any(p is not None for p in positions.values()):
+                raise SwapOffloadError(f"{op.name}: {op.kernel} would read and write one "
+                                       "buffer in place")
+            return callee, [written[j] for j in sorted(written)]
+        try:
+            kernel = inplace_kernel(self.mod[callee], len(tensors), positions)
+        except InPlaceError as err:
+            raise SwapOffloadError(f"{op.name}: {err}") from err
+        names = {gv.name_hint for gv in self.mod.functions} | \
+            {gv.name_hint for gv, _ in self.kernels}
+        kname, k = f"{callee.name_hint}_inplace", 1
+        while kname in names:
+            kname, k = f"{callee.name_hint}_inplace{k}", k + 1
+        gv = self.bb.add_func(kernel.without_attr("global_symbol"), kname)
+        self.kernels.append((gv, self.bb.get()[gv]))
+        self.replaced.append((callee, gv))
+        return gv, [written[j] for j in sorted(written) if positions[j] is None]
 
     # ------------------------------------------------------------------ split ops
     def _split_op(self, sp) -> None:
@@ -424,11 +486,18 @@ class _Rewriter:
         """The host copy of base tensor `tid`: an argument left there, or its place in the
         host pool (a split op's output lands there)."""
         if tid not in self.host_val:
-            t = self.g.tensors[tid]
-            self.host_val[tid] = self.emit(relax.op.memory.alloc_tensor(
-                self.host_pool, relax.prim_value(self.host_offsets[tid]),
-                relax.ShapeExpr(list(t.shape)), t.dtype))
+            self.host_val[tid] = self._new_host_copy(tid)
         return self.host_val[tid]
+
+    def _new_host_copy(self, tid: int) -> relax.Var:
+        """Base tensor `tid`'s place on the host: in the host pool, or its own host tensor
+        where it is returned from the host."""
+        t = self.g.tensors[tid]
+        if tid not in self.host_offsets:
+            return self.emit(swap_calls.host_empty_call(t.shape, t.dtype, HOST, DEVICE))
+        return self.emit(relax.op.memory.alloc_tensor(
+            self.host_pool, relax.prim_value(self.host_offsets[tid]),
+            relax.ShapeExpr(list(t.shape)), t.dtype))
 
     def _host_chunk(self, tid: int, sp, j: int) -> relax.Var:
         """Chunk j of tensor `tid` (a view read by the op, or a base) in its base's host copy:
@@ -463,13 +532,8 @@ class _Rewriter:
         for k in indices:
             s = self.plan.swap_outs[k]
             t = self.g.tensors[s.tensor]
-            if s.tensor not in self.host_val:
-                alloc = relax.op.memory.alloc_tensor(
-                    self.host_pool, relax.prim_value(self.host_offsets[s.tensor]),
-                    relax.ShapeExpr(list(t.shape)), t.dtype)
-                self.host_val[s.tensor] = self.emit(alloc)
             src = self.cur[s.tensor]
-            self.emit(swap_calls.copy_async_call(src, self.host_val[s.tensor], D2H, t.name))
+            self.emit(swap_calls.copy_async_call(src, self._host_copy_of(s.tensor), D2H, t.name))
             self.swapped_out_var[k] = src
             del self.cur[s.tensor]
 

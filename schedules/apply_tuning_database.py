@@ -4,8 +4,9 @@ Runs in the pipeline's schedule phase, before dlight. Each PrimFunc whose worklo
 record gets the best one (MetaSchedule's `MetaScheduleApplyDatabase`, which marks it
 `tirx.is_scheduled`; this pass also marks it `tvm_ext.tuned`); the others are left as they are
 and get the default schedules afterwards (dlight on GPUs, `ApplyDefaultCPUSchedules` on CPUs).
-Untimed (build-only) records live elsewhere and are never applied. A missing database applies
-nothing and creates nothing.
+Untimed (build-only) records live elsewhere and are never applied, and neither is a record no
+faster than the kernel's default schedule (`default_times`): a tuned build is never slower for
+a record. A missing database applies nothing and creates nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from tvm import relax
 
 from tvm_ext.ir.pass_records import LIBRARY_ATTR
 
-from .database import database_dir, has_database, open_database, record_seconds
+from .database import best_seconds, database_dir, has_database, open_database
+from .default_times import load_default_times, workload_key
 
 TUNED_ATTR = "tvm_ext.tuned"  # on a kernel scheduled from a tuning record
 
@@ -44,12 +46,25 @@ class ApplyTuningDatabase:
         db = open_database(db_dir, create=False)
         with target, db:
             applied = relax.transform.MetaScheduleApplyDatabase()(mod)
+        defaults = load_default_times(db_dir)
         for gv, func in applied.functions.items():
             before = mod[gv] if gv in mod.functions else None
-            if isinstance(func, tvm.tirx.PrimFunc) and not func.same_as(before) and \
-                    _scheduled(func):
+            if not (isinstance(func, tvm.tirx.PrimFunc) and not func.same_as(before)
+                    and _scheduled(func)):
+                continue
+            if _loses_to_default(db, defaults, before):
+                applied[gv] = before  # the default schedules take it
+            else:
                 applied[gv] = func.with_attr(TUNED_ATTR, True)
         return applied
+
+
+def _loses_to_default(db, defaults: dict[str, float], func: tvm.tirx.PrimFunc) -> bool:
+    """Whether the best record of `func` is no faster than its measured default schedule."""
+    workload = kernel_workload(func)
+    default = defaults.get(workload_key(workload))
+    secs = best_seconds(db, workload)
+    return default is not None and secs is not None and secs >= default
 
 
 def kernel_workload(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
@@ -64,21 +79,19 @@ def kernel_times(
 ) -> dict[str, float]:
     """Measured seconds per kernel name (PrimFunc name, as `DataflowGraph` ops name kernels) for
     the kernels of `staged` (a module at the schedule phase) that `work_dir` holds a timed
-    record for: a measured counterpart to the roofline estimate of a cost model."""
+    record for that the build applies: a measured counterpart to the roofline estimate of a
+    cost model."""
     db_dir = database_dir(work_dir, target)
     if not has_database(db_dir):
         return {}
     db = open_database(db_dir, create=False)
+    defaults = load_default_times(db_dir)
     times = {}
     for gv, func in staged.functions.items():
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
-        workload = kernel_workload(func)
-        if not db.has_workload(workload):
-            continue
-        top = db.get_top_k(db.commit_workload(workload), 1)
-        secs = record_seconds(top[0]) if top else None
-        if secs is not None:
+        secs = best_seconds(db, kernel_workload(func))
+        if secs is not None and not _loses_to_default(db, defaults, func):
             times[gv.name_hint] = secs
     return times
 

@@ -39,6 +39,7 @@ from tvm_ext.runtime.candidate_batch import (
     MEASUREMENTS_FILE,
     read_batch,
 )
+from tvm_ext.runtime.kernel_timing import kernel_params
 
 from .database import database_dir, has_database, open_database, target_key
 from .tasks import TuningTask
@@ -160,7 +161,7 @@ def _batch_json(tasks: list[TuningTask], target: tvm.target.Target, kept: list) 
         func = record.workload.mod["main"]
         entries.append({
             "function": name, "task": tasks[task_index].name, "task_index": task_index,
-            "params": [[[int(s) for s in p.shape], str(p.dtype)] for p in func.params],
+            "params": [list(p) for p in kernel_params(func)],
             "key": _candidate_key(record), "record": record.as_json()})
     ident = hashlib.sha1(json.dumps([e["key"] for e in entries]).encode()).hexdigest()[:16]
     return {"format": FORMAT, "id": ident, "target": json.loads(str(target)),

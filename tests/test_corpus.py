@@ -16,21 +16,23 @@ pytest.importorskip("transformers")
 corpus = pytest.importorskip("corpus")
 
 CI_MODES = ("plain", "swap50", "k2", "k4", "training")
-SWEEP_MODES = ("k3", "k8", "swapmin", "k2+swap50")
+SWEEP_MODES = ("k3", "k8", "swapmin", "k2+swap50", "adamw", "adamw+swap25", "adamw+swapmin",
+               "adamw+k2", "adamw+k4", "adamw+k2+swap50")
 
 # What a user gets where a mode does not apply: a clear refusal (exit 2, this message), never a
-# wrong number. Half the peak is below what splitting along a leading axis reaches for these.
+# wrong number. These budgets are below what splitting along a leading axis reaches.
 FLOOR = "smallest feasible budget is"
 EXPECTED_REFUSALS = {
-    (name, mode): FLOOR for name in ("convnext", "wav2vec2", "segformer")
-    for mode in ("swap50", "k2+swap50")
+    **{(name, mode): FLOOR for name in ("convnext", "wav2vec2", "segformer")
+       for mode in ("swap50", "k2+swap50", "adamw+swap25", "adamw+k2+swap50")},
+    ("resnet", "adamw+swap25"): FLOOR,
 }
 
 
 def _cases(modes, mark=None):
     for model in corpus.MODELS:
         for mode in modes:
-            if (mode == "training" and not model.training) or (
+            if (mode in corpus.TRAINING_MODES and not model.training) or (
                     model.kind == "op" and mode not in corpus.OP_MODES):
                 continue
             marks = [mark] if mark else []

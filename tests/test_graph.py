@@ -129,3 +129,33 @@ def test_build_graph_reads_a_module_fused_by_hand(llvm):
          relax.transform.FuseOps(), relax.transform.FuseTIR()])(TwoLayer)
     g = annotate_time_splits(fused, build_graph(fused))
     assert g.to_dict() == driver.fused_graph(_two_layer_model(), llvm).to_dict()
+
+
+def test_in_place_updates_of_an_optimizer_step(zoo_cache, llvm):
+    """The new parameters and state of an optimizer step are versions of their arguments: no
+    bytes of their own, made by ops of phase "update" that must follow the other readers of
+    what they overwrite (an order that updates a weight before its backward use is not
+    topological)."""
+    from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
+
+    step = make_optimizer_step(zoo_cache("mlp", True), Optimizer("momentum"))
+    g = driver.fused_graph(step, llvm)
+    updates = [t for t in g.tensors if t.overwrites is not None]
+    assert len(updates) == len(g.outputs) - 1
+    for t in updates:
+        base = g.tensors[g.base(t.id)]
+        assert t.nbytes == 0 and base.arg_index is not None and t.is_output
+        assert base.kind == ("state" if base.name.endswith(("momentum_buffer", "step"))
+                             else "parameter")
+        assert g.ops[t.producer].phase == "update"
+    weight = next(t for t in g.tensors if t.name == "layers.1.weight")
+    writer = next(t.producer for t in updates if g.base(t.id) == weight.id)
+    readers = g.must_follow(writer)
+    assert readers and all(g.ops[r].phase != "update" for r in readers)
+    order = g.order
+    order.remove(writer)
+    order.insert(order.index(readers[-1]), writer)  # before its last other reader
+    assert g.is_topological(g.order) and not g.is_topological(order)
+    # State is an argument: resident throughout, counted once.
+    assert g.bytes_of_kind("state") == sum(s.nbytes for s in step.params[len(
+        zoo_cache("mlp", True).params):])

@@ -294,3 +294,27 @@ def test_pipeline_num_devices(zoo_cache, tmp_path):
                                              model.random_arguments(0), record)
     driver.compare(result.outputs, _reference(model), rtol=1e-5, atol=1e-5)
     assert json.loads(json.dumps(record))["num_devices"] == 2
+
+
+def test_optimizer_step_keeps_each_update_in_its_arguments_layout(zoo_cache):
+    """An optimizer step's new parameters and state are written into the arguments' own
+    pieces: the plan gives each update its argument's layout (a tie of the search), does not
+    return them, and a plan that would lay one out otherwise is refused."""
+    import dataclasses
+
+    from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
+    from tvm_ext.partition.plan import in_place_mismatches
+
+    step = make_optimizer_step(zoo_cache("mlp", True), Optimizer("adamw"))
+    fused = P.fuse(step.mod, LLVM)
+    graph = driver.fused_graph(step, LLVM)
+    plan, _, _ = PartitionOperators(2).plan_module(fused)
+    assert not in_place_mismatches(plan, graph)
+    layout = build_partitioned(step, LLVM, 2, compile=False).layout
+    assert [o["name"] for o in layout["outputs"]] == [graph.tensors[graph.outputs[0]].name]
+    update = next(t for t in graph.tensors if t.overwrites is not None)
+    tensors = list(plan.tensors)
+    other = [0] if tensors[update.id].layout != [0] else [-1]
+    tensors[update.id] = dataclasses.replace(tensors[update.id], layout=other)
+    with pytest.raises(PassError, match="unlike the argument"):
+        PartitionOperators(2, plan=dataclasses.replace(plan, tensors=tensors))(fused)

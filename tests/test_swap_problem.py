@@ -68,3 +68,51 @@ def test_problem_json_round_trip(graph):
     again = SwapProblem.from_json(problem.to_json())
     assert again.to_json() == problem.to_json()
     assert again.budget == 12345678 and np.array_equal(again.pinned, problem.pinned)
+
+
+@pytest.fixture(scope="module")
+def step_graph():
+    from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
+
+    step = make_optimizer_step(get_model("mlp", "tiny", training=True), Optimizer("adam"))
+    return fused_graph(step, resolve_target("llvm"))
+
+
+def test_optimizer_step_problem_sees_state_and_update(step_graph):
+    """Parameters and optimizer state are arguments (host copies at the start); each update
+    overwrites its parameter and state in place and follows their other readers; the loss is
+    returned from the host."""
+    g = step_graph
+    problem = SwapProblem.from_graph(g, 1 << 30, "h100")
+    state = [t.id for t in g.tensors if t.kind == "state" and t.arg_index is not None]
+    assert state and all(problem.host_start[t] for t in state)
+    written = [t for ts in problem.op_writes for t in ts]
+    assert sorted(written) == sorted(t.id for t in g.tensors if t.arg_index is not None
+                                     and t.kind in ("parameter", "state"))
+    for op in g.ops:
+        for t in problem.op_writes[op.id]:
+            readers = {c for c in g.tensors[t].consumers if c != op.id}
+            assert readers <= set(problem.op_deps[op.id])
+    assert problem.end_on_host == [g.base(g.outputs[0])]
+
+
+@pytest.mark.parametrize("planner", ["swapadvisor", "lru", "vdnn"])
+def test_plans_write_back_what_they_keep_on_the_host(step_graph, planner):
+    problem = SwapProblem.from_graph(step_graph, 1, "h100")
+    problem = problem.with_budget(problem.min_budget()[0])
+    plan = plan_swaps(problem, planner, time_budget_s=1.0)
+    validate(problem, plan)
+    writer = problem.writer()
+    kept = [t for t in plan.host_start if writer[t] >= 0]
+    assert kept and set(kept) <= set(plan.outputs_on_host)
+    # Without its write-back a plan breaks the steady state, and validation says so.
+    last = len(plan.schedule) - 1
+    broken = [k for k, s in enumerate(plan.swap_outs) if s.after == last and s.tensor in kept]
+    assert broken
+    import dataclasses
+
+    from tvm_ext.swap import PlanError
+    bad = dataclasses.replace(plan, swap_outs=[s for k, s in enumerate(plan.swap_outs)
+                                               if k != broken[0]])
+    with pytest.raises(PlanError, match="written back"):
+        bad.check_structure(problem)

@@ -15,17 +15,23 @@ Phases, in order (each a list of passes, so a caller can rebuild the pipeline fr
                               device after partitioning). It reads the module as the
                               graph builder does, so it runs before the kernels are
                               scheduled (scheduling changes their scratch buffers).
-5. `library_kernels_passes`   with `library` (the default): GEMM and convolution loop nests
+5. `in_place_passes`          UpdateArgumentsInPlace: the kernels of an optimizer step
+                              (tvm_ext.models.optimizer) write the new parameters and state
+                              into the arguments' buffers (after planning, which reads the
+                              step as pure data flow; before scheduling, which keeps the
+                              in-place kernels' order).
+6. `library_kernels_passes`   with `library` (the default): GEMM and convolution loop nests
                               of every kernel call the vendor library through the runtime
                               library (DispatchLibraryKernels: OpenBLAS on CPU, cuBLAS on
                               CUDA), after planning, so the planners read the kernels' TIR
                               and a partitioned kernel's chunk dispatches too.
-6. `schedule_passes`          kernels tuned with MetaSchedule (records of a `tune_db` work dir,
+7. `schedule_passes`          kernels tuned with MetaSchedule (records of a `tune_db` work dir,
                               see tvm_ext.schedules), then default schedules (dlight on GPU,
                               `ApplyDefaultCPUSchedules` on CPU) for kernels without one.
-7. `dataflow_lower_passes`    RewriteDataflowReshape, ToNonDataflow, RemovePurityChecking,
-                              CallTIRRewrite.
-8. `finalize_passes`          memory planning, builtin lowering, VM shape lowering.
+8. `dataflow_lower_passes`    RewriteDataflowReshape, ToNonDataflow, RemovePurityChecking,
+                              CallTIRRewrite, ReturnLossOnly (an optimizer step returns its
+                              loss; the rest is in its arguments).
+9. `finalize_passes`          memory planning, builtin lowering, VM shape lowering.
 
 With `dump_dir`, the module is written after each phase as `NN_<phase>.py` (TVMScript).
 """
@@ -38,7 +44,13 @@ import tvm
 from tvm import relax
 
 from tvm_ext.partition import PartitionPlan
-from tvm_ext.passes import DispatchLibraryKernels, PartitionOperators, SwapOffload
+from tvm_ext.passes import (
+    DispatchLibraryKernels,
+    PartitionOperators,
+    ReturnLossOnly,
+    SwapOffload,
+    UpdateArgumentsInPlace,
+)
 from tvm_ext.schedules import (
     ApplyDefaultCPUSchedules,
     ApplyDefaultGPUSchedules,
@@ -77,6 +89,12 @@ def partition_passes(target: tvm.target.Target, num_devices: int | None = None,
     if num_devices is None:
         num_devices = partition_plan.num_devices
     return [PartitionOperators(num_devices, plan=partition_plan, **partition_options)]
+
+
+def in_place_passes(target: tvm.target.Target) -> list:
+    """The kernels that compute new values of arguments (an optimizer step) write them in
+    place; a no-op for any other function."""
+    return [UpdateArgumentsInPlace()]
 
 
 def library_kernels_passes(target: tvm.target.Target, library: bool = True) -> list:
@@ -122,6 +140,7 @@ def dataflow_lower_passes(target: tvm.target.Target) -> list:
         relax.transform.ToNonDataflow(),
         relax.transform.RemovePurityChecking(),
         relax.transform.CallTIRRewrite(),
+        ReturnLossOnly(),
     ]
 
 
@@ -161,6 +180,7 @@ def phases(
                                        **(partition_options or {}))),
         ("swap", swap_passes(target, device_memory, swap_plan, library,
                              **(swap_options or {}))),
+        ("in_place", in_place_passes(target)),
         ("library_kernels", library_kernels_passes(target, library)),
         (SCHEDULE_PHASE, schedule_passes(target, tune_db)),
         ("dataflow_lower", dataflow_lower_passes(target)),

@@ -291,6 +291,7 @@ def export(model: CorpusModel, directory: str) -> tuple[str, list[np.ndarray]]:
 
 
 # The sweep's modes (compile.py options); operator modules skip the swap modes.
+_ADAMW = ["--training", "--optimizer", "adamw", "--lr", "1e-3", "--steps", "5"]
 MODES = {
     "plain": [],
     "swap50": ["--device-memory", "50%"],
@@ -301,8 +302,16 @@ MODES = {
     "k8": ["--devices", "8"],
     "k2+swap50": ["--devices", "2", "--device-memory", "50%"],
     "training": ["--training"],
+    # Five steps of AdamW (the optimizer update in the graph) against five of torch.optim.
+    "adamw": [*_ADAMW],
+    "adamw+swap25": [*_ADAMW, "--device-memory", "25%"],
+    "adamw+swapmin": [*_ADAMW, "--device-memory", "min"],
+    "adamw+k2": [*_ADAMW, "--devices", "2"],
+    "adamw+k4": [*_ADAMW, "--devices", "4"],
+    "adamw+k2+swap50": [*_ADAMW, "--devices", "2", "--device-memory", "50%"],
 }
-OP_MODES = ("plain", "k2", "k3", "k4", "k8", "training")
+OP_MODES = ("plain", "k2", "k3", "k4", "k8", "training", "adamw", "adamw+k2", "adamw+k4")
+TRAINING_MODES = tuple(m for m in MODES if m == "training" or m.startswith("adamw"))
 
 
 def run_cell(path: str, args: list[str]) -> dict:

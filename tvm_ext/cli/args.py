@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-db", metavar="DIR",
                    help="tuning work dir to build with (and tune into with --tune-trials; "
                         "default there: ./tvm_ext_tune_db)")
+    _add_training_options(p)
     swap = p.add_argument_group("swapping (SwapOffload)")
     swap.add_argument("--device-memory", metavar="SIZE",
                       help="device memory budget: bytes with units (512MiB, 4GB), a "
@@ -93,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "runs it on K cpu workers (Disco) and --check compares with the "
                            "single-device module; with --device-memory the budget is per device")
     part.add_argument("--strategy", default=None,
-                      choices=["tofu", "data_parallel", "megatron", "exact"],
+                      choices=["tofu", "data_parallel", "megatron", "exact", "zero1", "zero2",
+                               "zero3"],
                       help="partitioning strategy (default tofu)")
     part.add_argument("--link", default=None,
                       help="link between devices for planning (nvlink, pcie, ...; default "
@@ -102,6 +104,30 @@ def build_parser() -> argparse.ArgumentParser:
                       help="apply a saved plan (JSON, e.g. the plan of a --report or of the "
                            "sidecar of --output) instead of planning")
     return p
+
+
+def _add_training_options(p: argparse.ArgumentParser) -> None:
+    train = p.add_argument_group("training with an optimizer (with --training)")
+    train.add_argument("--optimizer", choices=["sgd", "momentum", "adam", "adamw"],
+                       help="compile one whole training iteration: forward, loss, backward and "
+                            "this optimizer's update of the parameters and its state, in place "
+                            "(torch.optim's semantics)")
+    train.add_argument("--lr", type=float, help="learning rate (default: torch's; 0.01 for "
+                                                "sgd and momentum)")
+    train.add_argument("--momentum", type=float, help="momentum of --optimizer momentum "
+                                                      "(default 0.9)")
+    train.add_argument("--weight-decay", type=float,
+                       help="weight decay (default 0; 0.01 for adamw, decoupled)")
+    train.add_argument("--betas", metavar="B1,B2", help="Adam's betas (default 0.9,0.999)")
+    train.add_argument("--eps", type=float, help="Adam's eps (default 1e-8)")
+    train.add_argument("--dtype", choices=["fp32", "bf16", "fp16"],
+                       help="compute GEMMs and convolutions in bfloat16 or float16 (float32 "
+                            "accumulation, master weights and optimizer state; fp16 with "
+                            "dynamic loss scaling); default fp32")
+    train.add_argument("--steps", type=int, metavar="N",
+                       help="with --run/--check: run N steps on a fixed synthetic batch and "
+                            "print each step's loss, time and peak (default 5); --check "
+                            "compares them with N steps of torch.optim")
 
 
 DEFAULTS = {"size": "tiny", "planner": "swapadvisor", "swap_time_budget": 10.0,
@@ -150,6 +176,7 @@ def refuse_idle_options(parser: argparse.ArgumentParser, args) -> None:
     _refuse_idle_link_options(parser, args)
     if given("swap_time_budget") and args.swap_time_budget <= 0:
         parser.error("--swap-time-budget takes a number of seconds > 0")
+    _refuse_idle_training_options(parser, args, given)
     if args.repeat < 0:
         parser.error("--repeat takes a number of runs >= 0")
     if args.tune_trials < 0:
@@ -202,6 +229,41 @@ def _refuse_idle_link_options(parser: argparse.ArgumentParser, args) -> None:
     if args.hardware is not None and args.link_gbps != "scaled":
         parser.error("--hardware does nothing with --link-gbps GBPS (the plan is made for this "
                      "CPU with that link); with --link-gbps scaled it names the preset to scale")
+
+
+_OPTIMIZER_OPTIONS = {"lr": None, "weight_decay": None, "momentum": ("momentum",),
+                      "betas": ("adam", "adamw"), "eps": ("adam", "adamw"), "steps": None,
+                      "dtype": None}
+
+
+def _refuse_idle_training_options(parser: argparse.ArgumentParser, args, given) -> None:
+    """--optimizer and its options, where they would do nothing."""
+    if given("optimizer") and not args.training:
+        parser.error("--optimizer adds the update to the training step: it needs --training")
+    for name, kinds in _OPTIMIZER_OPTIONS.items():
+        flag = f"--{name.replace('_', '-')}"
+        if given(name) and not given("optimizer"):
+            parser.error(f"{flag} applies to an optimizer step: it needs --optimizer")
+        if given(name) and kinds and args.optimizer not in kinds:
+            parser.error(f"{flag} does nothing with --optimizer {args.optimizer} (it applies to "
+                         f"{' and '.join(kinds)})")
+    if given("steps") and not (args.run or args.check):
+        parser.error("--steps runs the optimizer step N times: it needs --run or --check")
+    if given("steps") and args.steps < 1:
+        parser.error("--steps takes a number of steps >= 1")
+    if given("betas"):
+        betas = [_parse_value(b) for b in args.betas.split(",")]
+        if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1
+                                      for b in betas):
+            parser.error(f"--betas {args.betas}: takes two numbers in [0, 1), e.g. 0.9,0.999")
+        args.betas = tuple(float(b) for b in betas)
+    for name in ("lr", "weight_decay", "momentum", "eps"):
+        if given(name) and not getattr(args, name) >= 0:
+            parser.error(f"--{name.replace('_', '-')} takes a number >= 0")
+    if args.steps is None:
+        args.steps = 5
+    if args.dtype is None:
+        args.dtype = "fp32"
 
 
 def _is_file_spec(spec: str) -> bool:

@@ -20,6 +20,7 @@ from .partitioned import load_plan, main_partitioned
 from .presets import default_hardware
 from .report import remove_stale_sidecars, replacing, write_report
 from .swapped import plan_swaps_for, run_swapped, write_swap_sidecar
+from .training import run_training, with_optimizer
 
 
 def compile_model(args) -> int:
@@ -28,7 +29,7 @@ def compile_model(args) -> int:
     loaded = _load(args, report)
     if loaded is None:
         return 2
-    model, target = loaded
+    model, target, gradient_model = loaded
     graph, live = _read_graph(model, target, report)
     if args.devices is not None:
         problem = device_count_problem(args, graph, target)
@@ -40,7 +41,7 @@ def compile_model(args) -> int:
     if failed:
         return failed
     if args.devices is not None:
-        return main_partitioned(args, report, model, target, tune_db)
+        return main_partitioned(args, report, model, target, tune_db, gradient_model)
 
     plan = None
     if args.device_memory:
@@ -57,13 +58,15 @@ def compile_model(args) -> int:
         _export(args, report, executable, graph, plan, target)
     status = 0
     if args.run or args.check:
-        status = _run(args, report, model, graph, plan, executable, target, tune_db, live)
+        status = _run(args, report, model, graph, plan, executable, target, tune_db, live,
+                      gradient_model)
     write_report(args, report)
     return status
 
 
 def _load(args, report: dict):
-    """The model and the target, or None after printing why they cannot be had."""
+    """The model, the target and (with --optimizer, where the model is the optimizer step) the
+    training step it was made from, or None after printing why they cannot be had."""
     if args.model not in ZOO and os.path.isdir(args.model):
         print(f"error: MODEL {args.model} is a directory; give a zoo model "
               f"({', '.join(ZOO)}) or a .pt2, .onnx or .py file", file=sys.stderr)
@@ -81,11 +84,18 @@ def _load(args, report: dict):
     except (CudaUnavailableError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return None
-    report["model_summary"] = model.summary()
     kind = "training step" if model.training else "inference"
     print(f"model   {model.name} ({kind}), {len(model.params)} parameters, "
           f"{format_size(model.param_bytes)}")
-    return model, target
+    gradient_model = None
+    if args.optimizer:
+        built = with_optimizer(args, model, lambda: load_model(
+            args.model, args.size, True, loss_scale=True, **overrides))
+        if built is None:
+            return None
+        model, gradient_model = built
+    report["model_summary"] = model.summary()
+    return model, target, gradient_model
 
 
 def _read_graph(model, target, report: dict):
@@ -94,7 +104,8 @@ def _read_graph(model, target, report: dict):
     graph = driver.fused_graph(model, target)
     gsum = graph.summary()
     report["graph"] = gsum
-    live = graph.peak_memory(kinds=("parameter", "input", "constant", "activation", "gradient"))
+    live = graph.peak_memory(kinds=("parameter", "state", "input", "constant", "activation",
+                                    "gradient"))
     print(f"graph   {gsum['ops']} ops ({gsum['kernels']} kernels), {gsum['gflops']:.3f} GFLOP, "
           f"liveness peak {format_size(live)} without kernel scratch "
           f"({format_size(gsum['peak_bytes'])} with)")
@@ -117,7 +128,8 @@ def _export(args, report: dict, executable, graph, plan, target) -> None:
         print(f"export  {side} (the plan, and which arguments go to the host)")
 
 
-def _run(args, report: dict, model, graph, plan, executable, target, tune_db, live) -> int:
+def _run(args, report: dict, model, graph, plan, executable, target, tune_db, live,
+         gradient_model=None) -> int:
     """--run / --check on this machine's device; the exit status."""
     device = driver.device_of(target)
     if not device.exist:
@@ -127,7 +139,10 @@ def _run(args, report: dict, model, graph, plan, executable, target, tune_db, li
     arguments = model.random_arguments(args.seed)
     if plan is not None:
         return run_swapped(args, report, model, graph, plan, executable, target, arguments,
-                           tune_db)
+                           tune_db, gradient_model)
+    if gradient_model is not None:
+        session = driver.TrainingSession(executable, model, device, seed=args.seed)
+        return run_training(args, report, model, gradient_model, session, target)
     result = driver.run(executable, arguments, device, repeat=args.repeat)
     report["run"] = {
         "latency_ms_median": result.median_ms,

@@ -12,7 +12,10 @@ import tvm
 
 from tvm_ext import driver
 from tvm_ext.driver.partitioned import build_partitioned, run_partitioned_build
+from tvm_ext.driver.training import compare_training
+from tvm_ext.errors import CheckError
 from tvm_ext.ir.targets import is_cpu
+from tvm_ext.models.reference import OptimizerSteps
 from tvm_ext.partition import NotApplicable, PartitionPlan
 from tvm_ext.passes import PartitionError
 from tvm_ext.runtime import distributed
@@ -22,6 +25,14 @@ from tvm_ext.units import format_size
 from .check import check_against_reference
 from .presets import default_hardware
 from .report import remove_stale_sidecars, replacing, write_report
+from .training import (
+    LOW_PRECISION_BOUND,
+    check_training,
+    optimizer_of,
+    print_steps,
+    reference_of,
+    step_report,
+)
 
 
 def load_plan(path: str):
@@ -39,7 +50,7 @@ def load_plan(path: str):
         raise ValueError(f"{path} holds no partition plan ({err})") from err
 
 
-def main_partitioned(args, report: dict, model, target, tune_db) -> int:
+def main_partitioned(args, report: dict, model, target, tune_db, gradient_model=None) -> int:
     plan = None
     try:
         if args.partition_plan:
@@ -79,18 +90,7 @@ def main_partitioned(args, report: dict, model, target, tune_db) -> int:
           + (" (unplanned memory, as the plan predicts it)" if measure else ""))
 
     if args.output:
-        side = args.output + ".partition.json"
-        with replacing(args.output, side) as (module_path, side_path):
-            driver.export(build.executable, module_path)
-            with open(side_path, "w") as f:
-                json.dump(build.sidecar(), f)
-        remove_stale_sidecars(args.output, keep=(".partition.json",))
-        report["output"] = args.output
-        print(f"export  {args.output}")
-        print(f"export  {side} (mesh, each argument's and output's layout, the plan)")
-        if not cpu:
-            print(f"        compile-only here: run it on {k} GPUs with tvm_ext.runtime.distributed."
-                  f"Session({k}, 'nccl') and run_partitioned (not run on this machine)")
+        _export(args, report, build, cpu, k)
 
     status = 0
     if measure:
@@ -99,6 +99,10 @@ def main_partitioned(args, report: dict, model, target, tune_db) -> int:
                   "build runs partitioned modules on cpu workers only (--target llvm)",
                   file=sys.stderr)
             return 2
+        if gradient_model is not None:
+            status = _run_training(args, report, build, model, gradient_model, target, k)
+            write_report(args, report)
+            return status
         arguments = model.random_arguments(args.seed)
         with distributed.Session(k) as sess:
             result = run_partitioned_build(sess, build, arguments, repeat=args.repeat)
@@ -110,6 +114,22 @@ def main_partitioned(args, report: dict, model, target, tune_db) -> int:
             status = max(status, checked)
     write_report(args, report)
     return status
+
+
+def _export(args, report: dict, build, cpu: bool, k: int) -> None:
+    """--output: the module and its sidecar (layouts, plan)."""
+    side = args.output + ".partition.json"
+    with replacing(args.output, side) as (module_path, side_path):
+        driver.export(build.executable, module_path)
+        with open(side_path, "w") as f:
+            json.dump(build.sidecar(), f)
+    remove_stale_sidecars(args.output, keep=(".partition.json",))
+    report["output"] = args.output
+    print(f"export  {args.output}")
+    print(f"export  {side} (mesh, each argument's and output's layout, the plan)")
+    if not cpu:
+        print(f"        compile-only here: run it on {k} GPUs with tvm_ext.runtime.distributed."
+              f"Session({k}, 'nccl') and run_partitioned (not run on this machine)")
 
 
 def _report_plan(report: dict, build, k: int) -> None:
@@ -170,3 +190,61 @@ def _report_run(args, report: dict, build, result, k: int) -> int:
         if over and args.check:
             status = 1
     return status
+
+
+def _run_training(args, report: dict, build, step, gradient_model, target, k: int) -> int:
+    """--steps steps of a partitioned optimizer step on k workers (each holding its pieces of
+    the parameters and state throughout), every step's per-worker peak against the plan (and
+    the budget, when swapped); --check: against the single-device build (losses, parameters
+    and state within 1e-5) and against torch.optim."""
+    batch = step.random_inputs(args.seed)
+    with distributed.Session(k) as sess:
+        session = driver.PartitionedTrainingSession(sess, build, step, seed=args.seed)
+        results = session.run([batch] * args.steps)
+        params, state = session.parameters(), session.state()
+    print_steps(results, " per worker")
+    worst = [max(r.peak_bytes[w] for r in results) for w in range(k)]
+    report["training"] = {**step_report(results),
+                          "predicted_peak_bytes_per_device": build.predicted_peak}
+    print(f"memory  measured peak per worker {', '.join(format_size(m) for m in worst)} in the "
+          f"worst step; plan {format_size(build.predicted_peak)}")
+    problems = []
+    if build.swap_plan is not None:
+        budget = build.swap_plan.budget
+        if any(m > budget for m in worst):
+            problems.append(f"a worker's peak exceeds the per-device budget {budget}")
+        if len({tuple(r.host_bytes) for r in results}) != 1:
+            problems.append("host memory changes from step to step")
+    if not args.check:
+        return 0
+    single = driver.TrainingSession(driver.build(step, target, library=args.library), step,
+                                    tvm.cpu(0), seed=args.seed)
+    expected = single.run([batch] * args.steps)
+    reference = reference_of(args, step, gradient_model, target, batch, args.steps)
+    try:
+        if args.dtype == "fp32":
+            # The single-device steps as a reference, with torch's rounding-noise gradients
+            # marked.
+            alone = OptimizerSteps([r.loss for r in expected], single.parameters(),
+                                   single.state(), reference[0].noise)
+            compare_training([r.loss for r in results], params, state, alone,
+                             optimizer_of(args), 1e-5, 1e-5)
+        else:  # low precision: the partitioned sums round otherwise; the curves must agree
+            rtol, atol = LOW_PRECISION_BOUND[args.dtype]
+            driver.compare([np.array([r.loss for r in results])],
+                           [np.array([r.loss for r in expected])], rtol, atol,
+                           names=["the losses"])
+    except CheckError as err:
+        problems.append(f"{err} (against the single-device build)")
+    if problems:
+        report["check"] = {"ok": False, "reference": "the single-device TVM build",
+                           "error": "; ".join(problems)}
+        print(f"check   FAILED: {'; '.join(problems)}", file=sys.stderr)
+        return 1
+    what = "losses, parameters, state within 1e-5" if args.dtype == "fp32" else \
+        f"losses within the {args.dtype} bound"
+    swapped = ", every worker within the budget, host memory constant" \
+        if build.swap_plan is not None else ""
+    print(f"check   OK: {len(results)} steps match the single-device build ({what}){swapped}")
+    return check_training(args, report, step, gradient_model, target, batch, results, params,
+                          state, reference)

@@ -25,6 +25,7 @@ from .args import link_gbps
 from .check import check_against_torch
 from .presets import default_hardware
 from .report import replacing
+from .training import check_training, print_steps, step_report
 
 
 def plan_swaps_for(args, model, graph, target):
@@ -113,9 +114,12 @@ def emulated(link: dict | None):
 
 
 def run_swapped(args, report, model, graph, plan, executable, target, arguments,
-                 tune_db=None) -> int:
+                 tune_db=None, gradient_model=None) -> int:
     """Run the swapped module beside the unswapped one: outputs must match exactly (same
     kernels) and the measured device peak must fit the budget."""
+    if gradient_model is not None:
+        return run_swapped_training(args, report, model, gradient_model, graph, plan,
+                                    executable, target, tune_db)
     device, host = vm_devices(target)
     link = report.get("swap", {}).get("emulated_link")
     with emulated(link):
@@ -166,3 +170,56 @@ def run_swapped(args, report, model, graph, plan, executable, target, arguments,
         status = max(status, check_against_torch(args, report, model, arguments,
                                                  swapped.outputs))
     return status
+
+
+def run_swapped_training(args, report, step, gradient_model, graph, plan, executable, target,
+                         tune_db=None) -> int:
+    """--steps steps of a swapped optimizer step beside the unswapped build: every step's
+    device peak within the budget, the host memory the same after every step, losses,
+    parameters and state equal to the unswapped build's exactly; then --check against
+    torch.optim."""
+    device, host = vm_devices(target)
+    batch = step.random_inputs(args.seed)
+    session = driver.TrainingSession(executable, step, device, host=host, seed=args.seed,
+                                     arg_devices=argument_devices(graph, plan))
+    results = session.run([batch] * args.steps)
+    constants = graph.bytes_of_kind("constant")  # loaded with the module, not by the VM
+    for r in results:
+        r.peak_bytes += constants
+    print_steps(results)
+    budget = plan.budget
+    worst = max(r.peak_bytes for r in results)
+    hosts = {r.host_bytes for r in results}
+    report["training"] = {**step_report(results), "budget_bytes": budget,
+                          "planned_peak_bytes": plan.predicted_peak}
+    print(f"memory  planned peak {format_size(plan.predicted_peak)}, measured peak "
+          f"{format_size(worst)} in the worst step (budget {format_size(budget)}); host "
+          f"{format_size(max(hosts))} after every step"
+          + ("" if len(hosts) == 1 else " (NOT constant)"))
+    if not args.check:
+        return 0
+    plain = driver.TrainingSession(driver.build(step, target, tune_db=tune_db,
+                                                library=args.library), step, device,
+                                   seed=args.seed)
+    expected = plain.run([batch] * args.steps)
+    problems = []
+    try:
+        driver.compare([np.array([r.loss for r in results])],
+                       [np.array([r.loss for r in expected])], 0, 0, names=["the losses"])
+        driver.compare([*session.parameters(), *session.state()],
+                       [*plain.parameters(), *plain.state()], 0, 0)
+    except CheckError as err:
+        problems.append(f"{err} (against the unswapped build)")
+    if worst > budget:
+        problems.append(f"a step's measured peak {worst} bytes exceeds the budget {budget}")
+    if len(hosts) != 1:
+        problems.append(f"host memory changes from step to step: {sorted(hosts)}")
+    if problems:
+        report["check"] = {"ok": False, "reference": "the unswapped TVM build",
+                           "error": "; ".join(problems)}
+        print(f"check   FAILED: {'; '.join(problems)}", file=sys.stderr)
+        return 1
+    print(f"check   OK: {len(results)} steps equal the unswapped build exactly (losses, "
+          "parameters, state), every step within the budget, host memory constant")
+    return check_training(args, report, step, gradient_model, target, batch, results,
+                          session.parameters(), session.state())

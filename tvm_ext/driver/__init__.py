@@ -1,7 +1,7 @@
 """The steps behind `scripts/compile.py`, as plain functions that tests and benchmarks share:
 targets and builds (`build`), running and checking (`run`), tuning (`tune`), partitioned builds
-(`partitioned`), kernel measurement (`measure_kernels`) and measured swapped runs
-(`measure_swap`)."""
+(`partitioned`), training across steps (`training`), kernel measurement (`measure_kernels`)
+and measured swapped runs (`measure_swap`)."""
 
 from __future__ import annotations
 
@@ -26,14 +26,18 @@ from .measure_swap import (
 )
 from .partitioned import PartitionedBuild, build_partitioned, run_partitioned_build
 from .run import CheckResult, RunResult, compare, flatten_outputs, run
+from .training import PartitionedTrainingSession, StepResult, TrainingSession
 from .tune import export_tuning_batch, tune
 
 __all__ = [
     "CheckResult",
     "MeasuredRun",
     "PartitionedBuild",
+    "PartitionedTrainingSession",
     "RunResult",
     "StandIn",
+    "StepResult",
+    "TrainingSession",
     "build",
     "build_partitioned",
     "build_reference",

@@ -17,13 +17,8 @@ from ..cost.calibration import KernelTiming
 from ..ir.graph import DataflowGraph
 from ..ir.graph_builder import build_graph
 from ..ir.pass_records import LIBRARY_ATTR
-from ..runtime.kernel_timing import kernel_arguments, time_kernel
+from ..runtime.kernel_timing import kernel_arguments, kernel_params, time_kernel
 from .build import device_of
-
-
-def kernel_params(func: tirx.PrimFunc) -> list[tuple[list[int], str]]:
-    """(shape, dtype) of each parameter of a kernel (static shapes only)."""
-    return [([int(s) for s in p.shape], str(p.dtype)) for p in func.params]
 
 
 def compile_kernel(func: tirx.PrimFunc, name: str, target: tvm.target.Target,

@@ -35,7 +35,7 @@ from ..swap.problem import problem_for_budget
 
 # What the runtime's allocators count: no kernel workspace (scratch inside kernels), no module
 # constants (loaded with the module). The plan predicts these for an unplanned build exactly.
-MEASURED_KINDS = ("parameter", "input", "activation", "gradient")
+MEASURED_KINDS = ("parameter", "state", "input", "activation", "gradient")
 
 
 @dataclasses.dataclass

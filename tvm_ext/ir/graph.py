@@ -8,10 +8,15 @@ holds plain data only:
   (`call_packed`, `call_dps_packed`), in the order of the IR, with FLOPs, bytes moved and
   scratch bytes read from the kernel's TIR, and the phase (forward / backward);
 * tensors, one per value: shape, dtype, bytes, producer, consumers, and a kind:
-  `parameter` and `input` (function arguments), `constant` (embedded in the module),
-  `activation` (made by a forward op), `gradient` (made by a backward op), `workspace`
-  (a kernel's scratch, live during that op only). A view has `alias_of` set: it takes no bytes
-  and keeps its base alive.
+  `parameter`, `state` (an optimizer's state) and `input` (function arguments), `constant`
+  (embedded in the module), `activation` (made by a forward op), `gradient` (made by a
+  backward op), `workspace` (a kernel's scratch, live during that op only). A view has
+  `alias_of` set: it takes no bytes and keeps its base alive.
+* in-place updates: an optimizer step (`tvm_ext.models.optimizer`) returns new values of
+  arguments that the compiled code writes into the argument's own buffer. Such a value has
+  `alias_of` (the argument it overwrites) and `overwrites` (the version of it the op read)
+  set, takes no bytes, and its producer (an op of phase `update`) must follow every other
+  reader of the old version (`must_follow`, part of `is_topological`).
 
 `peak_memory(order)` is the peak of live bytes under an order, without swapping: arguments and
 constants are resident throughout, a tensor is live from its producer to its last consumer
@@ -30,8 +35,9 @@ import numpy as np
 from ..errors import InputError
 
 OP_KINDS = ("kernel", "view", "builtin")
-TENSOR_KINDS = ("parameter", "input", "constant", "activation", "gradient", "workspace")
-_ARG_KINDS = ("parameter", "input", "constant")
+TENSOR_KINDS = ("parameter", "state", "input", "constant", "activation", "gradient",
+                "workspace")
+_ARG_KINDS = ("parameter", "state", "input", "constant")
 
 
 class GraphBuildError(InputError):
@@ -49,7 +55,7 @@ class Op:
     flops: float = 0.0
     bytes_moved: int = 0
     workspace: int | None = None  # tensor id of the kernel's scratch, if any
-    phase: str = "forward"  # "forward" or "backward"
+    phase: str = "forward"  # "forward", "backward" or "update" (writes arguments in place)
     library: bool = False  # its GEMM/convolution runs in a vendor library (by default)
     # Dims it may run along in chunks (`tvm_ext.ir.time_splits`); None: not analysed.
     time_splits: list | None = None
@@ -68,6 +74,7 @@ class Tensor:
     alias_of: int | None = None  # base tensor of a view
     is_output: bool = False
     arg_index: int | None = None  # position among the function parameters
+    overwrites: int | None = None  # in-place update: the tensor whose buffer it overwrites
 
 
 @dataclasses.dataclass
@@ -107,6 +114,8 @@ class DataflowGraph:
         return float(sum(op.flops for op in self.ops))
 
     def is_topological(self, order: Sequence[int]) -> bool:
+        """Every op after the producers of its inputs, and an in-place update after every
+        other reader of what it overwrites."""
         if sorted(order) != list(range(len(self.ops))):
             return False
         position = {op: i for i, op in enumerate(order)}
@@ -115,7 +124,34 @@ class DataflowGraph:
                 producer = self.tensors[tid].producer
                 if producer is not None and position[producer] >= position[op.id]:
                     return False
+            if any(position[r] >= position[op.id] for r in self.must_follow(op.id)):
+                return False
         return True
+
+    def must_follow(self, op_id: int) -> list[int]:
+        """The ops an in-place update must follow besides its producers: every other reader of
+        a tensor it overwrites, or of a view of it (they read the old values)."""
+        out: dict[int, None] = {}
+        for tid in self.ops[op_id].outputs:
+            old = self.tensors[tid].overwrites
+            if old is None:
+                continue
+            stack = [old]
+            while stack:
+                t = self.tensors[stack.pop()]
+                for c in t.consumers:
+                    if c == op_id:
+                        continue
+                    out.setdefault(c, None)
+                    if self.ops[c].kind == "view":
+                        stack += [v for v in self.ops[c].outputs
+                                  if self.tensors[v].alias_of is not None]
+        return list(out)
+
+    def overwritten(self, op_id: int) -> list[int]:
+        """The base tensors an op writes in place."""
+        return list(dict.fromkeys(self.base(t) for t in self.ops[op_id].outputs
+                                  if self.tensors[t].overwrites is not None))
 
     def op_working_set(self, op_id: int) -> int:
         """Bytes that must be on the device while one op runs: its distinct input and output

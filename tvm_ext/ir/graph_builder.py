@@ -10,6 +10,7 @@ from tvm import relax, tirx
 
 from .graph import DataflowGraph, GraphBuildError, Op, Tensor
 from .kernel_cost import KernelCost, analyze_kernel, buffer_bytes
+from .pass_records import STATE_ATTR, argument_updates
 
 # Ops whose result shares its input's bytes.
 VIEW_OPS = ("relax.reshape", "relax.memory.view", "relax.memory.ensure_zero_offset")
@@ -165,8 +166,9 @@ class _Builder:
             raise GraphBuildError(f"{self.function} is not a Relax function")
         attrs = func.attrs or {}
         num_input = int(attrs["num_input"]) if "num_input" in attrs else len(func.params)
+        first_state = len(func.params) - int(attrs.get(STATE_ATTR, 0))
         for i, p in enumerate(func.params):
-            kind = "input" if i < num_input else "parameter"
+            kind = "input" if i < num_input else "parameter" if i < first_state else "state"
             self.values[p] = self.new_tensor(p.name, p.ty, kind, arg_index=i)
         body = func.body
         if not isinstance(body, relax.SeqExpr):
@@ -179,6 +181,7 @@ class _Builder:
             self.tensors[tid].is_output = True
         graph = DataflowGraph(self.ops, self.tensors, outputs, self.function, num_input)
         _mark_phases(graph)
+        _mark_updates(graph, argument_updates(func))
         return graph
 
 
@@ -213,6 +216,33 @@ def _mark_phases(graph: DataflowGraph) -> None:
             op.phase = "backward"
             for tid in op.outputs:
                 graph.tensors[tid].kind = "gradient"
+
+
+def _mark_updates(graph: DataflowGraph, updates: dict[int, int]) -> None:
+    """Outputs that overwrite an argument (`tvm_ext.ir.pass_records.UPDATES_ATTR`) become
+    in-place versions of it: no bytes of their own, made by an op of phase "update" that read
+    the argument (or a version of it) or writes a buffer it does not read."""
+    args = {t.arg_index: t.id for t in graph.tensors if t.arg_index is not None}
+    for position, arg in updates.items():
+        if position >= len(graph.outputs) or arg not in args:
+            raise GraphBuildError(f"update attribute names output {position} and argument "
+                                  f"{arg}, which the function does not have")
+        tid = graph.outputs[position]
+        t = graph.tensors[tid]
+        base = graph.tensors[args[arg]]
+        if t.producer is None or t.alias_of is not None or \
+                graph.ops[t.producer].kind == "view":
+            raise GraphBuildError(f"output {position} ({t.name}), the update of argument "
+                                  f"{base.name}, is not the result of a kernel")
+        if (t.shape, t.dtype) != (base.shape, base.dtype):
+            raise GraphBuildError(f"output {position} ({t.name}) {t.shape} {t.dtype} cannot "
+                                  f"overwrite argument {base.name} {base.shape} {base.dtype}")
+        op = graph.ops[t.producer]
+        # The version the op reads: the argument, or the last in-place update of it before.
+        versions = [i for i in op.inputs if graph.base(i) == base.id]
+        t.overwrites = versions[0] if versions else base.id
+        t.alias_of, t.nbytes, t.kind = base.id, 0, base.kind
+        op.phase = "update"
 
 
 def build_graph(mod: tvm.IRModule, function: str = "main") -> DataflowGraph:

@@ -13,6 +13,10 @@ from ..errors import InputError
 PARTITION_ATTR = "tvm_ext.partition"  # JSON: layouts, plan summary, fallbacks
 SWAP_PLAN_ATTR = "tvm_ext.swap_plan"  # JSON: the swap plan's summary
 SWAP_ARGS_ATTR = "tvm_ext.swap_arguments"  # per argument "device" or "host"
+# On an optimizer step (tvm_ext.models.optimizer): per output after the loss, the argument it
+# overwrites in place; and how many of the last arguments are optimizer state.
+UPDATES_ATTR = "tvm_ext.updates"
+STATE_ATTR = "tvm_ext.optimizer_state"
 # On a kernel: the runtime library functions it calls (DispatchLibraryKernels).
 LIBRARY_ATTR = "tvm_ext.library"
 # Name prefix of the blocks that call the library inside such a kernel.
@@ -22,6 +26,14 @@ LIBRARY_BLOCK_PREFIX = "tvm_ext_library"
 def has_record(func, attr: str) -> bool:
     """Whether `func` carries the record `attr` (a pass already rewrote it)."""
     return func.attrs is not None and attr in func.attrs
+
+
+def argument_updates(func) -> dict[int, int]:
+    """Output position -> the argument it overwrites, of a function that updates arguments in
+    place (an optimizer step); {} for any other."""
+    if not has_record(func, UPDATES_ATTR):
+        return {}
+    return {k + 1: int(a) for k, a in enumerate(func.attrs[UPDATES_ATTR])}
 
 
 def partition_record(mod: tvm.IRModule, function: str = "main") -> dict:

@@ -33,8 +33,10 @@ def list_models() -> dict[str, list[str]]:
     return {name: list(module.SIZES) for name, module in ZOO.items()}
 
 
-def get_model(name: str, size: str = "tiny", training: bool = False, **overrides) -> Model:
-    """A zoo model at a named size, fields overridden by keyword (e.g. `layers=24`)."""
+def get_model(name: str, size: str = "tiny", training: bool = False, *,
+              loss_scale: bool = False, **overrides) -> Model:
+    """A zoo model at a named size, fields overridden by keyword (e.g. `layers=24`); with
+    `training`, its training step (`loss_scale`: see `make_training_step`)."""
     if name not in ZOO:
         raise ModelLoadError(f"unknown model {name!r}; zoo models: {', '.join(ZOO)}, "
                              f"or a file ending in {', '.join(SUFFIXES)}")
@@ -51,14 +53,17 @@ def get_model(name: str, size: str = "tiny", training: bool = False, **overrides
     extra = {"training": training} if name == "resnet" else {}
     model = module.build(**config, **extra)
     model.config["size"] = size
-    return make_training_step(model) if training else model
+    return make_training_step(model, loss_scale=loss_scale) if training else model
 
 
-def load_model(spec: str, size: str = "tiny", training: bool = False, **overrides) -> Model:
+def load_model(spec: str, size: str = "tiny", training: bool = False, *,
+               loss_scale: bool = False, **overrides) -> Model:
     """A zoo model by name, or a model file by path."""
     if spec in ZOO:
-        return get_model(spec, size, training, **overrides)
+        return get_model(spec, size, training, loss_scale=loss_scale, **overrides)
     if spec.lower().endswith(SUFFIXES) or os.path.sep in spec:
         model = load_file(spec, **overrides)
-        return make_training_step(model, loss="mse") if training else model
-    return get_model(spec, size, training, **overrides)  # raises the unknown-model error
+        return make_training_step(model, loss="mse", loss_scale=loss_scale) if training \
+            else model
+    # raises the unknown-model error
+    return get_model(spec, size, training, loss_scale=loss_scale, **overrides)

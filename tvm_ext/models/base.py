@@ -26,8 +26,8 @@ from . import gradients
 class TensorSpec:
     """One argument of a model: its shape, dtype and how random values are drawn.
 
-    init: "normal" (std `scale`), "uniform" ([-scale, scale]), "ones", "zeros", or "randint"
-    (integers in [0, high)).
+    init: "normal" (std `scale`), "uniform" ([-scale, scale]), "ones", "zeros", "full" (every
+    element `scale`), or "randint" (integers in [0, high)).
     """
 
     name: str
@@ -181,6 +181,7 @@ def make_training_step(
     loss: str = "cross_entropy",
     trainable: Sequence[str] | None = None,
     num_classes: int | None = None,
+    loss_scale: bool = False,
 ) -> Model:
     """The training step of `model`: `main(inputs..., labels, params...) -> (loss, grads...)`.
 
@@ -199,6 +200,9 @@ def make_training_step(
         trainable: names of the parameters to differentiate (default: all float parameters not
             named like running statistics).
         num_classes: the label range for cross entropy (default: the last output axis).
+        loss_scale: take a scalar `loss_scale` input after the labels and differentiate the
+            loss times it (float16 training, see `tvm_ext.models.mixed_precision`): the step
+            returns the scaled loss and the scaled gradients.
     """
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; choose one of {LOSSES}")
@@ -209,19 +213,21 @@ def make_training_step(
     if trainable is None:
         trainable = _default_trainable(model)
     trainable = set(trainable)
-    mod = _decompose_for_training(_loss_module(model, fwd, loss, label_spec, out_shape))
-    num_input = model.num_input + 1  # the labels follow the inputs
+    scale_spec = [TensorSpec("loss_scale", (), "float32", init="ones")] if loss_scale else []
+    mod = _decompose_for_training(_loss_module(model, fwd, loss, label_spec, out_shape,
+                                               scale_spec))
+    num_input = model.num_input + 1 + len(scale_spec)  # the labels follow the inputs
     wrt = _params_to_differentiate(model.name, mod["main"], num_input, trainable)
     mod = _differentiate(model.name, mod, wrt)
     step = _flatten_return(mod["main_adjoint"])
     step = step.with_attr("global_symbol", "main").with_attr("num_input", num_input)
     grad_names = [v.name for v in wrt]
     config = dict(model.config, loss=loss, gradients=grad_names,
-                  training_semantics=training_semantics(model))
+                  training_semantics=training_semantics(model), loss_scaling=loss_scale)
     return Model(
         model.name,
         tvm.IRModule({"main": step}),
-        [*model.inputs, label_spec],
+        [*model.inputs, label_spec, *scale_spec],
         list(model.params),
         True,
         config,
@@ -258,19 +264,24 @@ def _default_trainable(model: Model) -> list[str]:
 
 
 def _loss_module(model: Model, fwd: relax.Function, loss: str, label_spec: TensorSpec,
-                 out_shape: tuple[int, ...]) -> tvm.IRModule:
-    """A module whose `main(inputs..., labels, params...)` returns the loss of `fwd`."""
+                 out_shape: tuple[int, ...], scale_spec: list[TensorSpec]) -> tvm.IRModule:
+    """A module whose `main(inputs..., labels, [loss_scale], params...)` returns the loss of
+    `fwd` (times the scale)."""
     bb = relax.BlockBuilder()
     fwd_gv = bb.add_func(fwd, "forward")
     inputs = [relax.Var(s.name, relax.TensorType(s.shape, s.dtype)) for s in model.inputs]
     labels = relax.Var("labels", relax.TensorType(label_spec.shape, label_spec.dtype))
+    scale = [relax.Var(s.name, relax.TensorType(s.shape, s.dtype)) for s in scale_spec]
     params = [relax.Var(s.name, relax.TensorType(s.shape, s.dtype)) for s in model.params]
-    with bb.function("main", [*inputs, labels, *params]):
+    with bb.function("main", [*inputs, labels, *scale, *params]):
         with bb.dataflow():
             out = bb.emit(relax.Call(fwd_gv, [*inputs, *params]))
             if isinstance(fwd.ret_ty, relax.TupleType):
                 out = bb.emit(relax.TupleGetItem(out, 0))
-            value = bb.emit_output(_emit_loss(bb, loss, out, labels, out_shape))
+            value = _emit_loss(bb, loss, out, labels, out_shape)
+            if scale:
+                value = relax.op.multiply(bb.emit(value), scale[0])
+            value = bb.emit_output(value)
         bb.emit_func_output(value)
     return bb.get()
 

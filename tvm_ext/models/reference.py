@@ -26,6 +26,7 @@ accumulated over a reduction, not bit equality:
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Sequence
 
@@ -90,6 +91,71 @@ def torch_training_step(
     grads = torch.autograd.grad(value, wrt, allow_unused=True)
     grads = [torch.zeros_like(w) if g is None else g for w, g in zip(wrt, grads, strict=True)]
     return [_to_numpy(value), *(_to_numpy(g) for g in grads)]
+
+
+def torch_optimizer(optimizer, tensors):
+    """The `torch.optim` optimizer of a `tvm_ext.models.optimizer.Optimizer` over `tensors`
+    (single-tensor path, as the compiled update follows)."""
+    import torch
+
+    o = optimizer
+    if o.kind in ("sgd", "momentum"):
+        return torch.optim.SGD(tensors, lr=o.lr, momentum=o.momentum if o.kind == "momentum"
+                               else 0.0, dampening=o.dampening, nesterov=o.nesterov,
+                               weight_decay=o.weight_decay, foreach=False)
+    cls = torch.optim.Adam if o.kind == "adam" else torch.optim.AdamW
+    return cls(tensors, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay,
+               foreach=False)
+
+
+# A gradient element this far below the largest gradient of its step is rounding noise: two
+# correct implementations may differ in its sign (e.g. a key bias, whose exact gradient through
+# softmax is zero), and Adam's normalisation turns either sign into a step of lr.
+NOISE_FLOOR = 1e-6
+
+
+@dataclasses.dataclass
+class OptimizerSteps:
+    """What `optimizer_steps` returns: the loss of each step, the parameters and the state
+    after (state in `make_optimizer_step`'s argument order: per state name, per trainable
+    parameter, then the step count), and per parameter where its gradient was rounding noise
+    in some step (see NOISE_FLOOR; None for a parameter that is not trained)."""
+
+    losses: list[float]
+    params: list[np.ndarray]
+    state: list[np.ndarray]
+    noise: list[np.ndarray | None]
+
+
+def optimizer_steps(gradient, params: Sequence[np.ndarray], trainable: Sequence[int],
+                    optimizer, batches: Sequence) -> OptimizerSteps:
+    """`len(batches)` steps of `torch.optim` from `params` and zero state, as torch starts:
+    `gradient(params, batch)` gives (loss, gradients of the parameters at `trainable`), the
+    optimizer updates those."""
+    import torch
+
+    values = [_to_torch(p, copy=True) for p in params]
+    opt = torch_optimizer(optimizer, [values[i] for i in trainable])
+    losses = []
+    noise: list = [None] * len(values)
+    for batch in batches:
+        loss, grads = gradient([_to_numpy(v) for v in values], batch)
+        losses.append(float(loss))
+        grads = [np.asarray(g, dtype=np.float64) for g in grads]
+        floor = NOISE_FLOOR * max((float(np.abs(g).max()) for g in grads if g.size),
+                                  default=0.0)
+        for i, g in zip(trainable, grads, strict=True):
+            below = np.abs(g) <= floor
+            noise[i] = below if noise[i] is None else noise[i] | below
+            values[i].grad = _to_torch(g.astype(np.asarray(params[i]).dtype), copy=True)
+        with torch.no_grad():
+            opt.step()
+    state = []
+    for name in optimizer.state_names:
+        state += [_to_numpy(opt.state[values[i]][name]) for i in trainable]
+    if optimizer.counts_steps:  # torch's SGD keeps no count: the steps taken from zero state
+        state.append(np.asarray(len(batches), dtype=np.float32))
+    return OptimizerSteps(losses, [_to_numpy(v) for v in values], state, noise)
 
 
 def file_weight_mismatches(path: str, params: Sequence[np.ndarray],
@@ -195,7 +261,7 @@ def _to_torch(array, copy: bool = False):
     array = np.asarray(array)
     if array.dtype.name == "bfloat16":
         return torch.from_numpy(array.astype(np.float32)).to(torch.bfloat16)
-    return torch.from_numpy(np.array(array) if copy else np.ascontiguousarray(array))
+    return torch.from_numpy(np.array(array) if copy else np.asarray(array, order="C"))
 
 
 def _to_numpy(tensor) -> np.ndarray:

@@ -13,7 +13,9 @@ num_devices, link=..., strategy=...)` gives a `PartitionPlan`:
     print(plan.summary())
 
 Strategies: "tofu" (coarsening + dynamic programming per mesh level, the default),
-"data_parallel", "megatron", "exact" (joint optimum, small graphs only).
+"data_parallel", "megatron", "exact" (joint optimum, small graphs only), and for an optimizer
+step "zero1", "zero2", "zero3" (ZeRO's stages over data parallelism: optimizer state,
+gradients, parameters sharded).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Mapping, Sequence
 
 from ..cost.hardware import Hardware, Link
 from ..errors import InputError
-from .baselines import data_parallel_layouts, megatron_layouts
+from .baselines import data_parallel_layouts, megatron_layouts, zero_bytes, zero_layouts
 from .elimination import TableTooLarge
 from .layout import REP, factorize
 from .model import MEMORY_TIE_BREAK, PartitionModel
@@ -40,7 +42,7 @@ from .problem import PartitionProblem
 from .search import Searcher, State, search, solve_exact, tie_groups
 from .spec import AxisCut, DimSpec, InnerReduce, KernelSpec
 
-STRATEGIES = ("tofu", "data_parallel", "megatron", "exact")
+STRATEGIES = ("tofu", "data_parallel", "megatron", "exact", "zero1", "zero2", "zero3")
 
 __all__ = [
     "REP",
@@ -61,6 +63,7 @@ __all__ = [
     "TensorPlacement",
     "make_model",
     "plan_partition",
+    "zero_bytes",
 ]
 
 
@@ -147,6 +150,13 @@ def plan_partition(
         state = search(model, coarsen=coarsen, seeds=seeds)
     elif strategy == "exact":
         state = solve_exact(model)
+    elif strategy.startswith("zero"):
+        fixed = zero_layouts(model, int(strategy[-1]))
+        if fixed is None:
+            raise NotApplicable(f"ZeRO needs an optimizer step whose batch divides by "
+                                f"{num_devices}")
+        searcher = Searcher(model, tie_groups(model), fixed[0], fixed_ops=fixed[1])
+        state = searcher.solve(State(model), list(range(model.levels)))
     elif strategy == "data_parallel":
         fixed = data_parallel_layouts(model)
         if fixed is None:

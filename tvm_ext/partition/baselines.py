@@ -48,6 +48,60 @@ def data_parallel_layouts(model: PartitionModel):
     return fixed, ops
 
 
+def zero_layouts(model: PartitionModel, stage: int):
+    """Fixed (tensor layouts, op strategies) of ZeRO stage 1, 2 or 3 over data parallelism,
+    for an optimizer step (`tvm_ext.models.optimizer`), or None where data parallelism does not
+    apply. On top of `data_parallel_layouts`: stage 1 shards the optimizer state along its
+    first axis, stage 2 the gradients the updates read too, stage 3 the parameters too (each
+    in-place update keeps its argument's layout). The updates' own strategies are left to the
+    search, which so picks each update's cheapest split under those layouts (the state's:
+    each device updates its shard, then the parameters are gathered where they are stored
+    whole). Tensors whose first axis does not divide by k stay replicated.
+
+    Closed form per device per step with ring collectives, for P bytes of trained parameters
+    and as many of gradients (`zero_bytes`): data parallel 2(k-1)/k P (allreduce the
+    gradients); stage 1 3(k-1)/k P (that, and allgather the updated parameters); stage 2
+    2(k-1)/k P (reduce-scatter the gradients, allgather the parameters); stage 3 3(k-1)/k P
+    (reduce-scatter the gradients, gather the parameters for the forward and the backward
+    use)."""
+    base = data_parallel_layouts(model)
+    if base is None:
+        return None
+    fixed, ops = base
+    g = model.graph
+    k = model.prefix[-1]
+    updates = [op.id for op in g.ops if op.phase == "update"]
+    if not updates:
+        return None
+    shard = set()
+    for t in g.tensors:
+        if t.arg_index is None or t.kind not in ("state", "parameter"):
+            continue
+        if (t.kind == "state" and stage >= 1) or (t.kind == "parameter" and stage >= 3):
+            shard.add(t.id)
+    if stage >= 2:
+        for op_id in updates:
+            shard |= {t for t in g.ops[op_id].inputs if g.tensors[t].arg_index is None
+                      and g.tensors[t].overwrites is None and g.tensors[t].producer is not None}
+    for t in g.tensors:  # an in-place version is stored as its argument
+        if t.overwrites is not None and g.base(t.id) in shard:
+            shard.add(t.id)
+    for t in shard:
+        shape = g.tensors[t].shape
+        if shape and shape[0] % k == 0 and not model.free[t]:
+            fixed[t] = [0] * model.levels
+    for op_id in updates:
+        del ops[op_id]
+    return fixed, ops
+
+
+def zero_bytes(trained_bytes: float, k: int, stage: int) -> float:
+    """The closed-form bytes each device sends per step (see `zero_layouts`); stage 0 is data
+    parallelism."""
+    f = (k - 1) / k
+    return {0: 2 * f, 1: 3 * f, 2: 2 * f, 3: 3 * f}[stage] * trained_bytes
+
+
 def _batch_dim(model: PartitionModel, op_id: int) -> int | None:
     """The dim of an op that cuts its tensors along their batch axes."""
     op = model.graph.ops[op_id]

@@ -519,12 +519,22 @@ def layout_name(scheme: int) -> str:
 def layouts_of(plan: PartitionPlan, graph: DataflowGraph) -> dict:
     """The layouts a partitioned module takes its arguments in and returns its outputs in:
     `num_devices`, `mesh`, and per argument and output `name`, `shape` (whole), `dtype` and
-    `layout` (one entry per mesh level)."""
+    `layout` (one entry per mesh level). Outputs that update an argument in place (an
+    optimizer step's new parameters and state) are not returned: they are in the argument."""
     args = sorted((t for t in graph.tensors if t.arg_index is not None),
                   key=lambda t: t.arg_index)
+    returned = [t for t in graph.outputs if graph.tensors[t].overwrites is None]
     return {"num_devices": plan.num_devices, "mesh": list(plan.mesh),
             "arguments": _layouts(plan, graph, [t.id for t in args]),
-            "outputs": _layouts(plan, graph, graph.outputs)}
+            "outputs": _layouts(plan, graph, returned)}
+
+
+def in_place_mismatches(plan: PartitionPlan, graph: DataflowGraph) -> list[str]:
+    """Names of the in-place updates whose layout is not their argument's: the update writes
+    into the argument's own pieces, so a plan must give both one layout."""
+    by_id = {t.id: t for t in plan.tensors}
+    return [t.name for t in graph.tensors if t.overwrites is not None
+            and list(by_id[t.id].layout) != list(by_id[graph.base(t.id)].layout)]
 
 
 def _layouts(plan: PartitionPlan, graph: DataflowGraph, tids) -> list[dict]:

@@ -66,7 +66,8 @@ class State:
 def gradient_pairs(model: PartitionModel) -> list[tuple[int, int]]:
     """(parameter, gradient) tensor pairs of a training step `main(...) -> (loss, grads...)`."""
     g = model.graph
-    params = sorted((t for t in g.tensors if t.kind == "parameter"), key=lambda t: t.arg_index)
+    params = sorted((t for t in g.tensors if t.kind == "parameter" and t.arg_index is not None),
+                    key=lambda t: t.arg_index)
     outs = g.outputs
     if len(outs) != len(params) + 1 or g.tensors[outs[0]].shape != ():
         return []
@@ -80,11 +81,15 @@ def gradient_pairs(model: PartitionModel) -> list[tuple[int, int]]:
 
 def tie_groups(model: PartitionModel) -> list[int]:
     """The group of each tensor (the tensors of a group share one layout): a parameter and its
-    gradient; -1 for constants."""
+    gradient; an argument and its in-place update (an optimizer step writes the new value into
+    the argument's own buffer, so it has the argument's layout); -1 for constants."""
     g = model.graph
     group = list(range(len(g.tensors)))
     for p, grad in gradient_pairs(model):
         group[grad] = p
+    for t in g.tensors:
+        if t.overwrites is not None:
+            group[t.id] = g.base(t.id)
     return [-1 if model.free[t] else group[t] for t in range(len(g.tensors))]
 
 

@@ -72,7 +72,7 @@ def shard(array: np.ndarray, mesh: Sequence[int], layout: Sequence[int],
     out = array
     for axis in sorted({s for s in layout if s != REP}):
         out = np.take(out, axis_indices(array.shape[axis], mesh, layout, axis, coords), axis=axis)
-    return np.ascontiguousarray(out)
+    return np.asarray(out, order="C")
 
 
 def shards(array: np.ndarray, mesh: Sequence[int], layout: Sequence[int]) -> list[np.ndarray]:

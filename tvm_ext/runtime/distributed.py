@@ -294,7 +294,7 @@ class Session:
 
     def replicate(self, array: np.ndarray, *, on_host: bool = False) -> DArray:
         """The whole array on every worker (copied to worker 0, broadcast from there)."""
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")
         out = self.empty(array.shape, str(array.dtype), on_host=on_host)
         self._sess.copy_to_worker_0(tvm.runtime.tensor(array), out.ref)
         self.call("runtime.disco.broadcast_from_worker0", out.ref, False, out.ref)
@@ -332,7 +332,7 @@ class Session:
         """The whole array on worker 0; the others hold an uninitialised array of its shape.
         For modules that distribute their inputs themselves (relax.distributed's LowerDistIR
         emits broadcast_from_worker0 / scatter_from_worker0 on the parameters)."""
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")
         out = self.empty(array.shape, str(array.dtype))
         self._sess.copy_to_worker_0(tvm.runtime.tensor(array), out.ref)
         self.check("copying to worker 0")

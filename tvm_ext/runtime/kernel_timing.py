@@ -15,6 +15,11 @@ import tvm
 ArgSpec = tuple[Sequence[int], str]  # (shape, dtype) of one kernel parameter
 
 
+def kernel_params(func) -> list[ArgSpec]:
+    """(shape, dtype) of each parameter of a kernel (a `tirx.PrimFunc` with static shapes)."""
+    return [([int(s) for s in p.shape], str(p.dtype)) for p in func.params]
+
+
 def kernel_arguments(params: Sequence[ArgSpec], device: tvm.runtime.Device,
                      rng: np.random.Generator) -> list[tvm.runtime.Tensor]:
     """Arguments for timing a kernel: standard normal floats, random booleans, and zeros for

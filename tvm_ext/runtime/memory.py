@@ -59,7 +59,7 @@ def empty(shape, dtype: str, device: tvm.runtime.Device) -> tvm.runtime.Tensor:
 
 def to_device(array: np.ndarray, device: tvm.runtime.Device) -> tvm.runtime.Tensor:
     """Copy a numpy array to `device` through the tracked allocator."""
-    array = np.ascontiguousarray(array)
+    array = np.asarray(array, order="C")  # keeps 0-d arrays 0-d
     out = empty(array.shape, str(array.dtype), device)
     out.copyfrom(array)
     return out

@@ -8,13 +8,13 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-INITS = ("normal", "uniform", "ones", "zeros", "randint")
+INITS = ("normal", "uniform", "ones", "zeros", "full", "randint")
 
 
 def sample(rng: np.random.Generator, shape: Sequence[int], dtype: str, init: str = "normal",
            scale: float = 1.0, high: int = 0) -> np.ndarray:
-    """One array: "normal" (std `scale`), "uniform" ([-scale, scale]), "ones", "zeros", or
-    "randint" (integers in [0, high))."""
+    """One array: "normal" (std `scale`), "uniform" ([-scale, scale]), "ones", "zeros", "full"
+    (every element `scale`), or "randint" (integers in [0, high))."""
     shape = tuple(int(s) for s in shape)
     if init == "randint":
         return rng.integers(0, high, size=shape).astype(dtype)
@@ -22,6 +22,8 @@ def sample(rng: np.random.Generator, shape: Sequence[int], dtype: str, init: str
         return np.ones(shape, dtype)
     if init == "zeros":
         return np.zeros(shape, dtype)
+    if init == "full":
+        return np.full(shape, scale, dtype)
     if init == "uniform":
         return rng.uniform(-scale, scale, size=shape).astype(dtype)
     if init == "normal":

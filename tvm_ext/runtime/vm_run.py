@@ -49,7 +49,7 @@ def place_argument(array: np.ndarray, where: tvm.runtime.Device, device: tvm.run
     if where == device:
         return memory.to_device(array, device)
     out = swap_streams.host_empty(array.shape, str(array.dtype), where, device)
-    out.copyfrom(np.ascontiguousarray(array))
+    out.copyfrom(np.asarray(array, order="C"))  # (ascontiguousarray makes scalars 1-d)
     return out
 
 
@@ -106,22 +106,25 @@ class CheckResult:
 def compare(
     outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray], rtol=1e-5, atol=1e-5,
     *, tolerances: Sequence[tuple[float, float]] | None = None,
+    names: Sequence[str] | None = None,
 ) -> CheckResult:
     """Raise `CheckError` naming the first output that differs beyond tolerance (`rtol`,
-    `atol`, or per output `(rtol, atol)` in `tolerances`)."""
+    `atol`, or per output `(rtol, atol)` in `tolerances`; `names`: what to call each output,
+    default "output i")."""
     if len(outputs) != len(reference):
         raise CheckError(f"{len(outputs)} outputs, the reference has {len(reference)}")
     if tolerances is not None and len(tolerances) != len(outputs):
         raise ValueError(f"{len(tolerances)} tolerances for {len(outputs)} outputs")
+    names = list(names) if names is not None else [f"output {i}" for i in range(len(outputs))]
     max_abs = max_rel = 0.0
-    for i, (out, ref) in enumerate(zip(outputs, reference, strict=True)):
+    for i, (name, out, ref) in enumerate(zip(names, outputs, reference, strict=True)):
         if tolerances is not None:
             rtol, atol = tolerances[i]
         if out.shape != ref.shape or out.dtype != ref.dtype:
-            raise CheckError(f"output {i}: {out.shape} {out.dtype}, reference "
+            raise CheckError(f"{name}: {out.shape} {out.dtype}, reference "
                              f"{ref.shape} {ref.dtype}")
         if not np.all(np.isfinite(out) == np.isfinite(ref)):
-            raise CheckError(f"output {i}: non-finite values differ from the reference")
+            raise CheckError(f"{name}: non-finite values differ from the reference")
         diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
         if diff.size:
             max_abs = max(max_abs, float(np.nanmax(diff)))
@@ -130,7 +133,7 @@ def compare(
         bad = ~np.isclose(out, ref, rtol=rtol, atol=atol, equal_nan=True)
         if bad.any():
             idx = np.unravel_index(int(np.argmax(bad)), bad.shape)
-            raise CheckError(f"output {i} differs at {tuple(int(j) for j in idx)}: "
+            raise CheckError(f"{name} differs at {tuple(int(j) for j in idx)}: "
                              f"{out[idx]!r} vs reference {ref[idx]!r} "
                              f"({int(bad.sum())} of {bad.size} elements beyond rtol={rtol}, "
                              f"atol={atol})")

@@ -30,7 +30,8 @@ and link load. If no window avoids the op's other needs (arena fragmentation), e
 the op is evicted and the op's working set is packed from offset 0, which always fits once the
 budget is feasible.
 
-Swap-outs are named by key, position * big + event id with big = tensors + 1: a larger key is
+Swap-outs are named by key, position * big + event id with big = 2 * tensors + 1 (a tensor
+overwritten in place may be copied out once before and once after its write): a larger key is
 later in the device-to-host FIFO.
 
 The derivation's state lives in structrefs (mutable records that numba passes by reference,
@@ -58,9 +59,11 @@ _ASAP = -2  # swap-in issue position: as soon as the window is free
 # the host (stream_idx[stream_ptr[op]:stream_ptr[op+1]], not among their needs), their cut
 # outputs out to it (out_idx[out_ptr[op]:...]), and their chunk buffers are one scratch tensor
 # among their needs.
+# writer[t]: the op that overwrites t in place (-1: none); after it t's host copy is stale.
+# end_on_host[t]: t is copied to the host at the end if it is still on the device.
 Graph = namedtuple("Graph", ["need_ptr", "need_idx", "producer", "sizes", "durations",
                              "is_output", "stream_ptr", "stream_idx", "out_ptr", "out_idx",
-                             "chunks"])
+                             "chunks", "writer", "end_on_host"])
 # Bytes/s and seconds; `issue`: compute-stream seconds per copy issued, `sync`: seconds from the
 # event a stalled stream waits for to its resuming (both 0 on a GPU; measured on the stand-in).
 Link = namedtuple("Link", ["h2d_bw", "h2d_lat", "d2h_bw", "d2h_lat", "issue", "sync"])
@@ -107,6 +110,9 @@ _TENSORS = _Record([
     ("sizes", _I), ("slot", _I),  # bytes, and bytes of its window (its size class's objects)
     ("obj_class", _I), ("fixed", _B), ("is_output", _B),
     ("prod_op", _I),  # the op that makes it (-1: none); it may run at several positions
+    ("write_op", _I),  # the op that overwrites it in place, -1 if none
+    ("host_start", _B),  # it starts the call on the host (and must end there if written)
+    ("end_on_host", _B),  # it must end the call on the host
     ("offload_after", _I),  # vDNN: offloaded after that position (-1: never)
     ("use_ptr", _I), ("use_pos", _I),  # its uses, sorted positions use_pos[use_ptr[t]:use_ptr[t+1]]
     ("xin", _F), ("xout", _F),  # estimated swap-in, swap-out time
@@ -259,6 +265,8 @@ def _new_tensors(graph, fixed, host_start, link, offload_after, layout, use_ptr,
     ten.sizes, ten.obj_class = sizes, np.ascontiguousarray(layout.obj_class)
     ten.fixed, ten.is_output = fixed.copy(), graph.is_output.copy()
     ten.prod_op, ten.slot = np.ascontiguousarray(graph.producer).copy(), sizes.copy()
+    ten.write_op = np.ascontiguousarray(graph.writer).copy()
+    ten.host_start, ten.end_on_host = host_start.copy(), graph.end_on_host.copy()
     ten.xin, ten.xout = np.empty(n_t), np.empty(n_t)
     for t in range(n_t):
         if layout.obj_class[t] >= 0:
@@ -296,8 +304,9 @@ def _new_tables(cap, n_t, nseg, arena):
     ins.before, ins.wait_key = np.empty(cap, np.int64), np.empty(cap, np.int64)
     ins.valid, ins.stream, ins.count = np.zeros(cap, np.bool_), np.zeros(cap, np.bool_), 0
     outs = structref.new(_SWAP_OUTS)
-    outs.tensor, outs.after = np.empty(n_t + 1, np.int64), np.empty(n_t + 1, np.int64)
-    outs.stream, outs.count = np.zeros(n_t + 1, np.bool_), 0
+    cap_out = _out_key_base(n_t)
+    outs.tensor, outs.after = np.empty(cap_out, np.int64), np.empty(cap_out, np.int64)
+    outs.stream, outs.count = np.zeros(cap_out, np.bool_), 0
     return seg, res, ins, outs
 
 
@@ -412,7 +421,7 @@ def _stream_out(st, graph, op, i):
     tensor, the last of its needs, freed after the op) is not free until the copies are."""
     ten = st.ten
     outs = st.outs
-    big = ten.sizes.shape[0] + 1
+    big = _out_key_base(ten.sizes.shape[0])
     scratch = graph.need_idx[graph.need_ptr[op + 1] - 1]
     window = _seg_find(st.seg, ten.offset[scratch])
     for j in range(graph.out_ptr[op], graph.out_ptr[op + 1]):
@@ -531,6 +540,8 @@ def _after_op(st, needs, m, i):
         t = needs[jj]
         last_use[t] = i
         res_end[cur_res[t]] = i
+        if ten.write_op[t] == st.order[i]:
+            ten.host_copy[t] = False  # overwritten in place: the device copy is the only one
         c = cursor[t]
         while c < use_ptr[t + 1] and use_pos[c] <= i:
             c += 1
@@ -561,8 +572,14 @@ def _derivation(st):
     end_on_device = np.zeros(n_t, np.bool_)
     for t in range(n_t):
         if ten.resident[t]:
-            end_on_device[t] = True
             st.res.end[ten.cur_res[t]] = st.n - 1
+            if ten.end_on_host[t] or (ten.host_start[t] and ten.write_op[t] >= 0):
+                # An argument kept on the host and overwritten ends the call there.
+                if not ten.host_copy[t]:
+                    _write_back(st, t)
+                ten.resident[t] = False
+            else:
+                end_on_device[t] = True
     r, h, d = st.res, st.ins, st.outs
     nr, nh, nd = r.count, h.count, d.count
     res = ResidencyTable(tensor=r.tensor[:nr], offset=r.offset[:nr], begin=r.begin[:nr],
@@ -572,11 +589,32 @@ def _derivation(st):
                       wait_key=h.wait_key[:nh], valid=h.valid[:nh], stream=h.stream[:nh])
     outs = SwapOutTable(tensor=d.tensor[:nd], after=d.after[:nd], stream=d.stream[:nd])
     return Derivation(residencies=res, swap_ins=ins, swap_outs=outs, op_wait=st.op_wait,
-                      end_on_device=end_on_device, fallbacks=st.fallbacks, big=n_t + 1,
+                      end_on_device=end_on_device, fallbacks=st.fallbacks, big=_out_key_base(n_t),
                       max_segments=st.max_segments, placements=st.placements)
 
 
+@nb.njit(cache=True)
+def _write_back(st, t):
+    """Copy t, overwritten in place, back to its host buffer after the last op."""
+    outs, ten = st.outs, st.ten
+    nd = outs.count
+    outs.tensor[nd] = t
+    outs.after[nd] = st.n - 1
+    outs.count = nd + 1
+    s = max(st.d2h_free, st.est[st.n - 1] if st.n > 0 else 0.0)
+    st.d2h_free = s + ten.xout[t]
+    ten.host_copy[t] = True
+    ten.resident[t] = False
+
+
 # ---------------------------------------------------------------- tensors
+@nb.njit(cache=True)
+def _out_key_base(n_t):
+    """Rows of the swap-out table, and the `big` of its keys: each tensor is copied out at
+    most once before an in-place write to it and once after."""
+    return 2 * n_t + 1
+
+
 @nb.njit(cache=True)
 def _advance(cursor, use_ptr, use_pos, v, i):
     """Move v's cursor (into its uses) to its first use at or after position i; return it."""
@@ -601,7 +639,7 @@ def _evict(st, v, k, p):
     """Evict resident tensor v (segment k) whose residency ends after position p: swap it out
     after p if it has no host copy and is needed again (or returned)."""
     ten = st.ten
-    big = ten.sizes.shape[0] + 1
+    big = _out_key_base(ten.sizes.shape[0])
     c = ten.cursor[v]
     # A tensor made again before its next use (recompute) needs no copy.
     future = (c < ten.use_ptr[v + 1] and st.order[ten.use_pos[c]] != ten.prod_op[v]) or \

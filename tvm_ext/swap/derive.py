@@ -127,10 +127,13 @@ class SplitSetup:
         sizes = np.concatenate([p.sizes, np.asarray(extra, dtype=np.int64)]).astype(np.int64)
         producer = np.concatenate([np.asarray(p.producers, dtype=np.int64),
                                    np.asarray(sorted(choice), dtype=np.int64)])
-        graph = _core.Graph(*_csr(needs), producer, sizes, durations,
-                            np.concatenate([is_output, np.zeros(len(choice), dtype=bool)]),
-                            *_csr(streams), *_csr(outs), chunks)
         pad = np.zeros(len(choice), dtype=bool)
+        end_on_host = np.zeros(n_t, dtype=bool)
+        end_on_host[list(p.end_on_host or [])] = True
+        writer = np.concatenate([p.writer(), np.full(len(choice), -1, dtype=np.int64)])
+        graph = _core.Graph(*_csr(needs), producer, sizes, durations,
+                            np.concatenate([is_output, pad]), *_csr(streams), *_csr(outs),
+                            chunks, writer, np.concatenate([end_on_host, pad]))
         return cls(choice, scratch, graph, np.concatenate([fixed, pad]),
                    np.concatenate([p.host_start, pad]))
 

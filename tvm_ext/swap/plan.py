@@ -197,6 +197,7 @@ class SwapPlan:
         self._check_needs(problem)
         self._check_splits(problem)
         self._check_copies(problem, swapped_out_at)
+        self._check_writes(problem, swapped_out_at)
         for r in self.residencies:
             if r.source == "produced" and problem.producers[r.tensor] != self.schedule[r.begin]:
                 raise PlanError(f"tensor {r.tensor} is produced at a position that does not "
@@ -332,6 +333,31 @@ class SwapPlan:
                                 f"swap-out")
             if s.wait_swap_out < out:
                 raise PlanError(f"swap-in {k} does not wait for the swap-out of its data")
+
+    def _check_writes(self, problem: SwapProblem, swapped_out_at: dict[int, int]) -> None:
+        """A tensor overwritten in place is copied out before it is fetched again, and one
+        that started on the host is back there at the end (written back)."""
+        position = {op: i for i, op in enumerate(self.schedule)}
+        pinned = set(self.pinned)
+        on_host, returned = set(self.host_start), set(self.outputs_on_host)
+        fetches: dict[int, list[int]] = {}
+        for k, s in enumerate(self.swap_ins):
+            fetches.setdefault(s.tensor, []).append(k)
+        for t, op in enumerate(problem.writer()):
+            if op < 0 or t in pinned:
+                continue
+            w = position[int(op)]
+            out = swapped_out_at.get(t)
+            copied = out is not None and self.swap_outs[out].after >= w
+            for k in fetches.get(t, []):
+                s = self.swap_ins[k]
+                if s.after >= w and not (copied and self.swap_outs[out].after <= s.after
+                                         and s.wait_swap_out >= out):
+                    raise PlanError(f"swap-in {k} fetches {problem.tensor_names[t]} after it "
+                                    "was overwritten, without its copy-out")
+            if t in on_host and not (copied and t in returned):
+                raise PlanError(f"{problem.tensor_names[t]} starts on the host and is "
+                                "overwritten, but is not written back")
 
     # ---------------------------------------------------------------- serialization
     def to_dict(self) -> dict:

@@ -2,7 +2,13 @@
 
 Ops carry a compute duration and the base tensors they touch (inputs, outputs, kernel scratch);
 tensors carry their size and whether they may start on the host (function arguments: a host
-copy exists before the iteration and stays valid, since Relax never writes an argument).
+copy exists before the iteration). An op may overwrite a tensor in place (`op_writes`: an
+optimizer step's update of a parameter or its state): from then on the host copy is stale, so
+evicting the tensor copies it out, and an argument that starts the iteration on the host ends
+it there, written back (the plan is a steady state across iterations). The op follows every
+other reader of what it overwrites (`op_deps` holds those too). Such a function (a training
+step) returns its other outputs (the loss) from the host (`end_on_host`): the caller keeps
+the return value, which must not hold device memory into the next iteration.
 Views are resolved to their base: they take no bytes and keep the base alive. `pinned` tensors
 (module constants by default) stay on the device for the whole iteration, outside the planned
 pools. Sizes in the problem are rounded up to the pool alignment (256 bytes), the granularity at
@@ -12,6 +18,7 @@ which the SwapOffload pass places tensors.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Sequence
 
@@ -74,6 +81,8 @@ class SwapProblem:
     op_splits: list[list[list]] | None = None
     copy_issue: float = 0.0  # compute-stream seconds per copy issued (`Hardware`)
     sync_latency: float = 0.0  # s from an event to the stream stalled on it resuming
+    op_writes: list[list[int]] | None = None  # base tensors each op overwrites in place
+    end_on_host: list[int] | None = None  # outputs copied to the host at the end
 
     def __post_init__(self):
         self.durations = np.asarray(self.durations, dtype=np.float64)
@@ -82,6 +91,10 @@ class SwapProblem:
         self.pinned = np.asarray(self.pinned, dtype=bool)
         if self.order is None:
             self.order = list(range(self.num_ops))
+        if self.op_writes is None:
+            self.op_writes = [[] for _ in range(self.num_ops)]
+        if self.end_on_host is None:
+            self.end_on_host = []
         if not self.is_topological(self.order):
             raise ValueError("the problem's default order is not topological")
 
@@ -122,10 +135,11 @@ class SwapProblem:
             op_inputs.append(ins)
             op_outputs.append(outs)
             op_scratch.append([op.workspace] if op.workspace is not None else [])
-            op_deps.append(_unique(graph.tensors[t].producer for t in op.inputs
-                                   if graph.tensors[t].producer is not None))
+            op_deps.append(_unique([*(graph.tensors[t].producer for t in op.inputs
+                                      if graph.tensors[t].producer is not None),
+                                    *graph.must_follow(op.id)]))
         kinds = [t.kind for t in graph.tensors]
-        is_arg = np.array([k in ("parameter", "input") for k in kinds])
+        is_arg = np.array([k in ("parameter", "state", "input") for k in kinds])
         is_const = np.array([k == "constant" for k in kinds])
         pinned = is_const & pin_constants
         host_start = is_arg | (is_const & ~pinned)
@@ -144,6 +158,8 @@ class SwapProblem:
             op_splits=None if all(op.time_splits is None for op in graph.ops) else
             [op.time_splits or [] for op in graph.ops],
             copy_issue=hw.copy_issue_overhead, sync_latency=hw.sync_overhead,
+            op_writes=[graph.overwritten(op.id) for op in graph.ops],
+            end_on_host=_returned_from_host(graph),
         )
 
     def with_budget(self, budget: int) -> SwapProblem:
@@ -179,9 +195,29 @@ class SwapProblem:
             first.setdefault(int(op), i)
         if len(first) != self.num_ops or not self.is_topological(sorted(first, key=first.get)):
             return False
+        return all(self.may_run_again(int(op)) for i, op in enumerate(runs)
+                   if first[int(op)] != i)
+
+    def may_run_again(self, op: int) -> bool:
+        """Whether `op` may run a second time (recompute): a kernel with one output, and no
+        in-place write involved (a second run would read what was written in between)."""
         kinds = self.op_kinds or ["kernel"] * self.num_ops
-        return all(kinds[op] == "kernel" and len(self.op_outputs[op]) == 1
-                   for i, op in enumerate(runs) if first[int(op)] != i)
+        return (kinds[op] == "kernel" and len(self.op_outputs[op]) == 1
+                and not self.op_writes[op] and not self._written & set(self.needs(op)))
+
+    @functools.cached_property
+    def _written(self) -> set[int]:
+        return {t for ts in self.op_writes for t in ts}
+
+    def writer(self) -> np.ndarray:
+        """The op that overwrites each tensor in place (-1: none); at most one per tensor."""
+        out = np.full(self.num_tensors, -1, dtype=np.int64)
+        for op, tensors in enumerate(self.op_writes):
+            for t in tensors:
+                if out[t] >= 0:
+                    raise ValueError(f"tensor {self.tensor_names[t]} is overwritten by two ops")
+                out[t] = op
+        return out
 
     @property
     def pinned_bytes(self) -> int:
@@ -191,7 +227,9 @@ class SwapProblem:
         """Per op, the dims it may be split along in time (`tvm_ext.swap.split`)."""
         if self.op_splits is None:
             return [[] for _ in range(self.num_ops)]
-        return [[SplitOption.from_list(o) for o in ops] for ops in self.op_splits]
+        # Chunks of a kernel that writes in place would read what earlier chunks wrote.
+        return [[] if writes else [SplitOption.from_list(o) for o in ops]
+                for ops, writes in zip(self.op_splits, self.op_writes, strict=True)]
 
     def op_working_set(self, op: int, split: bool = True) -> int:
         """Aligned bytes of `op`'s unpinned needs: what must fit in the pools while it runs
@@ -264,6 +302,16 @@ class SwapProblem:
     @classmethod
     def from_json(cls, text: str) -> SwapProblem:
         return cls.from_dict(json.loads(text))
+
+
+def _returned_from_host(graph: DataflowGraph) -> list[int]:
+    """The outputs a function that updates arguments in place returns from the host: those
+    that are not the updates (which go to their arguments)."""
+    if not any(t.overwrites is not None for t in graph.tensors):
+        return []
+    return _unique(graph.base(t) for t in graph.outputs
+                   if graph.tensors[t].overwrites is None and graph.tensors[t].arg_index is None
+                   and graph.tensors[graph.base(t)].kind not in ("constant",))
 
 
 def _unique(items) -> list[int]:

@@ -37,10 +37,10 @@ SEED_FRACTIONS = (0.01, 0.02, 0.05, 0.1)
 
 
 def recomputable(problem: SwapProblem) -> np.ndarray:
-    """Per op: whether it may run a second time (a kernel with one output)."""
-    kinds = problem.op_kinds or ["kernel"] * problem.num_ops
-    return np.array([k == "kernel" and len(outs) == 1
-                     for k, outs in zip(kinds, problem.op_outputs, strict=True)], dtype=bool)
+    """Per op: whether it may run a second time: a kernel with one output that writes nothing
+    in place and reads nothing another op writes in place (a second run after that write would
+    read the new value)."""
+    return np.array([problem.may_run_again(op) for op in range(problem.num_ops)], dtype=bool)
 
 
 def _use_positions(problem: SwapProblem, order: np.ndarray) -> list[list[int]]:

@@ -144,7 +144,9 @@ def validate(problem: SwapProblem, plan: SwapPlan) -> None:
         raise PlanError("simulated device memory exceeds the budget")
     for k, s in enumerate(plan.swap_ins):
         out = swapped_out_at.get(s.tensor)
-        if out is not None and result.h2d_start[k] < result.d2h_end[out] - 1e-12:
+        # (An argument fetched, overwritten in place and written back is copied out after.)
+        if out is not None and plan.swap_outs[out].after <= s.after and \
+                result.h2d_start[k] < result.d2h_end[out] - 1e-12:
             raise PlanError(f"swap-in {k} starts before its swap-out has finished")
 
 

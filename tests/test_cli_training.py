@@ -1,0 +1,99 @@
+"""scripts/compile.py --training --optimizer: N steps printed and checked against torch.optim
+(tvm_ext/cli/training.py), and the options that would do nothing refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tvm_ext.cli import main
+
+
+def test_zoo_steps_run_and_check(tmp_path, capsys):
+    report = tmp_path / "r.json"
+    argv = ["mlp", "--training", "--optimizer", "adamw", "--lr", "1e-2", "--steps", "3",
+            "--run", "--check", "--report", str(report)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "adamw (lr 0.01, betas (0.9, 0.999), eps 1e-08, weight decay 0.01)" in out
+    assert all(f"step {i} " in out for i in (1, 2, 3)) and "loss falls" in out
+    assert "check   OK: 3 steps match torch.optim with gradients by a plain TVM build" in out
+    data = json.loads(report.read_text())
+    assert data["training"]["loss_falls"] and len(data["training"]["losses"]) == 3
+    assert data["check"]["ok"] and data["model_summary"]["config"]["optimizer"]["kind"] == \
+        "adamw"
+
+
+@pytest.fixture(scope="module")
+def pt2_net(tmp_path_factory):
+    torch = pytest.importorskip("torch")
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = torch.nn.Linear(8, 16)
+            self.fc2 = torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("pt2") / "net.pt2"
+    torch.export.save(torch.export.export(Net(), (torch.randn(3, 8),)), str(path))
+    return path
+
+
+def test_pt2_steps_check_against_torch_optim(pt2_net, capsys):
+    argv = [str(pt2_net), "--training", "--optimizer", "momentum", "--lr", "0.1",
+            "--momentum", "0.8", "--weight-decay", "0.01", "--check"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "check   OK: 5 steps match torch.optim with gradients by PyTorch" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["mlp", "--optimizer", "sgd"], "--optimizer adds the update to the training step: it "
+     "needs --training"),
+    (["mlp", "--training", "--lr", "0.1"], "--lr applies to an optimizer step: it needs "
+     "--optimizer"),
+    (["mlp", "--training", "--optimizer", "adam", "--momentum", "0.9"],
+     "--momentum does nothing with --optimizer adam"),
+    (["mlp", "--training", "--optimizer", "sgd", "--eps", "1e-6"],
+     "--eps does nothing with --optimizer sgd"),
+    (["mlp", "--training", "--optimizer", "sgd", "--steps", "3"],
+     "--steps runs the optimizer step N times: it needs --run or --check"),
+    (["mlp", "--training", "--optimizer", "sgd", "--steps", "0", "--run"],
+     "--steps takes a number of steps >= 1"),
+    (["mlp", "--training", "--optimizer", "adam", "--betas", "0.9"], "--betas 0.9: takes two"),
+    (["mlp", "--training", "--optimizer", "adam", "--lr", "-1"], "--lr takes a number >= 0"),
+    (["mlp", "--training", "--dtype", "bf16"], "--dtype applies to an optimizer step"),
+])
+def test_idle_training_options_are_refused(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert f"compile.py: error: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode, expected", [
+    (["--device-memory", "min"], "equal the unswapped build exactly (losses, parameters, "
+     "state), every step within the budget, host memory constant"),
+    (["--devices", "2", "--device-memory", "50%"], "match the single-device build (losses, "
+     "parameters, state within 1e-5), every worker within the budget, host memory constant"),
+])
+def test_swapped_and_partitioned_steps(mode, expected, capsys):
+    argv = ["mlp", "--training", "--optimizer", "adam", "--steps", "3", "--check", *mode]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"check   OK: 3 steps {expected}" in out
+    assert "check   OK: 3 steps match torch.optim" in out
+
+
+def test_bf16_steps_track_the_float32_curve(capsys):
+    argv = ["mlp", "--training", "--optimizer", "adamw", "--lr", "1e-2", "--dtype", "bf16",
+            "--check"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "GEMMs and convolutions in bf16" in out
+    assert "check   OK: 5 bf16 losses track the float32 curve of torch.optim" in out

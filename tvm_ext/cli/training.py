@@ -1,0 +1,156 @@
+"""--optimizer: the compiled training iteration run for --steps steps on a fixed synthetic batch
+(each step's loss, time and peak), and --check against as many steps of torch.optim."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from tvm_ext.driver import training
+from tvm_ext.errors import CheckError, InputError
+from tvm_ext.models.mixed_precision import low_precision_step
+from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
+from tvm_ext.units import format_size
+
+from .check import torch_file
+
+
+def optimizer_of(args) -> Optimizer:
+    """The optimizer the options describe (torch's defaults for what they leave out)."""
+    options = {name: getattr(args, name) for name in ("lr", "momentum", "weight_decay",
+                                                      "betas", "eps")
+               if getattr(args, name) is not None}
+    return Optimizer(args.optimizer, **options)
+
+
+def with_optimizer(args, model, loss_scaled):
+    """(the optimizer step of the training step `model` in --dtype, `model`), or None after
+    printing why it cannot be built. `loss_scaled()` loads the model's training step with a
+    loss scale input (for fp16)."""
+    try:
+        optimizer = optimizer_of(args)
+        low = model if args.dtype != "fp16" else loss_scaled()
+        step = make_optimizer_step(low_precision_step(low, args.dtype), optimizer)
+    except InputError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return None
+    precision = "" if args.dtype == "fp32" else (
+        f"; GEMMs and convolutions in {args.dtype} (float32 accumulation, master weights "
+        "and state" + (", dynamic loss scaling)" if args.dtype == "fp16" else ")"))
+    print(f"train   {optimizer.describe()}: parameters and state updated in place, "
+          f"{len(step.config['state'])} state tensors "
+          f"({format_size(sum(s.nbytes for s in step.params[len(model.params):]))}){precision}")
+    return step, model
+
+
+def print_steps(results, what: str = "") -> None:
+    """One line per step: loss, time, device peak (per worker when partitioned), host memory
+    in use after it (when some arguments live there)."""
+    for i, r in enumerate(results, start=1):
+        peak = r.peak_bytes if isinstance(r.peak_bytes, list) else [r.peak_bytes]
+        host = r.host_bytes if isinstance(r.host_bytes, list) else [r.host_bytes]
+        line = (f"step {i:<3} loss {r.loss:.6f}  {r.seconds * 1e3:.3f} ms  peak "
+                f"{', '.join(format_size(p) for p in peak)}{what}")
+        if any(host):
+            line += f"  host {', '.join(format_size(h) for h in host)}"
+        print(line)
+    first, last = results[0].loss, results[-1].loss
+    verdict = "falls" if last < first else "does NOT fall"
+    print(f"train   loss {verdict} from {first:.6f} to {last:.6f} over {len(results)} steps on a "
+          f"fixed batch; median {np.median([r.seconds for r in results]) * 1e3:.3f} ms per step")
+
+
+def step_report(results) -> dict:
+    return {"losses": [r.loss for r in results], "seconds": [r.seconds for r in results],
+            "peak_bytes": [r.peak_bytes for r in results],
+            "host_bytes": [r.host_bytes for r in results],
+            "loss_falls": results[-1].loss < results[0].loss}
+
+
+def run_training(args, report: dict, step, gradient_model, session, target) -> int:
+    """--run/--check of an optimizer step: --steps steps on one synthetic batch through
+    `session` (a `TrainingSession` or `PartitionedTrainingSession`), then --check. The exit
+    status."""
+    batch = step.random_inputs(args.seed)
+    results = session.run([batch] * args.steps)
+    print_steps(results)
+    report.setdefault("training", {}).update(step_report(results))
+    if not args.check:
+        return 0
+    return check_training(args, report, step, gradient_model, target, batch, results,
+                          session.parameters(), session.state())
+
+
+def reference_of(args, step, gradient_model, target, batch, steps: int):
+    """(N steps of torch.optim from the same parameters on the same batch, with gradients by
+    torch.autograd (a .pt2 model) or by a plain TVM build of the training step (a zoo model);
+    what that is, in words)."""
+    path = torch_file(step, args.model)
+    if path is not None:
+        gradient, what = training.torch_gradient(path, gradient_model), "PyTorch"
+    else:
+        gradient, what = training.tvm_gradient(gradient_model, target), "a plain TVM build"
+    ref = training.reference_steps(step, gradient, [batch] * steps,
+                                   step.random_params(args.seed)[:len(gradient_model.params)])
+    return ref, f"torch.optim with gradients by {what}"
+
+
+# How far a low-precision loss curve may stray from the float32 one (relative, absolute), as
+# measured on the zoo and the corpus over the first steps (see the README).
+LOW_PRECISION_BOUND = {"bf16": (3e-2, 1e-3), "fp16": (1e-2, 1e-3)}
+
+
+def check_training(args, report, step, gradient_model, target, batch, results, params,
+                   state, reference=None) -> int:
+    """N steps against N steps of torch.optim (`reference_of`, or `reference` if given); in
+    bf16 / fp16, the loss curve against torch.optim's float32 one."""
+    ref, what = reference or reference_of(args, step, gradient_model, target, batch,
+                                          len(results))
+    if args.dtype != "fp32":
+        return _check_loss_curve(args, report, results, ref, what)
+    rtol = 1e-4 if args.rtol is None else args.rtol
+    atol = 1e-5 if args.atol is None else args.atol
+    optimizer = optimizer_of(args)
+    try:
+        check = training.compare_training([r.loss for r in results], params, state, ref,
+                                          optimizer, rtol, atol)
+    except CheckError as err:
+        report["check"] = {"ok": False, "reference": what, "error": str(err), "rtol": rtol,
+                           "atol": atol}
+        print(f"check   FAILED against {what} (rtol {rtol:g}, atol {atol:g}): {err}",
+              file=sys.stderr)
+        return 1
+    entry = {"ok": True, "reference": what, **vars(check)}
+    # Kept beside the other checks the report holds (e.g. against the unswapped build).
+    report["check"] = {**report.get("check", {}), **entry, "torch": {
+        **entry, "max_abs_error": max(check.max_loss_error, check.max_param_error,
+                                      check.max_state_error)}}
+    noise = (f"; {check.noise_elements} elements with rounding-noise gradients within "
+             f"2 N lr" if check.noise_elements else "")
+    print(f"check   OK: {check.steps} steps match {what} (losses within "
+          f"{check.max_loss_error:.2e}, parameters {check.max_param_error:.2e}, state "
+          f"{check.max_state_error:.2e}; rtol {rtol:g}, atol {atol:g}{noise})")
+    return 0
+
+
+def _check_loss_curve(args, report, results, ref, what) -> int:
+    """The low-precision losses within LOW_PRECISION_BOUND of the float32 reference's."""
+    rtol, atol = LOW_PRECISION_BOUND[args.dtype]
+    rtol = rtol if args.rtol is None else args.rtol
+    atol = atol if args.atol is None else args.atol
+    losses = np.array([r.loss for r in results])
+    expected = np.array(ref.losses)
+    deviation = float(np.max(np.abs(losses - expected) / np.maximum(np.abs(expected), 1e-12)))
+    ok = bool(np.all(np.abs(losses - expected) <= atol + rtol * np.abs(expected)))
+    entry = {"ok": ok, "reference": f"{what}, float32", "rtol": rtol, "atol": atol,
+             "max_relative_deviation": deviation, "steps": len(results)}
+    report["check"] = {**report.get("check", {}), **entry, "torch": {
+        **entry, "max_abs_error": float(np.max(np.abs(losses - expected)))}}
+    if not ok:
+        print(f"check   FAILED: the {args.dtype} losses stray from the float32 curve of {what} "
+              f"by up to {deviation:.2e} relative (rtol {rtol:g}, atol {atol:g})", file=sys.stderr)
+        return 1
+    print(f"check   OK: {len(results)} {args.dtype} losses track the float32 curve of {what} "
+          f"(largest relative deviation {deviation:.2e}; rtol {rtol:g}, atol {atol:g})")
+    return 0
