@@ -20,8 +20,9 @@ import tvm
 
 from tvm_ext import cli, driver, pipeline, schedules
 from tvm_ext.models import get_model
-from tvm_ext.schedules.apply_tuning_database import TUNED_ATTR
-from tvm_ext.schedules.database import RECORD_FILE, WORKLOAD_FILE
+from tvm_ext.schedules.apply_tuning_database import TUNED_ATTR, kernel_workload
+from tvm_ext.schedules.database import RECORD_FILE, WORKLOAD_FILE, best_seconds, open_database
+from tvm_ext.schedules.default_times import load_default_times, workload_key
 from tvm_ext.schedules.tuning import COST_MODEL_FILE
 
 TRIALS = 6
@@ -63,12 +64,24 @@ def test_compile_tunes_stores_and_applies(tuned, mlp, llvm, capsys):
     records = open(os.path.join(db_dir, RECORD_FILE)).read().splitlines()
     assert len(records) == tuning["trials_run"]  # one line per trial, appended as it goes
     assert any(t["best_s"] for t in tuning["tasks"])
-    # The build applied the records (and --check passed: tuned outputs match a plain build).
-    assert tuning["kernels_tuned"] and report["check"]["ok"]
+    # The build applied the records that beat their kernel's default schedule, and only those
+    # (and --check passed: tuned outputs match a plain build).
+    assert report["check"]["ok"]
     scheduled = pipeline.scheduled_module(mlp.mod, llvm, work_dir, library=False)
     applied = [gv.name_hint for gv, f in scheduled.functions.items()
                if isinstance(f, tvm.tirx.PrimFunc) and f.attrs.get(TUNED_ATTR, False)]
     assert sorted(applied) == sorted(tuning["kernels_tuned"])
+    staged = pipeline.module_at_schedule_phase(mlp.mod, llvm, library=False)
+    db = open_database(db_dir, create=False)
+    defaults = load_default_times(db_dir)
+    compared = 0
+    for gv, func in staged.functions.items():
+        workload = kernel_workload(func) if isinstance(func, tvm.tirx.PrimFunc) else None
+        best = best_seconds(db, workload) if workload is not None else None
+        if best is not None:
+            compared += 1
+            assert (gv.name_hint in applied) == (best < defaults[workload_key(workload)])
+    assert compared == sum(t["best_s"] is not None for t in tuning["tasks"])
 
 
 def test_second_call_tunes_nothing_and_builds_the_same_kernels(tuned, mlp, llvm, tmp_path):

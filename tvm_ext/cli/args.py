@@ -64,6 +64,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tuning work dir to build with (and tune into with --tune-trials; "
                         "default there: ./tvm_ext_tune_db)")
     _add_training_options(p)
+    _add_swap_options(p)
+    part = p.add_argument_group("partitioning over devices (PartitionOperators)")
+    part.add_argument("--devices", type=int, metavar="K",
+                      help="partition over K devices (Tofu plan, explicit collectives); --run "
+                           "runs it on K cpu workers (Disco) and --check compares with the "
+                           "single-device module; with --device-memory the budget is per device")
+    part.add_argument("--strategy", default=None,
+                      choices=["tofu", "data_parallel", "megatron", "exact", "zero1", "zero2",
+                               "zero3"],
+                      help="partitioning strategy (default tofu)")
+    part.add_argument("--link", default=None,
+                      help="link between devices for planning (nvlink, pcie, ...; default "
+                           "nvlink)")
+    part.add_argument("--partition-plan", metavar="PATH",
+                      help="apply a saved plan (JSON, e.g. the plan of a --report or of the "
+                           "sidecar of --output) instead of planning")
+    return p
+
+
+def _add_swap_options(p: argparse.ArgumentParser) -> None:
     swap = p.add_argument_group("swapping (SwapOffload)")
     swap.add_argument("--device-memory", metavar="SIZE",
                       help="device memory budget: bytes with units (512MiB, 4GB), a "
@@ -88,22 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
                            "on this model; kernels are measured and the plan made for the link")
     swap.add_argument("--link-latency-us", type=float, metavar="US",
                       help="per-copy latency of --link-gbps GBPS (default 0)")
-    part = p.add_argument_group("partitioning over devices (PartitionOperators)")
-    part.add_argument("--devices", type=int, metavar="K",
-                      help="partition over K devices (Tofu plan, explicit collectives); --run "
-                           "runs it on K cpu workers (Disco) and --check compares with the "
-                           "single-device module; with --device-memory the budget is per device")
-    part.add_argument("--strategy", default=None,
-                      choices=["tofu", "data_parallel", "megatron", "exact", "zero1", "zero2",
-                               "zero3"],
-                      help="partitioning strategy (default tofu)")
-    part.add_argument("--link", default=None,
-                      help="link between devices for planning (nvlink, pcie, ...; default "
-                           "nvlink)")
-    part.add_argument("--partition-plan", metavar="PATH",
-                      help="apply a saved plan (JSON, e.g. the plan of a --report or of the "
-                           "sidecar of --output) instead of planning")
-    return p
 
 
 def _add_training_options(p: argparse.ArgumentParser) -> None:
