@@ -12,12 +12,13 @@ the ratio of copy to compute time is an H100's. Per model:
 2. the link scaled from the preset, and the swap runtime's own costs measured with it (issuing
    a copy to an idle stream, a stalled stream's resume delay, pacing overshoot:
    `driver.measure_runtime_costs`); the planners plan with all of these (`driver.stand_in`);
-3. for each memory pressure (budget = no-swap peak / ratio) and planner (swapadvisor, vdnn,
-   lru): plan, build, run with the link on: measured time (median of --repeat), the simulated
-   time of the same plan, the error, measured and simulated % of ideal (ideal: the unswapped
-   run, measured, or the simulator's no-swap iteration), the fraction of copy time hidden under
-   compute (measured: the runtime's count; simulated: copy time outside compute stalls), and
-   whether the outputs equal the unswapped build's exactly. `ovs us` is how late the run's
+3. for each memory pressure (budget = no-swap peak / ratio) and planner (swapadvisor with
+   recompute and splitting, swap_only, checkpoint, vdnn, lru): plan, build, run with the link
+   on: measured time (median of --repeat), the simulated time of the same plan, the error,
+   measured and simulated % of ideal (ideal: the unswapped run, measured, or the simulator's
+   no-swap iteration), the fraction of copy time hidden under compute (measured: the runtime's
+   count; simulated: copy time outside compute stalls), and whether the outputs equal the
+   unswapped build's exactly. `ovs us` is how late the run's
    paced copies ended on average: far above the calibrated overshoot, another process held the
    copy workers' core (a disturbed run, not a modelling error). The unswapped run's line says
    how much of its time its thread was on a core: well below 100%, other processes held it, and
@@ -48,7 +49,8 @@ What was found and fixed where simulated and measured disagreed (see the README)
   a loaded machine's, not the model's.
 
     python benchmarks/swap_measured.py [--quick] [--models mlp,gpt,gpt2_eager,...]
-        [--ratios 2,4,8,12] [--planners swapadvisor,vdnn,lru] [--preset h100] [--repeat 7]
+        [--ratios 2,4,8,12] [--planners swapadvisor,swap_only,checkpoint,vdnn,lru]
+        [--preset h100] [--repeat 7]
 
 Prints a table; writes benchmarks/results/swap_measured.json and, for the first model, the
 planned timeline and the simulated vs measured timelines of SwapAdvisor at 4x as PNGs.
@@ -72,7 +74,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 sys.path.insert(0, str(ROOT / "tests"))
 
-PLANNERS = ("swapadvisor", "vdnn", "lru")
+PLANNERS = ("swapadvisor", "swap_only", "checkpoint", "vdnn", "lru")
 # Zoo models (training steps, deepened as in benchmarks/swap_offload.py so that the lower
 # budgets are feasible: one op's working set is a small part of the no-swap peak) and
 # third-party models of tests/corpus (training steps of their tiny configs).
