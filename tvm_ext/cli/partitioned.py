@@ -24,7 +24,7 @@ from tvm_ext.units import format_size
 
 from .check import check_against_reference
 from .presets import default_hardware
-from .report import remove_stale_sidecars, replacing, write_report
+from .report import failed_check, remove_stale_sidecars, replacing, write_report
 from .training import (
     LOW_PRECISION_BOUND,
     check_training,
@@ -237,10 +237,7 @@ def _run_training(args, report: dict, build, step, gradient_model, target, k: in
     except CheckError as err:
         problems.append(f"{err} (against the single-device build)")
     if problems:
-        report["check"] = {"ok": False, "reference": "the single-device TVM build",
-                           "error": "; ".join(problems)}
-        print(f"check   FAILED: {'; '.join(problems)}", file=sys.stderr)
-        return 1
+        return failed_check(report, "the single-device TVM build", problems)
     what = "losses, parameters, state within 1e-5" if args.dtype == "fp32" else \
         f"losses within the {args.dtype} bound"
     swapped = ", every worker within the budget, host memory constant" \

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 
 from tvm_ext.units import json_default
 
@@ -44,3 +45,10 @@ def write_report(args, report: dict) -> None:
         with replacing(args.report) as (temp,), open(temp, "w") as f:
             json.dump(report, f, indent=2, default=json_default)
         print(f"report  {args.report}")
+
+
+def failed_check(report: dict, reference: str, problems: list[str]) -> int:
+    """Record and print a --check that found `problems` against `reference`; the exit status."""
+    report["check"] = {"ok": False, "reference": reference, "error": "; ".join(problems)}
+    print(f"check   FAILED: {'; '.join(problems)}", file=sys.stderr)
+    return 1

@@ -24,7 +24,7 @@ from tvm_ext.units import format_size
 from .args import link_gbps
 from .check import check_against_torch
 from .presets import default_hardware
-from .report import replacing
+from .report import failed_check, replacing
 from .training import check_training, print_steps, step_report
 
 
@@ -215,10 +215,7 @@ def run_swapped_training(args, report, step, gradient_model, graph, plan, execut
     if len(hosts) != 1:
         problems.append(f"host memory changes from step to step: {sorted(hosts)}")
     if problems:
-        report["check"] = {"ok": False, "reference": "the unswapped TVM build",
-                           "error": "; ".join(problems)}
-        print(f"check   FAILED: {'; '.join(problems)}", file=sys.stderr)
-        return 1
+        return failed_check(report, "the unswapped TVM build", problems)
     print(f"check   OK: {len(results)} steps equal the unswapped build exactly (losses, "
           "parameters, state), every step within the budget, host memory constant")
     return check_training(args, report, step, gradient_model, target, batch, results,
