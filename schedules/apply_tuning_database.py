@@ -4,9 +4,9 @@ Runs in the pipeline's schedule phase, before dlight. Each PrimFunc whose worklo
 record gets the best one (MetaSchedule's `MetaScheduleApplyDatabase`, which marks it
 `tirx.is_scheduled`; this pass also marks it `tvm_ext.tuned`); the others are left as they are
 and get the default schedules afterwards (dlight on GPUs, `ApplyDefaultCPUSchedules` on CPUs).
-Untimed (build-only) records live elsewhere and are never applied, and neither is a record no
-faster than the kernel's default schedule (`default_times`): a tuned build is never slower for
-a record. A missing database applies nothing and creates nothing.
+Untimed (build-only) records live elsewhere and are never applied, and neither is a record
+that was no faster than the kernel's default schedule timed beside it (`default_times`). A
+missing database applies nothing and creates nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tvm import relax
 from tvm_ext.ir.pass_records import LIBRARY_ATTR
 
 from .database import best_seconds, database_dir, has_database, open_database
-from .default_times import load_default_times, workload_key
+from .default_times import load_default_times, record_loses
 
 TUNED_ATTR = "tvm_ext.tuned"  # on a kernel scheduled from a tuning record
 
@@ -52,19 +52,11 @@ class ApplyTuningDatabase:
             if not (isinstance(func, tvm.tirx.PrimFunc) and not func.same_as(before)
                     and _scheduled(func)):
                 continue
-            if _loses_to_default(db, defaults, before):
+            if record_loses(defaults, kernel_workload(before)):
                 applied[gv] = before  # the default schedules take it
             else:
                 applied[gv] = func.with_attr(TUNED_ATTR, True)
         return applied
-
-
-def _loses_to_default(db, defaults: dict[str, float], func: tvm.tirx.PrimFunc) -> bool:
-    """Whether the best record of `func` is no faster than its measured default schedule."""
-    workload = kernel_workload(func)
-    default = defaults.get(workload_key(workload))
-    secs = best_seconds(db, workload)
-    return default is not None and secs is not None and secs >= default
 
 
 def kernel_workload(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
@@ -90,8 +82,9 @@ def kernel_times(
     for gv, func in staged.functions.items():
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
-        secs = best_seconds(db, kernel_workload(func))
-        if secs is not None and not _loses_to_default(db, defaults, func):
+        workload = kernel_workload(func)
+        secs = best_seconds(db, workload)
+        if secs is not None and not record_loses(defaults, workload):
             times[gv.name_hint] = secs
     return times
 

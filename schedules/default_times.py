@@ -1,12 +1,15 @@
-"""What each tuned kernel costs without its record: the default schedule's time, measured when
-the kernel is tuned and kept beside its records, so that `ApplyTuningDatabase` applies a record
-only where it beats the schedule the build would give the kernel anyway (a tuned build is never
-slower than an untuned one because of a record; a short search often finds nothing better than
-a good default schedule).
+"""Whether a kernel's best tuning record beats its default schedule, decided by timing the two
+side by side when the kernel is tuned, so that `ApplyTuningDatabase` applies a record only where
+it is faster than the schedule the build would give the kernel anyway (a tuned build is not
+slower for its records: a short search often finds nothing better than a good default, and a
+record's time from the search, taken among other candidates on a busy machine, is not a fair
+comparison with a default timed at another moment).
 
-Kept in `default_times.json` in the database directory: workload hash -> seconds, timed as
-MetaSchedule's runner times candidates (`EVALUATOR`). Kernels with no measured default (records
-imported from another machine) get their records applied as before.
+Kept in `default_times.json` in the database directory: workload hash -> {"default_s",
+"record_s"}, the medians of interleaved rounds of the two compiled kernels, timed as
+MetaSchedule's runner times candidates (`EVALUATOR`), re-measured whenever tuning ran for the
+kernel. Kernels with no comparison (records imported from another machine) get their records
+applied as before.
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ import tempfile
 import numpy as np
 import tvm
 import tvm_ffi
+from tvm.s_tir import Schedule
+from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
 from tvm_ext.ir.targets import is_cpu, is_gpu, vm_devices
 from tvm_ext.runtime.candidate_batch import EVALUATOR
 from tvm_ext.runtime.kernel_timing import kernel_arguments, kernel_params, time_kernel
 
+from .database import best_seconds
 from .default_cpu import ApplyDefaultCPUSchedules
 from .default_gpu import ApplyDefaultGPUSchedules
 
@@ -34,16 +40,22 @@ def workload_key(mod: tvm.IRModule) -> str:
     return str(tvm_ffi.structural_hash(mod))
 
 
-def load_default_times(db_dir: str) -> dict[str, float]:
-    """Workload key -> seconds of its default schedule ({} when none were measured)."""
+def load_default_times(db_dir: str) -> dict[str, dict[str, float]]:
+    """Workload key -> {"default_s", "record_s"} ({} when nothing was compared)."""
     path = os.path.join(db_dir, DEFAULT_TIMES_FILE)
     if not os.path.exists(path):
         return {}
     with open(path) as f:
-        return {str(k): float(v) for k, v in json.load(f).items()}
+        return {str(k): {n: float(x) for n, x in v.items()} for k, v in json.load(f).items()}
 
 
-def _save(db_dir: str, times: dict[str, float]) -> None:
+def record_loses(times: dict[str, dict[str, float]], workload: tvm.IRModule) -> bool:
+    """Whether the best record of `workload` was measured no faster than its default schedule."""
+    pair = times.get(workload_key(workload))
+    return pair is not None and pair["record_s"] >= pair["default_s"]
+
+
+def _save(db_dir: str, times: dict) -> None:
     """Written whole or not at all: a temporary file renamed over the old one."""
     fd, tmp = tempfile.mkstemp(dir=db_dir, prefix=".default_times.")
     with os.fdopen(fd, "w") as f:
@@ -51,39 +63,52 @@ def _save(db_dir: str, times: dict[str, float]) -> None:
     os.replace(tmp, os.path.join(db_dir, DEFAULT_TIMES_FILE))
 
 
-def default_schedule_seconds(workload: tvm.IRModule, target: tvm.target.Target) -> float:
-    """Median seconds per call of the workload's `main` under the default schedules of
-    `target` (those the pipeline applies to a kernel without a record)."""
-    rules = ApplyDefaultGPUSchedules() if is_gpu(target) else ApplyDefaultCPUSchedules()
+def _compiled(scheduled: tvm.IRModule, target: tvm.target.Target):
     with target:
-        scheduled = rules(workload)
-        lib = tvm.compile(scheduled, target)
-    params = kernel_params(workload["main"])
+        return tvm.compile(scheduled, target).mod
+
+
+def _best_record_schedule(workload: tvm.IRModule, db) -> tvm.IRModule:
+    """The workload scheduled by its best record (as the runner built it)."""
+    (best,) = db.get_top_k(db.commit_workload(workload), 1)
+    sch = Schedule(workload)
+    best.trace.apply_to_schedule(sch, remove_postproc=False)
+    return RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(sch.mod)
+
+
+def compare_with_default(workload: tvm.IRModule, target: tvm.target.Target, db,
+                         rounds: int = 5) -> dict[str, float]:
+    """{"default_s", "record_s"}: median seconds per call of the workload's `main` under the
+    default schedules of `target` and under its best record in `db`, timed in `rounds`
+    alternating rounds on the same arguments."""
+    rules = ApplyDefaultGPUSchedules() if is_gpu(target) else ApplyDefaultCPUSchedules()
+    record = _compiled(_best_record_schedule(workload, db), target)
+    with target:  # (on a copy: the rules update the module they are given)
+        default = _compiled(rules(workload.clone()), target)
     device = vm_devices(target)[0]
-    args = kernel_arguments(params, device, np.random.default_rng(0))
-    runs = time_kernel(lib.mod, "main", args, device,
-                       number=EVALUATOR["number"], repeat=EVALUATOR["repeat"],
-                       min_repeat_ms=EVALUATOR["min_repeat_ms"])
-    return float(np.median(runs))
+    args = kernel_arguments(kernel_params(workload["main"]), device, np.random.default_rng(0))
+    runs: dict[str, list[float]] = {"default_s": [], "record_s": []}
+    for _ in range(rounds):
+        for name, lib in (("default_s", default), ("record_s", record)):
+            runs[name] += time_kernel(lib, "main", args, device, number=EVALUATOR["number"],
+                                      repeat=1, min_repeat_ms=EVALUATOR["min_repeat_ms"])
+    return {name: float(np.median(r)) for name, r in runs.items()}
 
 
 def measure_default_times(workloads: list[tvm.IRModule], target: tvm.target.Target,
-                          db_dir: str) -> dict[str, float]:
-    """Measure (once per kernel) and record the default-schedule time of each workload; returns
-    every time recorded in `db_dir`. A kernel the default rules cannot compile is skipped."""
-    if not (is_cpu(target) or is_gpu(target)):
-        return load_default_times(db_dir)
+                          db_dir: str, db) -> dict[str, dict[str, float]]:
+    """Compare each workload's best record in `db` with its default schedule (see the module
+    docstring) and record the result in `db_dir`; returns every comparison recorded there. A
+    kernel without a timed record, or that TVM cannot compile either way, is left out."""
     times = load_default_times(db_dir)
-    new = {}
+    if not (is_cpu(target) or is_gpu(target)):
+        return times
     for workload in workloads:
-        key = workload_key(workload)
-        if key in times or key in new:
+        if best_seconds(db, workload) is None:
             continue
         try:
-            new[key] = default_schedule_seconds(workload, target)
+            times[workload_key(workload)] = compare_with_default(workload, target, db)
         except RuntimeError:  # TVM cannot compile or run it (its errors are RuntimeErrors)
-            continue  # no default to compare with: its records apply as they are
-    if new:
-        times.update(new)
-        _save(db_dir, times)
+            continue
+    _save(db_dir, times)
     return times

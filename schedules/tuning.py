@@ -37,7 +37,7 @@ from tvm_ext.ir.targets import is_cpu
 from tvm_ext.runtime.cuda import has_gpu
 
 from .database import best_seconds, count_records, database_dir, open_database, target_key
-from .default_times import measure_default_times, workload_key
+from .default_times import measure_default_times, record_loses, workload_key
 from .measure import PooledBuilder, UntimedRunner, timing_runner
 from .progress import ProgressCallback, TaskProgress
 from .tasks import TuningTask
@@ -184,22 +184,21 @@ def tune_tasks(
         _save_cost_model(cost_model, db_dir)
         builder.shutdown()
     if timed:  # what each kernel costs without a record: records slower are not applied
-        defaults = measure_default_times([t.mod for t in tasks], target, db_dir)
-        log(_versus_defaults(tasks, db, defaults))
+        defaults = measure_default_times([t.mod for t in tasks], target, db_dir, db)
+        log(_versus_defaults(tasks, defaults))
     report.trials_run = callback.trials
     report.seconds = time.perf_counter() - start
     log(f"tuning: {callback.trials} trials in {report.seconds:.1f} s\n{report.format()}")
     return report
 
 
-def _versus_defaults(tasks: list[TuningTask], db, defaults: dict[str, float]) -> str:
+def _versus_defaults(tasks: list[TuningTask], defaults: dict[str, dict[str, float]]) -> str:
     """How many kernels' best records beat their default schedules (the others keep them)."""
     beaten, compared = 0, 0
     for t in tasks:
-        best, default = best_seconds(db, t.mod), defaults.get(workload_key(t.mod))
-        if best is not None and default is not None:
+        if workload_key(t.mod) in defaults:
             compared += 1
-            beaten += best < default
+            beaten += not record_loses(defaults, t.mod)
     return (f"tuning: the best record beats the default schedule for {beaten} of {compared} "
             "kernels; the others keep their default schedules")
 
