@@ -426,7 +426,10 @@ class _Rewriter:
                 offset[0] += chunk_bytes(t.nbytes, sp.chunks)
             return pair
 
-        ins = {tid: buffers(tid) for tid in op.inputs if g.base(tid) in cut_in}
+        ins: dict[int, list] = {}  # one pair per tensor, also where the op reads it twice
+        for tid in op.inputs:
+            if g.base(tid) in cut_in and tid not in ins:
+                ins[tid] = buffers(tid)
         viewed = {tid for tid in op.inputs if g.base(tid) in set(sp.viewed_inputs)}
         outs = [buffers(tid) for tid in op.outputs]
         for tid in cut_out:

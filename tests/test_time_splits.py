@@ -51,3 +51,12 @@ def test_convolution_splits_along_the_batch_only():
 def test_a_sum_over_the_leading_axis_has_no_split_along_it():
     _, (options,) = _options(lambda x: relax.op.sum(x, axis=0), (64, 32))
     assert options == []
+
+
+def test_a_kernel_reading_one_tensor_twice_is_not_split():
+    """Its chunks would stream one tensor into two buffers (or one into both of its reads);
+    no split is offered rather than one not shown to be right."""
+    graph, (options,) = _options(lambda x: relax.op.multiply(x, x), (64, 32))
+    (op,) = [o for o in graph.ops if o.kind == "kernel"]
+    assert len(op.inputs) == 2 and len(set(op.inputs)) == 1
+    assert options == []

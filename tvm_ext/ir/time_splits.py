@@ -56,8 +56,8 @@ def _options(graph: DataflowGraph, op, dims: list) -> list[list]:
             continue
         cut = [graph.base(t) for t, c in zip(op.inputs, dim.inputs, strict=True) if c is not None]
         whole = [graph.base(t) for t, c in zip(op.inputs, dim.inputs, strict=True) if c is None]
-        if set(cut) & set(whole):
-            continue  # one tensor read both in chunks and whole
+        if set(cut) & set(whole) or len(set(op.inputs)) != len(op.inputs):
+            continue  # one tensor read both in chunks and whole, or read twice
         outputs = [graph.base(t) for t in op.outputs]
         # Chunks are byte ranges at aligned offsets of the tensors as the plan sizes them.
         if any(graph.tensors[t].nbytes % ALIGNMENT for t in (*cut, *outputs)):
