@@ -17,7 +17,7 @@ from ..partition.spec import AxisCut
 from ..swap.alignment import ALIGNMENT
 from .graph import DataflowGraph
 from .kernel_dims import kernel_dims
-from .local_kernels import lowering_obstacle
+from .local_kernels import chunk_params, local_kernel, lowering_obstacle
 
 
 def time_split_options(mod: tvm.IRModule, graph: DataflowGraph) -> list[list[list]]:
@@ -44,8 +44,12 @@ def _qualifies(kd, d: int) -> bool:
         return False
     if any(o != 0 or isinstance(o, bool) for o in dim.outputs):
         return False
-    return all(c is None or (isinstance(c, AxisCut) and c.axis == 0 and not c.halo)
-               for c in dim.inputs)
+    if not all(c is None or (isinstance(c, AxisCut) and c.axis == 0 and not c.halo)
+               for c in dim.inputs):
+        return False
+    # A kernel that reads the dim's index as a value (a causal mask, an iota) gets its chunk's
+    # index as an argument; such splits gave wrong results on the corpus transformers: refused.
+    return not chunk_params(local_kernel(kd, {d: dim.divisor or dim.extent}))
 
 
 def _options(graph: DataflowGraph, op, dims: list) -> list[list]:
