@@ -22,7 +22,6 @@ import numpy as np
 import tvm
 import tvm_ffi
 from tvm.s_tir import Schedule
-from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
 from tvm_ext.ir.targets import is_cpu, is_gpu, vm_devices
 from tvm_ext.runtime.candidate_batch import EVALUATOR
@@ -31,6 +30,7 @@ from tvm_ext.runtime.kernel_timing import kernel_arguments, kernel_params, time_
 from .database import best_seconds
 from .default_cpu import ApplyDefaultCPUSchedules
 from .default_gpu import ApplyDefaultGPUSchedules
+from .measure import build_candidate
 
 DEFAULT_TIMES_FILE = "default_times.json"
 
@@ -69,11 +69,11 @@ def _compiled(scheduled: tvm.IRModule, target: tvm.target.Target):
 
 
 def _best_record_schedule(workload: tvm.IRModule, db) -> tvm.IRModule:
-    """The workload scheduled by its best record (as the runner built it)."""
+    """The workload scheduled by its best record."""
     (best,) = db.get_top_k(db.commit_workload(workload), 1)
     sch = Schedule(workload)
     best.trace.apply_to_schedule(sch, remove_postproc=False)
-    return RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(sch.mod)
+    return sch.mod
 
 
 def compare_with_default(workload: tvm.IRModule, target: tvm.target.Target, db,
@@ -82,7 +82,7 @@ def compare_with_default(workload: tvm.IRModule, target: tvm.target.Target, db,
     default schedules of `target` and under its best record in `db`, timed in `rounds`
     alternating rounds on the same arguments."""
     rules = ApplyDefaultGPUSchedules() if is_gpu(target) else ApplyDefaultCPUSchedules()
-    record = _compiled(_best_record_schedule(workload, db), target)
+    record = build_candidate(_best_record_schedule(workload, db), target, None)  # as tuning did
     with target:  # (on a copy: the rules update the module they are given)
         default = _compiled(rules(workload.clone()), target)
     device = vm_devices(target)[0]
