@@ -423,7 +423,7 @@ class _Rewriter:
                                                      relax.prim_value(offset[0]),
                                                      relax.ShapeExpr(shape), t.dtype)
                 pair.append(self.emit(relax.op.memory.ensure_zero_offset(self.emit(alloc))))
-                offset[0] += chunk_bytes(t.nbytes, sp.chunks)
+                offset[0] += chunk_bytes(self._chunked_bytes(tid), sp.chunks)
             return pair
 
         ins: dict[int, list] = {}  # one pair per tensor, also where the op reads it twice
@@ -479,7 +479,8 @@ class _Rewriter:
         shape = [int(t.shape[0]) // sp.chunks, *(int(x) for x in t.shape[1:])]
         view = self.emit(relax.op.memory.view(
             self.value_of(tid), relax.ShapeExpr(shape), None,
-            relax.prim_value(tvm.tirx.IntImm("int64", j * t.nbytes // sp.chunks))))
+            relax.prim_value(tvm.tirx.IntImm("int64",
+                                             j * self._chunked_bytes(tid) // sp.chunks))))
         return self.emit(relax.op.memory.ensure_zero_offset(view))
 
     def _stream(self, src, dst, stream: int) -> None:
@@ -510,7 +511,13 @@ class _Rewriter:
         shape = [int(t.shape[0]) // sp.chunks, *(int(x) for x in t.shape[1:])]
         return self.emit(relax.op.memory.view(
             host, relax.ShapeExpr(shape), None,
-            relax.prim_value(tvm.tirx.IntImm("int64", j * t.nbytes // sp.chunks))))
+            relax.prim_value(tvm.tirx.IntImm("int64",
+                                             j * self._chunked_bytes(tid) // sp.chunks))))
+
+    def _chunked_bytes(self, tid: int) -> int:
+        """Bytes of tensor `tid` as a split op cuts it: a view's are its base's (a view holds no
+        bytes of its own in the graph; `time_splits` offers only views that cover their base)."""
+        return self.g.tensors[self.g.base(tid)].nbytes
 
     @staticmethod
     def _chunk_key(op, sp) -> tuple:

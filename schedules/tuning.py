@@ -24,7 +24,6 @@ import os
 import signal
 import threading
 import time
-import warnings
 from collections.abc import Callable
 
 import tvm
@@ -36,13 +35,13 @@ from tvm_ext.errors import UnavailableError
 from tvm_ext.ir.targets import is_cpu
 from tvm_ext.runtime.cuda import has_gpu
 
+from .cost_model import load_cost_model, save_cost_model
 from .database import best_seconds, count_records, database_dir, open_database, target_key
 from .default_times import measure_default_times, record_loses, workload_key
 from .measure import PooledBuilder, UntimedRunner, timing_runner
 from .progress import ProgressCallback, TaskProgress
 from .tasks import TuningTask
 
-COST_MODEL_FILE = "cost_model.tar"
 STATE_FILE = "state.json"
 POPULATION = 128  # of the evolutionary search; see _search_strategy
 
@@ -166,7 +165,7 @@ def tune_tasks(
         + ("" if timed else "; BUILD-ONLY: no device here, no candidate will be timed"))
     start = time.perf_counter()
     callback = ProgressCallback(tasks, progress, remaining, timed, log)
-    cost_model = _load_cost_model(db_dir)
+    cost_model = load_cost_model(db_dir)
     builder = PooledBuilder(target.kind.name, max_workers=cpu_count(logical=True))
     runner = timing_runner(target.kind.name) if timed else UntimedRunner()
     try:
@@ -181,7 +180,7 @@ def tune_tasks(
             f"{db_dir}; run again with the same budget to finish")
         raise
     finally:
-        _save_cost_model(cost_model, db_dir)
+        save_cost_model(cost_model, db_dir)
         builder.shutdown()
     if timed:  # what each kernel costs without a record: records slower are not applied
         defaults = measure_default_times([t.mod for t in tasks], target, db_dir, db)
@@ -297,24 +296,6 @@ def _save_state(db_dir: str, state: dict[str, int], fingerprint: str, trials: in
     with open(tmp, "w") as f:
         json.dump({"completed_budgets": state}, f, indent=1)
     os.replace(tmp, os.path.join(db_dir, STATE_FILE))
-
-
-def _load_cost_model(db_dir: str) -> ms.cost_model.XGBModel:
-    model = ms.cost_model.XGBModel(num_tuning_cores=cpu_count(logical=False),
-                                   adaptive_training=True, tree_method="auto")
-    path = os.path.join(db_dir, COST_MODEL_FILE)
-    if os.path.isfile(path):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # xgboost guessing the file format it wrote
-            model.load(path)
-    return model
-
-
-def _save_cost_model(model: ms.cost_model.XGBModel, db_dir: str) -> None:
-    if model.booster is not None:  # XGBModel.load cannot read a model saved without a booster
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # xgboost's note on its default file format
-            model.save(os.path.join(db_dir, COST_MODEL_FILE))
 
 
 class _Interruptible:

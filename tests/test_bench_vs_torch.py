@@ -60,3 +60,32 @@ def test_every_build_agrees_with_torch_and_is_timed(result):
     gemm = result["gemms"][0]
     assert gemm["dispatched"] and gemm["check"]["ok"] and gemm["tvm_ext_ms"] > 0
     assert result["_returncode"] == 0
+
+
+def test_tuned_is_judged_on_paired_rounds():
+    """Tuned against untuned: each round's median ratio, the median over rounds, and a 95%
+    interval; a row is slower only when the whole interval lies above 1."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import vs_torch
+
+    base = [[10.0, 10.2, 9.9] for _ in range(9)]
+    slower = [[x * 1.05 for x in r] for r in base]
+    paired = vs_torch.paired_ratio(slower, base)
+    assert paired["ratio"] == pytest.approx(1.05) and paired["rounds"] == 9
+    assert paired["ci95"][0] == pytest.approx(1.05) and paired["ci95"][1] == pytest.approx(1.05)
+    # Load that comes and goes hits both builds of a round alike: the pairing removes it.
+    loaded = [[x * (1 + k % 3) for x in r] for k, r in enumerate(base)]
+    assert vs_torch.paired_ratio([[x * 1.05 for x in r] for r in loaded], loaded)["ratio"] == \
+        pytest.approx(1.05)
+    # Noise either way: the interval reaches 1, so the row is not slower.
+    noisy = [[x * (1.03 if k % 2 else 0.98) for x in r] for k, r in enumerate(base)]
+    row = {"model": "m", "mode": "inference", "tuned_vs_untuned": vs_torch.paired_ratio(noisy,
+                                                                                         base),
+           "builds": {"tuned": {"ms": 1.0, "ratio": 1.0}, "untuned": {"ms": 1.0, "ratio": 1.0}}}
+    lo, hi = row["tuned_vs_untuned"]["ci95"]
+    assert lo <= 1.0 <= hi
+    assert not vs_torch._measurably_slower(row, row["tuned_vs_untuned"]["ratio"])
+    targets = {t["name"]: t for t in vs_torch.evaluate_targets([row], [], trials=1)}
+    assert targets["tuned"]["status"] == "PASS"
+    row["tuned_vs_untuned"] = paired
+    assert vs_torch.evaluate_targets([row], [], trials=1)[-1]["status"] == "MISS"

@@ -21,9 +21,9 @@ import tvm
 from tvm_ext import cli, driver, pipeline, schedules
 from tvm_ext.models import get_model
 from tvm_ext.schedules.apply_tuning_database import TUNED_ATTR, kernel_workload
+from tvm_ext.schedules.cost_model import COST_MODEL_FILE
 from tvm_ext.schedules.database import RECORD_FILE, WORKLOAD_FILE, best_seconds, open_database
 from tvm_ext.schedules.default_times import load_default_times, workload_key
-from tvm_ext.schedules.tuning import COST_MODEL_FILE
 
 TRIALS = 6
 

@@ -53,17 +53,29 @@ def test_a_sum_over_the_leading_axis_has_no_split_along_it():
     assert options == []
 
 
-def test_a_kernel_reading_one_tensor_twice_is_not_split():
-    """Its chunks would stream one tensor into two buffers (or one into both of its reads);
-    no split is offered rather than one not shown to be right."""
+def test_a_kernel_reading_one_tensor_twice_reads_the_same_chunk_twice():
+    """Both reads of x cut along its rows: one stream of x's chunks serves both."""
     graph, (options,) = _options(lambda x: relax.op.multiply(x, x), (64, 32))
     (op,) = [o for o in graph.ops if o.kind == "kernel"]
     assert len(op.inputs) == 2 and len(set(op.inputs)) == 1
-    assert options == []
+    assert [(o[1], o[2], o[3]) for o in options] == [(64, [op.inputs[0]], [])]
 
 
-def test_a_kernel_reading_the_row_index_as_a_value_is_not_split_along_rows():
-    """A causal mask compares row and column indices: each chunk would need its rows' global
-    index, which the corpus transformers showed is not passed right; not offered."""
-    _, (options,) = _options(lambda x: relax.op.tril(x), (64, 32))
-    assert options == []
+def test_a_kernel_reading_the_row_index_as_a_value_splits_along_rows():
+    """A causal mask compares row and column indices: each chunk gets its rows' global index
+    as an argument (test_swap_offload runs such a split exactly)."""
+    graph, (options,) = _options(lambda x: relax.op.tril(x), (64, 32))
+    x = next(t.id for t in graph.tensors if t.arg_index is not None)
+    assert [(o[1], o[2], o[3]) for o in options] == [(64, [x], [])]
+
+
+def test_a_view_is_cut_as_its_base():
+    """A reshape view read in chunks is cut as the bytes of its base (the view holds none)."""
+    graph, kernels = _options(
+        lambda x, g, b, w: relax.op.matmul(
+            relax.op.reshape(relax.op.nn.layer_norm(x, g, b, axes=[-1]), (64, 32)), w),
+        (4, 16, 32), (32,), (32,), (32, 16))
+    options = [o for k in kernels for o in k]
+    views = {t.id: t.alias_of for t in graph.tensors if t.alias_of is not None}
+    assert views and any(set(o[2]) & set(views.values()) for o in options)
+    assert all(not set(o[2]) & set(views) for o in options)  # bases only

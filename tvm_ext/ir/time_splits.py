@@ -5,8 +5,10 @@ A kernel dim qualifies when the lowering of PartitionOperators can cut it (`loca
 same chunk kernels run here one after another on one device) and, cut into contiguous chunks,
 it splits every output and some inputs along their leading axis, with no halo and nothing
 reduced over it: chunk j of each cut tensor is then one contiguous byte range of it (a reshape
-view's too), the chunks' outputs are independent, and the other inputs are read whole. A dim
-whose index the kernel uses as a value gets its chunk's index as an argument.
+view's too, when the view covers its base), the chunks' outputs are independent, and the other
+inputs are read whole. A dim whose index the kernel uses as a value (a causal mask, an iota)
+gets its chunk's index as an argument. A tensor read twice is read as the same chunk by both
+reads; a base read in chunks and whole, or in chunks through two different views, is not cut.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import tvm
 from ..partition.spec import AxisCut
 from ..swap.alignment import ALIGNMENT
 from .graph import DataflowGraph
+from .kernel_cost import buffer_bytes
 from .kernel_dims import kernel_dims
-from .local_kernels import chunk_params, local_kernel, lowering_obstacle
+from .local_kernels import lowering_obstacle
 
 
 def time_split_options(mod: tvm.IRModule, graph: DataflowGraph) -> list[list[list]]:
@@ -44,12 +47,8 @@ def _qualifies(kd, d: int) -> bool:
         return False
     if any(o != 0 or isinstance(o, bool) for o in dim.outputs):
         return False
-    if not all(c is None or (isinstance(c, AxisCut) and c.axis == 0 and not c.halo)
-               for c in dim.inputs):
-        return False
-    # A kernel that reads the dim's index as a value (a causal mask, an iota) gets its chunk's
-    # index as an argument; such splits gave wrong results on the corpus transformers: refused.
-    return not chunk_params(local_kernel(kd, {d: dim.divisor or dim.extent}))
+    return all(c is None or (isinstance(c, AxisCut) and c.axis == 0 and not c.halo)
+               for c in dim.inputs)
 
 
 def _options(graph: DataflowGraph, op, dims: list) -> list[list]:
@@ -60,15 +59,27 @@ def _options(graph: DataflowGraph, op, dims: list) -> list[list]:
             continue
         cut = [graph.base(t) for t, c in zip(op.inputs, dim.inputs, strict=True) if c is not None]
         whole = [graph.base(t) for t, c in zip(op.inputs, dim.inputs, strict=True) if c is None]
-        if set(cut) & set(whole) or len(set(op.inputs)) != len(op.inputs):
-            continue  # one tensor read both in chunks and whole, or read twice
+        if set(cut) & set(whole) or len(set(cut)) != len(
+                {t for t, c in zip(op.inputs, dim.inputs, strict=True) if c is not None}):
+            continue  # a base read both in chunks and whole, or in chunks through two views
         outputs = [graph.base(t) for t in op.outputs]
         # Chunks are byte ranges at aligned offsets of the tensors as the plan sizes them.
         if any(graph.tensors[t].nbytes % ALIGNMENT for t in (*cut, *outputs)):
             continue
+        # A chunk of a view read in chunks is that byte range of its base: the view must
+        # cover the whole base (a reshape), not a part of it.
+        if any(not _covers_base(graph, t) for t, c in zip(op.inputs, dim.inputs, strict=True)
+               if c is not None):
+            continue
         options.append([d, dim.divisor or dim.extent, sorted(set(cut)), sorted(set(whole)),
                         outputs])
     return options
+
+
+def _covers_base(graph: DataflowGraph, tid: int) -> bool:
+    t = graph.tensors[tid]
+    return t.alias_of is None or \
+        buffer_bytes(t.shape, t.dtype) == graph.tensors[graph.base(tid)].nbytes
 
 
 def annotate_time_splits(mod: tvm.IRModule, graph: DataflowGraph) -> DataflowGraph:

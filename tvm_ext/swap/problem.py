@@ -163,7 +163,12 @@ class SwapProblem:
         )
 
     def with_budget(self, budget: int) -> SwapProblem:
-        return dataclasses.replace(self, budget=int(budget))
+        """This problem under another budget (what does not depend on it is not recomputed)."""
+        other = dataclasses.replace(self, budget=int(budget))
+        for name in ("_split_options", "_min_budget"):
+            if name in self.__dict__:
+                other.__dict__[name] = self.__dict__[name]
+        return other
 
     # ---------------------------------------------------------------- queries
     @property
@@ -224,7 +229,12 @@ class SwapProblem:
         return int(self.sizes[self.pinned].sum())
 
     def split_options(self) -> list[list[SplitOption]]:
-        """Per op, the dims it may be split along in time (`tvm_ext.swap.split`)."""
+        """Per op, the dims it may be split along in time (`tvm_ext.swap.split`); built once
+        per problem (planners ask for them per op, thousands of times)."""
+        return self._split_options
+
+    @functools.cached_property
+    def _split_options(self) -> list[list[SplitOption]]:
         if self.op_splits is None:
             return [[] for _ in range(self.num_ops)]
         # Chunks of a kernel that writes in place would read what earlier chunks wrote.
@@ -244,6 +254,10 @@ class SwapProblem:
     def min_budget(self) -> tuple[int, int]:
         """(smallest budget that can run the graph, splitting ops in time where that needs
         less; the op that sets it)."""
+        return self._min_budget
+
+    @functools.cached_property
+    def _min_budget(self) -> tuple[int, int]:
         if self.num_ops == 0:
             return self.pinned_bytes, -1
         sets = [self.op_working_set(op) for op in range(self.num_ops)]
