@@ -416,7 +416,7 @@ class _Rewriter:
 
         def buffers(tid: int) -> list:
             t = g.tensors[tid]
-            shape = [int(t.shape[0]) // sp.chunks, *(int(x) for x in t.shape[1:])]
+            shape = _chunk_shape(t.shape, sp.chunks)
             pair = []
             for _ in range(sp.buffers):
                 alloc = relax.op.memory.alloc_tensor(self.pools[sp.pool],
@@ -476,7 +476,7 @@ class _Rewriter:
         """Chunk j of a cut input kept on the device: a view of its bytes (at an offset that
         is a multiple of the alignment, so a kernel may read it)."""
         t = self.g.tensors[tid]
-        shape = [int(t.shape[0]) // sp.chunks, *(int(x) for x in t.shape[1:])]
+        shape = _chunk_shape(t.shape, sp.chunks)
         view = self.emit(relax.op.memory.view(
             self.value_of(tid), relax.ShapeExpr(shape), None,
             relax.prim_value(tvm.tirx.IntImm("int64",
@@ -508,7 +508,7 @@ class _Rewriter:
         bytes [j, j + 1) x nbytes / chunks of it, shaped as the op reads it."""
         t = self.g.tensors[tid]
         host = self._host_copy_of(self.g.base(tid))
-        shape = [int(t.shape[0]) // sp.chunks, *(int(x) for x in t.shape[1:])]
+        shape = _chunk_shape(t.shape, sp.chunks)
         return self.emit(relax.op.memory.view(
             host, relax.ShapeExpr(shape), None,
             relax.prim_value(tvm.tirx.IntImm("int64",
@@ -557,3 +557,12 @@ class _Rewriter:
             # has it, and the compute goes on.
             dst = self.place(s.residency)
             self.emit(swap_calls.copy_async_call(self.host_val[s.tensor], dst, H2D, t.name))
+
+
+def _chunk_shape(shape, chunks: int) -> list[int]:
+    """The shape of one of `chunks` contiguous chunks of a tensor: its leading axis (the first
+    whose extent is not 1) cut."""
+    dims = [int(x) for x in shape]
+    axis = next((a for a, n in enumerate(dims) if n != 1), 0)
+    dims[axis] //= chunks
+    return dims

@@ -390,6 +390,33 @@ def test_split_views_and_masks_run_exactly(budget):
     assert measured <= limit
 
 
+def _unaligned_rows_model() -> Model:
+    """(1, 1, 96, 63) rows: softmax then a scaled exp, row sums; the rows are neither axis 0
+    nor a multiple of the alignment in bytes."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 1, 96, 63), "float32"))
+    with bb.function("main", [x], attrs={"num_input": 1}):
+        with bb.dataflow():
+            a = bb.emit(relax.op.nn.softmax(relax.op.tanh(x)))
+            c = bb.emit(relax.op.exp(relax.op.multiply(a, relax.const(3.0))))
+            out = bb.emit_output(relax.op.sum(c, axis=3))
+        bb.emit_func_output(out)
+    return Model("rows", bb.get(), [TensorSpec("x", (1, 1, 96, 63), init="uniform", scale=1.0)],
+                 [])
+
+
+def test_split_unaligned_rows_after_unit_axes_run_exactly():
+    """Chunks along the first axis that is not 1, of bytes not a multiple of the alignment:
+    streamed from and to anywhere in the host copies, exact and within the smallest budget."""
+    model = _unaligned_rows_model()
+    graph = driver.fused_graph(model, LLVM)
+    problem = problem_for_budget(graph, "min", "cpu")
+    whole = max(problem.op_working_set(op, split=False) for op in range(problem.num_ops))
+    assert problem.budget < whole
+    measured, limit, plan = _run_case(model, "min", _reference_outputs(model))
+    assert plan.splits and measured <= limit
+
+
 @st.composite
 def _random_dags(draw):
     """A random DAG of element-wise kernels and matmuls over (16, 16) float32 tensors."""

@@ -17,7 +17,13 @@ from tvm_ext.swap import (
     validate,
 )
 from tvm_ext.swap.derive import Evaluator, Knobs
-from tvm_ext.swap.split import SplitOption, choose_splits, scratch_bytes, working_set
+from tvm_ext.swap.split import (
+    SplitOption,
+    choose_splits,
+    chunk_counts,
+    scratch_bytes,
+    working_set,
+)
 
 
 def _chain(splits=True, sizes=(256, 4096, 4096, 4096, 256), link=4096.0) -> SwapProblem:
@@ -120,5 +126,22 @@ def test_split_plans_round_trip_through_json():
 
 
 def test_split_option_lists_round_trip():
-    option = SplitOption(2, 8, (1, 4), (0,), (5,))
-    assert SplitOption.from_list(option.to_list()) == option
+    option = SplitOption(2, 8, (1, 4), (0,), (5,), cut_bytes=((1, 4096), (4, 1000)))
+    again = SplitOption.from_list(option.to_list())
+    assert again == option and again.cut_bytes == option.cut_bytes
+    # Lists written before the unaligned bytes were recorded still load.
+    assert SplitOption.from_list(option.to_list()[:5]) == option
+
+
+def test_unaligned_chunks_stream_but_are_read_in_place_only_where_aligned():
+    """Streamed chunks may start anywhere; a cut input kept on the device is read in place,
+    so only counts that start each of its chunks at an aligned offset remain."""
+    sizes = np.array([0, 2560, 0, 0, 1024, 8192])  # aligned sizes, as the problem keeps them
+    option = SplitOption(2, 8, (1, 4), (0,), (5,), cut_bytes=((1, 2560), (4, 1000)))
+    assert chunk_counts(option, sizes) == [2, 4, 8]
+    fixed = np.zeros(6, dtype=bool)
+    fixed[4] = True  # 1000 bytes: no chunk of it starts aligned
+    assert chunk_counts(option.on_device(fixed), sizes) == []
+    fixed[:] = False
+    fixed[1] = True  # 2560 bytes: halves of 1280 start aligned, quarters of 640 do not
+    assert chunk_counts(option.on_device(fixed), sizes) == [2]

@@ -79,3 +79,12 @@ def test_a_view_is_cut_as_its_base():
     views = {t.id: t.alias_of for t in graph.tensors if t.alias_of is not None}
     assert views and any(set(o[2]) & set(views.values()) for o in options)
     assert all(not set(o[2]) & set(views) for o in options)  # bases only
+
+
+def test_the_leading_axis_is_the_first_that_is_not_one():
+    """Rows of (1, 1, 96, 63) are contiguous byte ranges: softmax over the last axis splits
+    along the rows, though they are not axis 0 and their bytes are not aligned."""
+    graph, (options,) = _options(lambda x: relax.op.nn.softmax(x), (1, 1, 96, 63))
+    x = next(t.id for t in graph.tensors if t.arg_index is not None)
+    assert [(o[1], o[2]) for o in options] == [(96, [x])]
+    assert options[0][5] == [[x, 96 * 63 * 4]]  # unaligned bytes, for chunks read in place

@@ -3,7 +3,8 @@
 
 A kernel dim qualifies when the lowering of PartitionOperators can cut it (`local_kernels`: the
 same chunk kernels run here one after another on one device) and, cut into contiguous chunks,
-it splits every output and some inputs along their leading axis, with no halo and nothing
+it splits every output and some inputs along their leading axis (the first whose extent is not
+1), with no halo and nothing
 reduced over it: chunk j of each cut tensor is then one contiguous byte range of it (a reshape
 view's too, when the view covers its base), the chunks' outputs are independent, and the other
 inputs are read whole. A dim whose index the kernel uses as a value (a causal mask, an iota)
@@ -16,7 +17,7 @@ from __future__ import annotations
 import tvm
 
 from ..partition.spec import AxisCut
-from ..swap.alignment import ALIGNMENT
+from ..swap.split import SplitOption
 from .graph import DataflowGraph
 from .kernel_cost import buffer_bytes
 from .kernel_dims import kernel_dims
@@ -25,8 +26,7 @@ from .local_kernels import lowering_obstacle
 
 def time_split_options(mod: tvm.IRModule, graph: DataflowGraph) -> list[list[list]]:
     """Per op of `graph` (the graph of `mod`'s function), its split options as
-    `SplitOption.to_list()`: [dim, divisor, cut inputs, whole inputs, cut outputs] with base
-    tensor ids."""
+    `SplitOption.to_list()` (base tensor ids)."""
     cache: dict[str, list] = {}
     out = []
     for op in graph.ops:
@@ -45,10 +45,20 @@ def _qualifies(kd, d: int) -> bool:
     dim = kd.spec.dims[d]
     if not dim.valid or dim.reduction or dim.inner or lowering_obstacle(kd, d) is not None:
         return False
-    if any(o != 0 or isinstance(o, bool) for o in dim.outputs):
+    params = [p for p in kd.func.params if getattr(p, "shape", None) is not None]
+    ins, outs = params[:kd.spec.num_inputs], params[kd.spec.num_inputs:]
+    if len(outs) != len(dim.outputs) or not all(
+            isinstance(o, int) and not isinstance(o, bool) and _leading(p.shape, o)
+            for p, o in zip(outs, dim.outputs, strict=True)):
         return False
-    return all(c is None or (isinstance(c, AxisCut) and c.axis == 0 and not c.halo)
-               for c in dim.inputs)
+    return len(ins) == len(dim.inputs) and all(
+        c is None or (isinstance(c, AxisCut) and not c.halo and _leading(p.shape, c.axis))
+        for p, c in zip(ins, dim.inputs, strict=True))
+
+
+def _leading(shape, axis: int) -> bool:
+    """Whether chunks along `axis` are contiguous byte ranges: every axis before it is 1."""
+    return all(int(n) == 1 for n in shape[:axis])
 
 
 def _options(graph: DataflowGraph, op, dims: list) -> list[list]:
@@ -63,16 +73,15 @@ def _options(graph: DataflowGraph, op, dims: list) -> list[list]:
                 {t for t, c in zip(op.inputs, dim.inputs, strict=True) if c is not None}):
             continue  # a base read both in chunks and whole, or in chunks through two views
         outputs = [graph.base(t) for t in op.outputs]
-        # Chunks are byte ranges at aligned offsets of the tensors as the plan sizes them.
-        if any(graph.tensors[t].nbytes % ALIGNMENT for t in (*cut, *outputs)):
-            continue
         # A chunk of a view read in chunks is that byte range of its base: the view must
         # cover the whole base (a reshape), not a part of it.
         if any(not _covers_base(graph, t) for t, c in zip(op.inputs, dim.inputs, strict=True)
                if c is not None):
             continue
-        options.append([d, dim.divisor or dim.extent, sorted(set(cut)), sorted(set(whole)),
-                        outputs])
+        options.append(SplitOption(d, dim.divisor or dim.extent, tuple(sorted(set(cut))),
+                                   tuple(sorted(set(whole))), tuple(outputs),
+                                   cut_bytes=tuple((t, graph.tensors[t].nbytes)
+                                                   for t in sorted(set(cut)))).to_list())
     return options
 
 

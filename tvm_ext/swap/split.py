@@ -5,7 +5,9 @@ What an op may be split along comes from the kernel's TIR (`tvm_ext.ir.time_spli
 partitioner's index analysis): a `SplitOption` is a dim that cuts the leading axis of some
 inputs and of every output and leaves the other inputs whole, with no reduction over it, so
 that chunk j of every cut tensor is one contiguous byte range of it and the chunks of the
-output are independent (outputs concatenated, nothing accumulated).
+output are independent (outputs concatenated, nothing accumulated). Chunk buffers sit at aligned
+offsets; a chunk of a cut input kept on the device is read in place, so only chunk counts that
+start its chunks at aligned offsets allow that.
 
 A split op streams: its cut inputs come from their host copies (a tensor made on the device is
 copied out first, if it is not already on the host), chunk by chunk, into chunk buffers, and its
@@ -37,6 +39,9 @@ class SplitOption:
     cut_outputs: tuple[int, ...]  # base tensors written a leading-axis chunk at a time
     # Cut inputs kept on the device for the whole call: chunks are views of them, not streams.
     viewed_inputs: tuple[int, ...] = ()
+    # (cut input, its bytes unaligned): a chunk kept on the device is read in place only at an
+    # aligned offset; streamed chunks may start anywhere. Empty: the aligned sizes.
+    cut_bytes: tuple[tuple[int, int], ...] = dataclasses.field(default=(), compare=False)
 
     def on_device(self, fixed) -> SplitOption:
         """This option where the `fixed` tensors stay on the device: its cut inputs among them
@@ -49,13 +54,16 @@ class SplitOption:
                                    viewed_inputs=viewed)
 
     def to_list(self) -> list:
+        """[dim, divisor, cut inputs, whole inputs, cut outputs, [[cut input, bytes], ...]]."""
         return [self.dim, self.divisor, list(self.cut_inputs), list(self.whole_inputs),
-                list(self.cut_outputs)]
+                list(self.cut_outputs), [list(pair) for pair in self.cut_bytes]]
 
     @classmethod
     def from_list(cls, data) -> SplitOption:
-        dim, divisor, cut_in, whole_in, cut_out = data
-        return cls(int(dim), int(divisor), tuple(cut_in), tuple(whole_in), tuple(cut_out))
+        dim, divisor, cut_in, whole_in, cut_out, *rest = data
+        pairs = tuple((int(t), int(n)) for t, n in (rest[0] if rest else ()))
+        return cls(int(dim), int(divisor), tuple(cut_in), tuple(whole_in), tuple(cut_out),
+                   cut_bytes=pairs)
 
 
 def chunk_bytes(nbytes: int, chunks: int) -> int:
@@ -71,10 +79,12 @@ def scratch_bytes(sizes, option: SplitOption, chunks: int, buffers: int = 2) -> 
 
 def chunk_counts(option: SplitOption, sizes) -> list[int]:
     """The chunk counts an option allows (more than one), fewest first: divisors of its
-    divisor whose chunks of every cut tensor are whole aligned byte ranges of it."""
-    cut = (*option.cut_inputs, *option.viewed_inputs, *option.cut_outputs)
+    divisor (chunks of whole rows of every cut tensor) whose chunks of the cut inputs kept on
+    the device start at aligned offsets (streamed chunks are copied from anywhere)."""
+    nbytes = dict(option.cut_bytes)
     return [c for c in range(2, option.divisor + 1) if option.divisor % c == 0
-            and all(int(sizes[t]) % (c * ALIGNMENT) == 0 for t in cut)]
+            and all(nbytes.get(t, int(sizes[t])) % (c * ALIGNMENT) == 0
+                    for t in option.viewed_inputs)]
 
 
 def working_set(sizes, needs, fixed, option: SplitOption, chunks: int,
@@ -90,10 +100,10 @@ def finest_working_set(sizes, needs, fixed, options) -> int | None:
     """The least working set of any split of an op (its finest chunks, one buffer each);
     None: no split."""
     best = None
-    for option in options:
+    for option in (o.on_device(fixed) for o in options):
         counts = chunk_counts(option, sizes)
         if counts:
-            ws = working_set(sizes, needs, fixed, option.on_device(fixed), counts[-1], 1)
+            ws = working_set(sizes, needs, fixed, option, counts[-1], 1)
             best = ws if best is None else min(best, ws)
     return best
 
