@@ -199,6 +199,7 @@ class _Rewriter:
         self.swapped_out_var: dict[int, relax.Expr] = {}  # swap-out index -> device value copied
         self.waited_out: set[int] = set()  # swap-outs already waited for (waits are in order)
         self.chunk_kernels: dict[tuple, tuple] = {}  # (kernel, dim, chunks) -> (gv, PrimFunc)
+        self.analyses: dict[str, object] = {}  # kernel -> its KernelDims
 
     # ------------------------------------------------------------------ helpers
     def emit(self, expr, name: str = "") -> relax.Var:
@@ -413,10 +414,11 @@ class _Rewriter:
         self.wait_swap_out(sp.wait_swap_out)
         cut_in, cut_out = set(sp.cut_inputs), set(sp.cut_outputs)
         offset = [sp.offset]
+        axis = self._cut_axes(op, sp)
 
         def buffers(tid: int) -> list:
             t = g.tensors[tid]
-            shape = _chunk_shape(t.shape, sp.chunks)
+            shape = _cut_shape(t.shape, axis[tid], sp.chunks)
             pair = []
             for _ in range(sp.buffers):
                 alloc = relax.op.memory.alloc_tensor(self.pools[sp.pool],
@@ -439,14 +441,14 @@ class _Rewriter:
             else [value.args[1]]
         nb = sp.buffers
         for tid, pair in ins.items():
-            self._stream(self._host_chunk(tid, sp, 0), pair[0], H2D)
+            self._copy_chunk(tid, axis[tid], sp, 0, pair[0], H2D)
         for j in range(sp.chunks):
             b = j % nb
             for tid, pair in ins.items():
                 if j > 0 and nb == 1:  # the buffer is free again: the kernel has run
-                    self._stream(self._host_chunk(tid, sp, j), pair[0], H2D)
+                    self._copy_chunk(tid, axis[tid], sp, j, pair[0], H2D)
                 if j + 1 < sp.chunks and nb == 2:
-                    self._stream(self._host_chunk(tid, sp, j + 1), pair[1 - b], H2D)
+                    self._copy_chunk(tid, axis[tid], sp, j + 1, pair[1 - b], H2D)
                 self.emit(swap_calls.wait_call(pair[b], H2D))
             if j >= nb:
                 for pair in outs:  # its previous chunk has left
@@ -457,7 +459,7 @@ class _Rewriter:
                 if isinstance(f.ty, relax.TensorType):
                     tid = next(inputs)
                     if tid in viewed:  # kept on the device: chunk j is a view of it
-                        args.append(self._device_chunk(tid, sp, j))
+                        args.append(self._device_chunk(tid, axis[tid], sp, j))
                     else:
                         args.append(ins[tid][b] if tid in ins else self.value_of(tid))
                 else:
@@ -466,22 +468,44 @@ class _Rewriter:
                      for _ in chunk_params(self.chunk_kernels[self._chunk_key(op, sp)][1])]
             self.emit(relax.Call(gv, [*args, *chunk, *(pair[b] for pair in outs)]))
             for tid, pair in zip(op.outputs, outs, strict=True):
-                self._stream(pair[b], self._host_chunk(tid, sp, j), D2H)
+                self._copy_chunk(tid, axis[tid], sp, j, pair[b], D2H)
         for k, s in enumerate(self.plan.swap_outs):
             if s.tensor in cut_out and s.after == sp.position:
                 self.swapped_out_var[k] = outs[list(op.outputs).index(s.tensor)][
                     (sp.chunks - 1) % nb]
 
-    def _device_chunk(self, tid: int, sp, j: int) -> relax.Var:
-        """Chunk j of a cut input kept on the device: a view of its bytes (at an offset that
-        is a multiple of the alignment, so a kernel may read it)."""
+    def _device_chunk(self, tid: int, axis: int, sp, j: int) -> relax.Var:
+        """Chunk j of a cut input kept on the device: a view of its bytes (its leading axis is
+        cut, at an offset that is a multiple of the alignment, so a kernel may read it)."""
         t = self.g.tensors[tid]
-        shape = _chunk_shape(t.shape, sp.chunks)
         view = self.emit(relax.op.memory.view(
-            self.value_of(tid), relax.ShapeExpr(shape), None,
+            self.value_of(tid), relax.ShapeExpr(_cut_shape(t.shape, axis, sp.chunks)), None,
             relax.prim_value(tvm.tirx.IntImm("int64",
                                              j * self._chunked_bytes(tid) // sp.chunks))))
         return self.emit(relax.op.memory.ensure_zero_offset(view))
+
+    def _copy_chunk(self, tid: int, axis: int, sp, j: int, buffer: relax.Var,
+                    stream: int) -> None:
+        """Chunk j of tensor `tid` (cut along `axis` as the op reads or writes it) from its
+        base's host copy into `buffer` (H2D), or from `buffer` back (D2H): a contiguous byte
+        range when every axis before `axis` is 1, else strided rows (`copy_chunk_async`)."""
+        t = self.g.tensors[tid]
+        host = self._host_copy_of(self.g.base(tid))
+        if all(int(n) == 1 for n in t.shape[:axis]):
+            chunk = self.emit(relax.op.memory.view(
+                host, relax.ShapeExpr(_cut_shape(t.shape, axis, sp.chunks)), None,
+                relax.prim_value(tvm.tirx.IntImm("int64",
+                                                 j * self._chunked_bytes(tid) // sp.chunks))))
+            if stream == H2D:
+                self._stream(chunk, buffer, stream)
+            else:
+                self._stream(buffer, chunk, stream)
+            return
+        if tid != self.g.base(tid):  # the base's bytes, shaped as the op reads them
+            host = self.emit(relax.op.memory.view(host, relax.ShapeExpr(list(t.shape)), None,
+                                                  relax.prim_value(0)))
+        self.emit(swap_calls.copy_chunk_async_call(host, buffer, stream, axis, j,
+                                                   stream == H2D, ""))
 
     def _stream(self, src, dst, stream: int) -> None:
         self.emit(swap_calls.copy_async_call(src, dst, stream, ""))
@@ -503,17 +527,6 @@ class _Rewriter:
             self.host_pool, relax.prim_value(self.host_offsets[tid]),
             relax.ShapeExpr(list(t.shape)), t.dtype))
 
-    def _host_chunk(self, tid: int, sp, j: int) -> relax.Var:
-        """Chunk j of tensor `tid` (a view read by the op, or a base) in its base's host copy:
-        bytes [j, j + 1) x nbytes / chunks of it, shaped as the op reads it."""
-        t = self.g.tensors[tid]
-        host = self._host_copy_of(self.g.base(tid))
-        shape = _chunk_shape(t.shape, sp.chunks)
-        return self.emit(relax.op.memory.view(
-            host, relax.ShapeExpr(shape), None,
-            relax.prim_value(tvm.tirx.IntImm("int64",
-                                             j * self._chunked_bytes(tid) // sp.chunks))))
-
     def _chunked_bytes(self, tid: int) -> int:
         """Bytes of tensor `tid` as a split op cuts it: a view's are its base's (a view holds no
         bytes of its own in the graph; `time_splits` offers only views that cover their base)."""
@@ -523,13 +536,28 @@ class _Rewriter:
     def _chunk_key(op, sp) -> tuple:
         return (op.kernel, sp.dim, sp.chunks)
 
+    def _kernel_dims(self, op):
+        """The index analysis of `op`'s kernel (once per kernel)."""
+        if op.kernel not in self.analyses:
+            self.analyses[op.kernel] = kernel_dims(self.mod[op.kernel], len(op.outputs),
+                                                      op.kernel)
+        return self.analyses[op.kernel]
+
+    def _cut_axes(self, op, sp) -> dict[int, int]:
+        """The axis split op `op`'s dim cuts in each of its cut inputs and outputs, as the op
+        reads and writes them."""
+        dim = self._kernel_dims(op).spec.dims[sp.dim]
+        axes = {tid: c.axis for tid, c in zip(op.inputs, dim.inputs, strict=True)
+                if c is not None}
+        axes.update(zip(op.outputs, dim.outputs, strict=True))
+        return axes
+
     def _chunk_kernel(self, op, sp):
         """The kernel of one chunk of `op` (`local_kernel`), made once per kernel and split."""
         key = self._chunk_key(op, sp)
         if key not in self.chunk_kernels:
-            kd = kernel_dims(self.mod[op.kernel], len(op.outputs), op.kernel)
             try:
-                kernel = local_kernel(kd, {sp.dim: sp.chunks})
+                kernel = local_kernel(self._kernel_dims(op), {sp.dim: sp.chunks})
             except LoweringError as err:
                 raise SwapOffloadError(f"{op.name}: cannot run in {sp.chunks} chunks: {err}") \
                     from err
@@ -559,10 +587,8 @@ class _Rewriter:
             self.emit(swap_calls.copy_async_call(self.host_val[s.tensor], dst, H2D, t.name))
 
 
-def _chunk_shape(shape, chunks: int) -> list[int]:
-    """The shape of one of `chunks` contiguous chunks of a tensor: its leading axis (the first
-    whose extent is not 1) cut."""
+def _cut_shape(shape, axis: int, chunks: int) -> list[int]:
+    """The shape of one of `chunks` chunks of a tensor cut along `axis`."""
     dims = [int(x) for x in shape]
-    axis = next((a for a, n in enumerate(dims) if n != 1), 0)
     dims[axis] //= chunks
     return dims

@@ -519,3 +519,60 @@ def test_cuda_module_with_swap_calls_builds_exports_and_loads(tmp_path):
     text = relax.VMExecutable(loaded).as_text()
     for name in ("copy_async", "wait", "wait_all", "host_storage", "host_empty"):
         assert f"call  tvm_ext.swap.{name} in:" in text
+
+
+# ------------------------------------------------------------------------------------------------
+# Chunk copies (a split op's streams)
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape, axis, chunks", [((6, 8, 5), 1, 4), ((6, 8, 5), 0, 3),
+                                                 ((1, 1, 9, 4), 2, 3), ((4, 6), 1, 6),
+                                                 ((2, 3, 4, 10), 3, 5)])
+def test_chunk_copies_move_strided_chunks_exactly(shape, axis, chunks):
+    """Chunk j along any axis: into a chunk buffer on the device and back out into a host
+    tensor, strided rows where an axis before it is not 1; every chunk lands in its place."""
+    data = _random(shape, "float32")
+    whole = to_device(data, HOST)
+    back = to_device(np.zeros(shape, "float32"), HOST)
+    piece = list(shape)
+    piece[axis] //= chunks
+    for j in range(chunks):
+        chunk = empty(piece, "float32", DEV)
+        swap_streams.copy_chunk_async(whole, chunk, 1, axis, j, True, "x")
+        swap_streams.wait(chunk, 1)
+        expected = np.take(data, range(j * piece[axis], (j + 1) * piece[axis]), axis=axis)
+        np.testing.assert_array_equal(chunk.numpy(), expected)
+        swap_streams.copy_chunk_async(back, chunk, 0, axis, j, False, "x")
+        swap_streams.wait(chunk, 0)
+    np.testing.assert_array_equal(back.numpy(), data)
+    rows = int(np.prod(shape[:axis]))
+    assert swap_streams.stats(1).bytes == data.nbytes and swap_streams.stats(1).copies == chunks
+    assert rows >= 1
+
+
+def test_chunk_copy_orders_against_copies_touching_its_rows():
+    """A chunk copy out of a tensor waits for a copy into the same tensor on another stream."""
+    data = _random((64, BIG // 64), "float32")
+    src = to_device(data, DEV)
+    host = empty(data.shape, "float32", HOST)
+    swap_streams.copy_async(src, host, 0, "whole")  # large: still running when the next comes
+    chunk = empty((64, BIG // 256), "float32", DEV)
+    swap_streams.copy_chunk_async(host, chunk, 1, 1, 2, True, "chunk")
+    swap_streams.wait(chunk, 1)
+    np.testing.assert_array_equal(chunk.numpy(), data[:, 2 * BIG // 256:3 * BIG // 256])
+
+
+@pytest.mark.parametrize("chunk_shape, axis, index, reason", [
+    ((6, 3, 5), 1, 0, "is not a chunk of"),
+    ((6, 4, 4), 1, 0, "is not a chunk of"),
+    ((6, 4, 5), 3, 0, "is not a chunk of"),
+    ((6, 4, 5), 1, 2, "out of range for 2 chunks"),
+])
+def test_chunk_copy_that_is_no_chunk_is_refused_naming_the_tensor(chunk_shape, axis, index,
+                                                                  reason):
+    whole = to_device(_random((6, 8, 5), "float32"), HOST)
+    chunk = empty(chunk_shape, "float32", DEV)
+    with pytest.raises(ValueError, match=f"'w'.*{reason}"):
+        swap_streams.copy_chunk_async(whole, chunk, 3, axis, index, True, "w")
+    swap_streams.reset()

@@ -417,6 +417,47 @@ def test_split_unaligned_rows_after_unit_axes_run_exactly():
     assert plan.splits and measured <= limit
 
 
+def _transposed_weight_model() -> Model:
+    """An LM head's shape: x (16 x 64) @ transpose(w) with w (256 x 64), then tanh and row
+    sums; the transpose runs in chunks whose rows of w^T are strided in w (w is a parameter)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((16, 64), "float32"))
+    w = relax.Var("w", relax.TensorType((256, 64), "float32"))
+    with bb.function("main", [x, w], attrs={"num_input": 1}):
+        with bb.dataflow():
+            wt = bb.emit(relax.op.permute_dims(relax.op.multiply(w, relax.const(2.0)), [1, 0]))
+            y = bb.emit(relax.op.tanh(relax.op.matmul(x, wt)))
+            out = bb.emit_output(relax.op.sum(y, axis=1))
+        bb.emit_func_output(out)
+    specs = [TensorSpec("x", (16, 64), init="uniform", scale=1.0),
+             TensorSpec("w", (256, 64), init="uniform", scale=0.1)]
+    return Model("head", bb.get(), specs[:1], specs[1:])
+
+
+@pytest.mark.parametrize("library", [True, False])
+def test_strided_chunks_run_exactly_within_budget(library):
+    """Below what the weight's transpose needs whole, it runs in chunks cut along an axis that
+    is not its input's leading one: strided rows copied in, exact, within budget; a GEMM that
+    the vendor library computes is split along its rows only (its rounding may change with the
+    shape of column chunks)."""
+    model = _transposed_weight_model()
+    graph = driver.fused_graph(model, LLVM)
+    problem = problem_for_budget(graph, "min", "cpu")
+    strided = {(op.id, o[0]) for op in graph.ops for o in (op.time_splits or []) if o[6]}
+    assert all(not graph.ops[op].library for op, _ in strided)
+    plan = plan_swaps(problem, "swapadvisor", time_budget_s=1.0, seed=0)
+    validate(problem, plan)
+    assert any((sp.op, sp.dim) in strided for sp in plan.splits)
+    swapped = driver.build(model, LLVM, swap_plan=plan, library=library)
+    device, host = vm_devices(LLVM)
+    out = driver.run(swapped, model.random_arguments(0), device, repeat=0, host=host,
+                     arg_devices=argument_devices(graph, plan))
+    reference = driver.run(driver.build(model, LLVM, library=library),
+                           model.random_arguments(0), tvm.cpu(0), repeat=0).outputs
+    driver.compare(out.outputs, reference, rtol=0, atol=0)
+    assert out.peak_bytes + graph.bytes_of_kind("constant") <= problem.budget
+
+
 @st.composite
 def _random_dags(draw):
     """A random DAG of element-wise kernels and matmuls over (16, 16) float32 tensors."""

@@ -48,9 +48,11 @@ def test_convolution_splits_along_the_batch_only():
     assert any(o[2] == [x] and o[3] == [w] for o in options)
 
 
-def test_a_sum_over_the_leading_axis_has_no_split_along_it():
-    _, (options,) = _options(lambda x: relax.op.sum(x, axis=0), (64, 32))
-    assert options == []
+def test_a_sum_over_the_leading_axis_splits_only_along_the_columns():
+    """Nothing is split along the reduced rows; the columns split, their chunks strided."""
+    graph, (options,) = _options(lambda x: relax.op.sum(x, axis=0), (64, 32))
+    x = next(t.id for t in graph.tensors if t.arg_index is not None)
+    assert [(o[1], o[2], o[6]) for o in options] == [(32, [x], [x])]
 
 
 def test_a_kernel_reading_one_tensor_twice_reads_the_same_chunk_twice():
@@ -58,7 +60,9 @@ def test_a_kernel_reading_one_tensor_twice_reads_the_same_chunk_twice():
     graph, (options,) = _options(lambda x: relax.op.multiply(x, x), (64, 32))
     (op,) = [o for o in graph.ops if o.kind == "kernel"]
     assert len(op.inputs) == 2 and len(set(op.inputs)) == 1
-    assert [(o[1], o[2], o[3]) for o in options] == [(64, [op.inputs[0]], [])]
+    assert [(o[1], o[2], o[3], o[6]) for o in options] == [(64, [op.inputs[0]], [], []),
+                                                           (32, [op.inputs[0]], [],
+                                                            [op.inputs[0], op.outputs[0]])]
 
 
 def test_a_kernel_reading_the_row_index_as_a_value_splits_along_rows():
@@ -66,7 +70,8 @@ def test_a_kernel_reading_the_row_index_as_a_value_splits_along_rows():
     as an argument (test_swap_offload runs such a split exactly)."""
     graph, (options,) = _options(lambda x: relax.op.tril(x), (64, 32))
     x = next(t.id for t in graph.tensors if t.arg_index is not None)
-    assert [(o[1], o[2], o[3]) for o in options] == [(64, [x], [])]
+    assert [(o[1], o[2], o[3]) for o in options] == [(64, [x], []), (32, [x], [])]
+    assert next(o[6] for o in options) == []  # rows: contiguous; columns: strided
 
 
 def test_a_view_is_cut_as_its_base():

@@ -48,6 +48,11 @@
  *   _ = R.call_packed("tvm_ext.swap.wait", a2, R.prim_value(S), ty_args=R.Tuple([]))
  *   # before the function returns: every stream (-1) or one stream
  *   _ = R.call_packed("tvm_ext.swap.wait_all", R.prim_value(-1), ty_args=R.Tuple([]))
+ *   # a split op's chunk j of `a` along axis k into (to_chunk = 1) or out of (0) a chunk buffer
+ *   # whose shape is a's with axis k cut: strided rows where an axis before k is not 1
+ *   _ = R.call_packed("tvm_ext.swap.copy_chunk_async", a_host, a_chunk, R.prim_value(S),
+ *                     R.prim_value(k), R.prim_value(j), R.prim_value(1), R.str("a"),
+ *                     ty_args=R.Tuple([]))
  *
  * `wait(t, S)` waits for every copy on S enqueued so far whose source or destination overlaps
  * t's bytes (any view of the memory works); it returns at once if there is none; S = -1 waits
@@ -174,6 +179,14 @@ struct Region {
     r.end = r.begin + tvm::ffi::GetDataSize(*t);
     return r;
   }
+  /*! rief The span of `rows` rows of `row_bytes` every `pitch` bytes from `start` in `t`. */
+  static Region Rows(const DLTensor* t, int64_t start, int64_t rows, int64_t row_bytes,
+                     int64_t pitch) {
+    Region r = Of(t);
+    r.begin += start;
+    r.end = r.begin + (rows - 1) * pitch + row_bytes;
+    return r;
+  }
   bool Overlaps(const Region& o) const {
     return device_type == o.device_type && device_id == o.device_id && begin < o.end &&
            o.begin < end && begin < end && o.begin < o.end;
@@ -199,6 +212,15 @@ struct Job {
   Region src_region;
   Region dst_region;
   int64_t nbytes = 0;
+  // A chunk copy (copy_chunk_async): `rows` rows of `row_bytes`, `src_pitch` / `dst_pitch`
+  // apart from `src_start` / `dst_start`; otherwise the whole tensor, one contiguous copy.
+  bool chunked = false;
+  int64_t rows = 0;
+  int64_t row_bytes = 0;
+  int64_t src_start = 0;
+  int64_t dst_start = 0;
+  int64_t src_pitch = 0;
+  int64_t dst_pitch = 0;
   int64_t enqueue_ns = 0;
   int64_t paced_ns = 0;  // CPU: the emulated link's time for this copy (0: as fast as memcpy)
   bool inject_failure = false;
@@ -226,6 +248,29 @@ struct StreamStats {
 };
 
 enum class StreamKind { kCpuWorker, kCudaEvents, kDeviceApi };
+
+/*! \brief Run a job's copy on `stream` (nullptr: synchronous, the CPU workers). */
+void RunCopy(const Job& job, void* stream) {
+  DLTensor* src = const_cast<DLTensor*>(job.src.GetDLTensorPtr());
+  DLTensor* dst = const_cast<DLTensor*>(job.dst.GetDLTensorPtr());
+  DeviceAPI* api = DeviceAPI::Get(IsHostType(src->device.device_type) ? dst->device : src->device);
+  if (!job.chunked) {
+    api->CopyDataFromTo(src, dst, stream);
+    return;
+  }
+  // Row by row, each row a contiguous byte range of both tensors.
+  int64_t shape[1] = {job.row_bytes};
+  DLTensor from = *src, to = *dst;
+  from.ndim = to.ndim = 1;
+  from.shape = to.shape = shape;
+  from.strides = to.strides = nullptr;
+  from.dtype = to.dtype = DLDataType{kDLUInt, 8, 1};
+  for (int64_t r = 0; r < job.rows; ++r) {
+    from.byte_offset = src->byte_offset + job.src_start + r * job.src_pitch;
+    to.byte_offset = dst->byte_offset + job.dst_start + r * job.dst_pitch;
+    api->CopyDataFromTo(&from, &to, stream);
+  }
+}
 
 /*! \brief One copy stream: FIFO, its own error state and statistics. */
 class CopyStream : public std::enable_shared_from_this<CopyStream> {
@@ -309,10 +354,7 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
       if (job.inject_failure) {
         TVM_FFI_THROW(RuntimeError) << "injected failure (tvm_ext.swap.inject_failure)";
       }
-      if (job.nbytes > 0) {
-        api->CopyDataFromTo(const_cast<DLTensor*>(job.src.GetDLTensorPtr()),
-                            const_cast<DLTensor*>(job.dst.GetDLTensorPtr()), handle_);
-      }
+      if (job.nbytes > 0) RunCopy(job, handle_);
       if (kind_ == StreamKind::kCudaEvents) {
         const CudaDriver* cu = CudaDriver::Get();
         CudaDriver::CUresult r = cu->EventCreate(&job.event, CudaDriver::kEventDisableTiming);
@@ -509,11 +551,7 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
           if (job.inject_failure) {
             TVM_FFI_THROW(RuntimeError) << "injected failure (tvm_ext.swap.inject_failure)";
           }
-          if (job.nbytes > 0) {
-            DeviceAPI::Get(job.src.device())
-                ->CopyDataFromTo(const_cast<DLTensor*>(job.src.GetDLTensorPtr()),
-                                 const_cast<DLTensor*>(job.dst.GetDLTensorPtr()), nullptr);
-          }
+          if (job.nbytes > 0) RunCopy(job, nullptr);
         } catch (const tvm::ffi::Error& err) {
           failure = err.message();
         } catch (const std::exception& err) {
@@ -632,11 +670,11 @@ DLDevice StreamDevice(const DLTensor* src, const DLTensor* dst) {
   return DLDevice{kDLCPU, 0};
 }
 
-/*! \brief Why `dst <- src` cannot be copied, or "" if it can. */
-std::string ValidationError(const DLTensor* src, const DLTensor* dst) {
+/*! \brief Why `dst <- src` cannot be copied, or "" if it can (`same_shape`: as a whole). */
+std::string ValidationError(const DLTensor* src, const DLTensor* dst, bool same_shape = true) {
   std::ostringstream os;
-  if (src->ndim != dst->ndim ||
-      !std::equal(src->shape, src->shape + src->ndim, dst->shape)) {
+  if (same_shape && (src->ndim != dst->ndim ||
+                     !std::equal(src->shape, src->shape + src->ndim, dst->shape))) {
     os << "shape mismatch: source " << ShapeStr(src) << ", destination " << ShapeStr(dst);
   } else if (src->dtype.code != dst->dtype.code || src->dtype.bits != dst->dtype.bits ||
              src->dtype.lanes != dst->dtype.lanes) {
@@ -659,32 +697,38 @@ std::string ValidationError(const DLTensor* src, const DLTensor* dst) {
 
 }  // namespace
 
-void CopyAsync(Tensor src, Tensor dst, int64_t stream_id, const std::string& name) {
-  if (!(src.defined() && dst.defined())) TVM_FFI_THROW(ValueError)
-      << "tvm_ext.swap.copy_async of '" << name << "': source and destination must be tensors";
+namespace {
+
+/*!
+ * \brief Check and enqueue `job` (its tensors, name, geometry and byte count set) on copy stream
+ * `stream_id`; `what` names the call in errors, `shape_error` is a refusal found by the caller.
+ */
+void Submit(Job job, int64_t stream_id, const char* what, const std::string& shape_error) {
+  if (!(job.src.defined() && job.dst.defined())) TVM_FFI_THROW(ValueError)
+      << what << " of '" << job.name << "': source and destination must be tensors";
   if (!(stream_id >= 0)) TVM_FFI_THROW(ValueError)
-      << "tvm_ext.swap.copy_async of '" << name << "': stream id must be >= 0, got " << stream_id;
-  const DLTensor* s = src.GetDLTensorPtr();
-  const DLTensor* d = dst.GetDLTensorPtr();
+      << what << " of '" << job.name << "': stream id must be >= 0, got " << stream_id;
+  const DLTensor* s = job.src.GetDLTensorPtr();
+  const DLTensor* d = job.dst.GetDLTensorPtr();
   std::shared_ptr<CopyStream> stream =
       StreamTable::Global()->GetOrCreate(StreamDevice(s, d), stream_id);
-  std::string invalid = ValidationError(s, d);
+  std::string invalid = shape_error.empty() ? ValidationError(s, d, !job.chunked) : shape_error;
   if (!invalid.empty()) {
     std::ostringstream os;
-    os << "tvm_ext.swap: copy of tensor '" << name << "' (" << DeviceStr(s->device) << " -> "
+    os << "tvm_ext.swap: copy of tensor '" << job.name << "' (" << DeviceStr(s->device) << " -> "
        << DeviceStr(d->device) << ") on copy stream " << stream_id << " refused: " << invalid;
     stream->Poison(os.str());
     TVM_FFI_THROW(ValueError) << os.str();
   }
-  Job job;
-  job.src = src;
-  job.dst = dst;
-  job.name = name;
   job.src_device = s->device;
   job.dst_device = d->device;
-  job.src_region = Region::Of(s);
-  job.dst_region = Region::Of(d);
-  job.nbytes = static_cast<int64_t>(tvm::ffi::GetDataSize(*s));
+  if (!job.chunked || job.nbytes == 0) {
+    job.src_region = Region::Of(s);
+    job.dst_region = Region::Of(d);
+  } else {
+    job.src_region = Region::Rows(s, job.src_start, job.rows, job.row_bytes, job.src_pitch);
+    job.dst_region = Region::Rows(d, job.dst_start, job.rows, job.row_bytes, job.dst_pitch);
+  }
   // The emulated link paces copies between two devices on the CPU stand-in's worker streams.
   EmulatedLink link = CurrentLink();
   bool crosses = s->device.device_type != d->device.device_type ||
@@ -703,6 +747,66 @@ void CopyAsync(Tensor src, Tensor dst, int64_t stream_id, const std::string& nam
     }
   }
   stream->Enqueue(std::move(job), deps);
+}
+
+/*! \brief Why `chunk` is not chunk `index` along `axis` of `whole`, or "". */
+std::string ChunkError(const DLTensor* whole, const DLTensor* chunk, int64_t axis, int64_t index) {
+  std::ostringstream os;
+  bool shapes = whole->ndim == chunk->ndim && axis >= 0 && axis < whole->ndim;
+  for (int i = 0; shapes && i < whole->ndim; ++i) {
+    shapes = i == axis ? chunk->shape[i] > 0 && whole->shape[i] % chunk->shape[i] == 0
+                       : chunk->shape[i] == whole->shape[i];
+  }
+  if (!shapes) {
+    os << "chunk " << ShapeStr(chunk) << " is not a chunk of " << ShapeStr(whole) << " along axis "
+       << axis;
+  } else if (index < 0 || index >= whole->shape[axis] / chunk->shape[axis]) {
+    os << "chunk index " << index << " out of range for " << whole->shape[axis] / chunk->shape[axis]
+       << " chunks";
+  }
+  return os.str();
+}
+
+}  // namespace
+
+void CopyAsync(Tensor src, Tensor dst, int64_t stream_id, const std::string& name) {
+  Job job;
+  job.src = src;
+  job.dst = dst;
+  job.name = name;
+  if (src.defined()) job.nbytes = static_cast<int64_t>(tvm::ffi::GetDataSize(*src.GetDLTensorPtr()));
+  Submit(std::move(job), stream_id, "tvm_ext.swap.copy_async", "");
+}
+
+void CopyChunkAsync(Tensor whole, Tensor chunk, int64_t stream_id, int64_t axis, int64_t index,
+                    bool to_chunk, const std::string& name) {
+  Job job;
+  job.src = to_chunk ? whole : chunk;
+  job.dst = to_chunk ? chunk : whole;
+  job.name = name;
+  std::string error;
+  if (whole.defined() && chunk.defined()) {
+    const DLTensor* w = whole.GetDLTensorPtr();
+    const DLTensor* c = chunk.GetDLTensorPtr();
+    error = ChunkError(w, c, axis, index);
+    if (error.empty()) {
+      // Rows: the axes before `axis`; each row is the chunk's slab of the axes from `axis` on.
+      int64_t inner = (c->dtype.bits * c->dtype.lanes + 7) / 8;
+      for (int i = axis + 1; i < c->ndim; ++i) inner *= c->shape[i];
+      job.chunked = true;
+      job.rows = 1;
+      for (int i = 0; i < axis; ++i) job.rows *= c->shape[i];
+      job.row_bytes = c->shape[axis] * inner;
+      int64_t whole_pitch = w->shape[axis] * inner;
+      int64_t whole_start = index * job.row_bytes;
+      job.src_start = to_chunk ? whole_start : 0;
+      job.dst_start = to_chunk ? 0 : whole_start;
+      job.src_pitch = to_chunk ? whole_pitch : job.row_bytes;
+      job.dst_pitch = to_chunk ? job.row_bytes : whole_pitch;
+      job.nbytes = job.rows * job.row_bytes;
+    }
+  }
+  Submit(std::move(job), stream_id, "tvm_ext.swap.copy_chunk_async", error);
 }
 
 void Wait(Tensor tensor, int64_t stream_id) {
@@ -746,6 +850,12 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("tvm_ext.swap.copy_async",
            [](Tensor src, Tensor dst, int64_t stream_id, String name) {
              CopyAsync(src, dst, stream_id, std::string(name));
+           })
+      .def("tvm_ext.swap.copy_chunk_async",
+           [](Tensor whole, Tensor chunk, int64_t stream_id, int64_t axis, int64_t index,
+              int64_t to_chunk, String name) {
+             CopyChunkAsync(whole, chunk, stream_id, axis, index, to_chunk != 0,
+                            std::string(name));
            })
       .def("tvm_ext.swap.wait", [](Tensor t, int64_t stream_id) { Wait(t, stream_id); })
       .def("tvm_ext.swap.wait_all", [](int64_t stream_id) { WaitAll(stream_id); })

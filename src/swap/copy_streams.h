@@ -25,6 +25,15 @@ void CopyAsync(tvm::ffi::Tensor src, tvm::ffi::Tensor dst, int64_t stream_id,
                const std::string& name);
 
 /*!
+ * \brief Enqueue a copy between chunk `index` along `axis` of `whole` and `chunk` (whose shape is
+ * `whole`'s with that axis cut into equal chunks), into the chunk (`to_chunk`) or out of it. The
+ * chunk's bytes in `whole` are strided unless every axis before `axis` is 1: they are copied row
+ * by row. Otherwise as CopyAsync.
+ */
+void CopyChunkAsync(tvm::ffi::Tensor whole, tvm::ffi::Tensor chunk, int64_t stream_id,
+                    int64_t axis, int64_t index, bool to_chunk, const std::string& name);
+
+/*!
  * \brief Make the caller (CPU: block; CUDA: the compute stream) wait until no copy enqueued on
  * `stream_id` before this call reads or writes the memory of `tensor`. Raises if the stream failed.
  */

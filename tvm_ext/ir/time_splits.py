@@ -2,14 +2,16 @@
 `tvm_ext.swap.split`), read off their TIR by the partitioner's index analysis.
 
 A kernel dim qualifies when the lowering of PartitionOperators can cut it (`local_kernels`: the
-same chunk kernels run here one after another on one device) and, cut into contiguous chunks,
-it splits every output and some inputs along their leading axis (the first whose extent is not
-1), with no halo and nothing
-reduced over it: chunk j of each cut tensor is then one contiguous byte range of it (a reshape
-view's too, when the view covers its base), the chunks' outputs are independent, and the other
-inputs are read whole. A dim whose index the kernel uses as a value (a causal mask, an iota)
-gets its chunk's index as an argument. A tensor read twice is read as the same chunk by both
-reads; a base read in chunks and whole, or in chunks through two different views, is not cut.
+same chunk kernels run here one after another on one device) and it splits every output and
+some inputs along one axis each, with no halo and nothing reduced over it: the chunks' outputs
+are independent and the other inputs are read whole. Chunk j of a tensor cut along its leading
+axis (the first whose extent is not 1) is one contiguous byte range of it (a reshape view's
+too, when the view covers its base); cut along a later axis, its bytes are strided
+(`SplitOption.strided`: copied row by row; not offered for a kernel a vendor library computes,
+whose rounding may change with the chunk's shape). A dim whose index the kernel uses as a value
+(a causal mask, an iota) gets its chunk's index as an argument. A tensor read twice is read as the
+same chunk by both reads; a base read in chunks and whole, or in chunks through two different
+views, is not cut.
 """
 
 from __future__ import annotations
@@ -45,15 +47,18 @@ def _qualifies(kd, d: int) -> bool:
     dim = kd.spec.dims[d]
     if not dim.valid or dim.reduction or dim.inner or lowering_obstacle(kd, d) is not None:
         return False
-    params = [p for p in kd.func.params if getattr(p, "shape", None) is not None]
-    ins, outs = params[:kd.spec.num_inputs], params[kd.spec.num_inputs:]
+    ins, outs = _params(kd)
     if len(outs) != len(dim.outputs) or not all(
-            isinstance(o, int) and not isinstance(o, bool) and _leading(p.shape, o)
-            for p, o in zip(outs, dim.outputs, strict=True)):
+            isinstance(o, int) and not isinstance(o, bool) for o in dim.outputs):
         return False
     return len(ins) == len(dim.inputs) and all(
-        c is None or (isinstance(c, AxisCut) and not c.halo and _leading(p.shape, c.axis))
-        for p, c in zip(ins, dim.inputs, strict=True))
+        c is None or (isinstance(c, AxisCut) and not c.halo) for c in dim.inputs)
+
+
+def _params(kd) -> tuple[list, list]:
+    """The kernel's input and output buffer parameters."""
+    params = [p for p in kd.func.params if getattr(p, "shape", None) is not None]
+    return params[:kd.spec.num_inputs], params[kd.spec.num_inputs:]
 
 
 def _leading(shape, axis: int) -> bool:
@@ -78,10 +83,20 @@ def _options(graph: DataflowGraph, op, dims: list) -> list[list]:
         if any(not _covers_base(graph, t) for t, c in zip(op.inputs, dim.inputs, strict=True)
                if c is not None):
             continue
+        ins, outs = _params(kd)
+        strided = {graph.base(t) for t, p, c in zip(op.inputs, ins, dim.inputs, strict=True)
+                   if c is not None and not _leading(p.shape, c.axis)}
+        strided |= {graph.base(t) for t, p, a in zip(op.outputs, outs, dim.outputs, strict=True)
+                    if not _leading(p.shape, a)}
+        if strided and op.library:
+            # A vendor library picks its blocking by shape: column chunks of a GEMM need not
+            # round as the whole does, and swapping promises the unswapped build's bits.
+            continue
         options.append(SplitOption(d, dim.divisor or dim.extent, tuple(sorted(set(cut))),
                                    tuple(sorted(set(whole))), tuple(outputs),
                                    cut_bytes=tuple((t, graph.tensors[t].nbytes)
-                                                   for t in sorted(set(cut)))).to_list())
+                                                   for t in sorted(set(cut))),
+                                   strided=tuple(sorted(strided))).to_list())
     return options
 
 

@@ -9,13 +9,32 @@ from collections.abc import Sequence
 from tvm import relax
 from tvm.script import relax as R
 
-from .swap_streams import ALL_STREAMS, COPY_ASYNC, HOST_EMPTY, HOST_STORAGE, WAIT, WAIT_ALL
+from .swap_streams import (
+    ALL_STREAMS,
+    COPY_ASYNC,
+    COPY_CHUNK_ASYNC,
+    HOST_EMPTY,
+    HOST_STORAGE,
+    WAIT,
+    WAIT_ALL,
+)
 
 
 def copy_async_call(src: relax.Expr, dst: relax.Expr, stream: int, name: str) -> relax.Call:
     """`R.call_packed("tvm_ext.swap.copy_async", src, dst, stream, name)`: swap-out or -in."""
     return R.call_packed(
         COPY_ASYNC, src, dst, R.prim_value(int(stream)), R.str(name), ty_args=R.Tuple([])
+    )
+
+
+def copy_chunk_async_call(whole: relax.Expr, chunk: relax.Expr, stream: int, axis: int,
+                          index: int, to_chunk: bool, name: str) -> relax.Call:
+    """`R.call_packed("tvm_ext.swap.copy_chunk_async", whole, chunk, stream, axis, index,
+    to_chunk, name)`: a split op's chunk in (`to_chunk`) or out."""
+    return R.call_packed(
+        COPY_CHUNK_ASYNC, whole, chunk, R.prim_value(int(stream)), R.prim_value(int(axis)),
+        R.prim_value(int(index)), R.prim_value(int(bool(to_chunk))), R.str(name),
+        ty_args=R.Tuple([])
     )
 
 

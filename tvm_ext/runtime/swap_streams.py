@@ -18,11 +18,14 @@ the VM's device list, e.g. `[tvm.cpu(0), tvm.cpu(1)]` or `[tvm.cuda(0), tvm.cpu(
                                                    # before a2's first consumer
     R.call_packed("tvm_ext.swap.wait_all", R.prim_value(-1), ty_args=R.Tuple([]))
                                                    # before returning
+    R.call_packed("tvm_ext.swap.copy_chunk_async", a_host, a_chunk, R.prim_value(S),
+                  R.prim_value(axis), R.prim_value(j), R.prim_value(1), R.str("a"),
+                  ty_args=R.Tuple([]))             # chunk j of a along axis (0: back out)
 
-`swap_calls.copy_async_call`, `wait_call`, `wait_all_call`, `host_storage_call` and
-`host_empty_call` build exactly these calls. Nothing here needs TVM's compiler. See
-src/swap/copy_streams.cc for the semantics (FIFO per stream, automatic ordering of copies on
-different streams that touch the same memory, poisoning on failure).
+`swap_calls.copy_async_call`, `copy_chunk_async_call`, `wait_call`, `wait_all_call`,
+`host_storage_call` and `host_empty_call` build exactly these calls. Nothing here needs TVM's
+compiler. See src/swap/copy_streams.cc for the semantics (FIFO per stream, automatic ordering
+of copies on different streams that touch the same memory, poisoning on failure).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import tvm
 from .library import get_function
 
 COPY_ASYNC = "tvm_ext.swap.copy_async"
+COPY_CHUNK_ASYNC = "tvm_ext.swap.copy_chunk_async"
 WAIT = "tvm_ext.swap.wait"
 WAIT_ALL = "tvm_ext.swap.wait_all"
 HOST_STORAGE = "tvm_ext.swap.host_storage"
@@ -56,6 +60,19 @@ def copy_async(
     Raises ValueError naming `name` (and poisons the stream) if the shapes or dtypes differ.
     """
     get_function(COPY_ASYNC)(src, dst, stream, name)
+
+
+def copy_chunk_async(
+    whole: tvm.runtime.Tensor, chunk: tvm.runtime.Tensor, stream: int, axis: int, index: int,
+    to_chunk: bool, name: str = ""
+) -> None:
+    """Enqueue a copy between chunk `index` along `axis` of `whole` and `chunk` (`whole`'s
+    shape with that axis cut into equal chunks): `chunk <- whole[..., chunk index, ...]` when
+    `to_chunk`, the reverse otherwise; strided rows where an axis before `axis` is not 1.
+
+    Raises ValueError naming `name` (and poisons the stream) if `chunk` is not such a chunk.
+    """
+    get_function(COPY_CHUNK_ASYNC)(whole, chunk, stream, axis, index, int(bool(to_chunk)), name)
 
 
 def wait(tensor: tvm.runtime.Tensor, stream: int = 0) -> None:

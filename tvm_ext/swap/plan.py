@@ -268,8 +268,9 @@ class SwapPlan:
         for sp in self.splits:
             given = SplitOption(sp.dim, 0, tuple(sp.cut_inputs), tuple(sp.whole_inputs),
                                 tuple(sp.cut_outputs), tuple(sp.viewed_inputs))
-            match = [o for o in options[sp.op] if o.dim == sp.dim and
-                     dataclasses.replace(o.on_device(pinned), divisor=0) == given]
+            on_device = [o.on_device(pinned) for o in options[sp.op] if o.dim == sp.dim]
+            match = [o for o in on_device
+                     if o is not None and dataclasses.replace(o, divisor=0) == given]
             if not match or sp.chunks not in chunk_counts(match[0], problem.sizes) or \
                     sp.buffers not in (1, 2):
                 raise PlanError(f"the split at {sp.position} is not one op "

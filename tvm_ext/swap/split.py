@@ -2,10 +2,11 @@
 along one of its dims, its big inputs and outputs streamed through the device a chunk at a time.
 
 What an op may be split along comes from the kernel's TIR (`tvm_ext.ir.time_splits`, the
-partitioner's index analysis): a `SplitOption` is a dim that cuts the leading axis of some
-inputs and of every output and leaves the other inputs whole, with no reduction over it, so
-that chunk j of every cut tensor is one contiguous byte range of it and the chunks of the
-output are independent (outputs concatenated, nothing accumulated). Chunk buffers sit at aligned
+partitioner's index analysis): a `SplitOption` is a dim that cuts an axis of some inputs and of
+every output and leaves the other inputs whole, with no reduction over it, so that the chunks
+of the output are independent (outputs concatenated, nothing accumulated). Chunk j of a tensor
+cut along its leading axis is one contiguous byte range of it; along a later axis its bytes are
+strided (`strided`), copied in and out row by row. Chunk buffers sit at aligned
 offsets; a chunk of a cut input kept on the device is read in place, so only chunk counts that
 start its chunks at aligned offsets allow that.
 
@@ -42,28 +43,37 @@ class SplitOption:
     # (cut input, its bytes unaligned): a chunk kept on the device is read in place only at an
     # aligned offset; streamed chunks may start anywhere. Empty: the aligned sizes.
     cut_bytes: tuple[tuple[int, int], ...] = dataclasses.field(default=(), compare=False)
+    # Cut tensors whose chunks are strided (cut along an axis after one that is not 1): copied
+    # in and out row by row, never read in place.
+    strided: tuple[int, ...] = dataclasses.field(default=(), compare=False)
 
-    def on_device(self, fixed) -> SplitOption:
+    def on_device(self, fixed) -> SplitOption | None:
         """This option where the `fixed` tensors stay on the device: its cut inputs among them
-        are read as views of their device copies instead of streamed."""
+        are read as views of their device copies instead of streamed; None when one of them
+        has strided chunks (no view reads those)."""
         viewed = tuple(t for t in self.cut_inputs if fixed[t])
         if not viewed:
             return self
+        if set(viewed) & set(self.strided):
+            return None
         return dataclasses.replace(self, cut_inputs=tuple(t for t in self.cut_inputs
                                                           if not fixed[t]),
                                    viewed_inputs=viewed)
 
     def to_list(self) -> list:
-        """[dim, divisor, cut inputs, whole inputs, cut outputs, [[cut input, bytes], ...]]."""
+        """[dim, divisor, cut inputs, whole inputs, cut outputs, [[cut input, bytes], ...],
+        strided]."""
         return [self.dim, self.divisor, list(self.cut_inputs), list(self.whole_inputs),
-                list(self.cut_outputs), [list(pair) for pair in self.cut_bytes]]
+                list(self.cut_outputs), [list(pair) for pair in self.cut_bytes],
+                list(self.strided)]
 
     @classmethod
     def from_list(cls, data) -> SplitOption:
         dim, divisor, cut_in, whole_in, cut_out, *rest = data
         pairs = tuple((int(t), int(n)) for t, n in (rest[0] if rest else ()))
+        strided = tuple(int(t) for t in (rest[1] if len(rest) > 1 else ()))
         return cls(int(dim), int(divisor), tuple(cut_in), tuple(whole_in), tuple(cut_out),
-                   cut_bytes=pairs)
+                   cut_bytes=pairs, strided=strided)
 
 
 def chunk_bytes(nbytes: int, chunks: int) -> int:
@@ -101,6 +111,8 @@ def finest_working_set(sizes, needs, fixed, options) -> int | None:
     None: no split."""
     best = None
     for option in (o.on_device(fixed) for o in options):
+        if option is None:
+            continue
         counts = chunk_counts(option, sizes)
         if counts:
             ws = working_set(sizes, needs, fixed, option, counts[-1], 1)
@@ -121,6 +133,8 @@ def choose_splits(problem, room: int, fixed) -> dict[int, tuple[SplitOption, int
             continue
         best = None
         for option in (o.on_device(fixed) for o in options[op]):
+            if option is None:
+                continue
             for chunks in chunk_counts(option, problem.sizes):
                 fits = [b for b in (2, 1)
                         if working_set(problem.sizes, needs, fixed, option, chunks, b) <= room]
