@@ -46,7 +46,7 @@ Targets (issue 17), each printed PASS, MISS or NOT MEASURED (never assumed):
         tuned / untuned ratio is not wholly above 1 (needs --trials > 0)
 
     python benchmarks/vs_torch.py [--models gpt2,bert,llama,vit,resnet,zoo_gpt | all]
-        [--modes inference,training] [--trials 200] [--rounds 15] [--gemms 3]
+        [--modes inference,training] [--trials 200] [--tune-dir DIR] [--rounds 15] [--gemms 3]
         [--skip-no-library] [--quick] [--json PATH]
 
 Prints markdown tables and writes benchmarks/results/vs_torch.json. Exits 1 when a build
@@ -856,6 +856,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--trials", type=int, default=200,
                    help="MetaSchedule trials per model and mode for the tuned column (0: none)")
+    p.add_argument("--tune-dir", help="keep the tuning databases there (one per model and "
+                   "mode; a later run with the same budget reuses them and tunes nothing); "
+                   "default: a temporary directory")
     p.add_argument("--rounds", type=int, help="interleaved timing rounds (default 15; quick 2)")
     p.add_argument("--round-seconds", type=float,
                    help="seconds per build per round (default 0.25; quick 0.02)")
@@ -907,6 +910,7 @@ def run(args: argparse.Namespace) -> dict:
     size = SIZES["quick" if args.quick else "bench"]
     rows, shapes = [], []
     work_dir = tempfile.mkdtemp(prefix="tvm_ext_vs_torch_")
+    tune_dir = args.tune_dir or work_dir
     try:
         for name in args.models:
             works, forward = _workloads(name, args.modes, size, work_dir)
@@ -914,7 +918,7 @@ def run(args: argparse.Namespace) -> dict:
                 shapes += [dict(s, model=name) for s in gemm_shapes(forward, target)]
             for work in works:
                 print(f"== {work.model} {work.mode}", flush=True)
-                row = bench_workload(work, args.builds, target, args.trials, work_dir,
+                row = bench_workload(work, args.builds, target, args.trials, tune_dir,
                                      args.rounds, args.round_seconds)
                 print(_summary(row), flush=True)
                 rows.append(row)
