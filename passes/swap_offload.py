@@ -487,20 +487,10 @@ class _Rewriter:
     def _copy_chunk(self, tid: int, axis: int, sp, j: int, buffer: relax.Var,
                     stream: int) -> None:
         """Chunk j of tensor `tid` (cut along `axis` as the op reads or writes it) from its
-        base's host copy into `buffer` (H2D), or from `buffer` back (D2H): a contiguous byte
-        range when every axis before `axis` is 1, else strided rows (`copy_chunk_async`)."""
+        base's host copy into `buffer` (H2D), or from `buffer` back (D2H); the runtime copies
+        it whole when every axis before `axis` is 1, else row by row (`copy_chunk_async`)."""
         t = self.g.tensors[tid]
         host = self._host_copy_of(self.g.base(tid))
-        if all(int(n) == 1 for n in t.shape[:axis]):
-            chunk = self.emit(relax.op.memory.view(
-                host, relax.ShapeExpr(_cut_shape(t.shape, axis, sp.chunks)), None,
-                relax.prim_value(tvm.tirx.IntImm("int64",
-                                                 j * self._chunked_bytes(tid) // sp.chunks))))
-            if stream == H2D:
-                self._stream(chunk, buffer, stream)
-            else:
-                self._stream(buffer, chunk, stream)
-            return
         if tid != self.g.base(tid):  # the base's bytes, shaped as the op reads them
             host = self.emit(relax.op.memory.view(host, relax.ShapeExpr(list(t.shape)), None,
                                                   relax.prim_value(0)))
