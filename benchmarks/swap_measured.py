@@ -133,7 +133,7 @@ def run_plan(model, graph, target, problem, plan, plain, repeat: int) -> dict:
     run = driver.measure_run(executable, model.random_arguments(0), device, host=host,
                              arg_devices=argument_devices(graph, plan), repeat=repeat)
     sim = simulate(problem, plan)
-    timeline = driver.timeline_of(run, graph)
+    timeline = driver.timeline_of(run, graph, plan)
     cmp = compare(problem, plan, sim, timeline)
     exact = len(run.outputs) == len(plain.outputs) and all(
         np.array_equal(a, b) for a, b in zip(run.outputs, plain.outputs, strict=True))

@@ -62,7 +62,7 @@ from tvm_ext.swap import SwapPlan, plan_swaps, validate
 from tvm_ext.swap.alignment import align
 from tvm_ext.swap.placement import DEVICE, HOST, argument_devices
 from tvm_ext.swap.problem import problem_for_budget
-from tvm_ext.swap.split import chunk_bytes
+from tvm_ext.swap.split import chunk_bytes, chunk_kernel_name
 
 D2H, H2D = 0, 1  # copy stream ids
 
@@ -465,7 +465,7 @@ class _Rewriter:
                 else:
                     args.append(f)
             chunk = [relax.prim_value(tvm.tirx.IntImm("int64", j))
-                     for _ in chunk_params(self.chunk_kernels[self._chunk_key(op, sp)][1])]
+                     for _ in range(self._new_chunk_params(op, sp))]
             self.emit(relax.Call(gv, [*args, *chunk, *(pair[b] for pair in outs)]))
             for tid, pair in zip(op.outputs, outs, strict=True):
                 self._copy_chunk(tid, axis[tid], sp, j, pair[b], D2H)
@@ -495,7 +495,8 @@ class _Rewriter:
             host = self.emit(relax.op.memory.view(host, relax.ShapeExpr(list(t.shape)), None,
                                                   relax.prim_value(0)))
         self.emit(swap_calls.copy_chunk_async_call(host, buffer, stream, axis, j,
-                                                   stream == H2D, ""))
+                                                   stream == H2D,
+                                                   self.g.tensors[self.g.base(tid)].name))
 
     def _stream(self, src, dst, stream: int) -> None:
         self.emit(swap_calls.copy_async_call(src, dst, stream, ""))
@@ -542,6 +543,13 @@ class _Rewriter:
         axes.update(zip(op.outputs, dim.outputs, strict=True))
         return axes
 
+    def _new_chunk_params(self, op, sp) -> int:
+        """How many chunk indices the chunk kernel of `op` takes beyond those of the op's own
+        kernel (a kernel partitioned across devices already takes its device's chunk, which
+        the op's call passes)."""
+        chunk_kernel = self.chunk_kernels[self._chunk_key(op, sp)][1]
+        return len(chunk_params(chunk_kernel)) - len(chunk_params(self._kernel_dims(op).func))
+
     def _chunk_kernel(self, op, sp):
         """The kernel of one chunk of `op` (`local_kernel`), made once per kernel and split."""
         key = self._chunk_key(op, sp)
@@ -551,7 +559,7 @@ class _Rewriter:
             except LoweringError as err:
                 raise SwapOffloadError(f"{op.name}: cannot run in {sp.chunks} chunks: {err}") \
                     from err
-            name = f"{op.kernel}_chunk{sp.chunks}_d{sp.dim}"
+            name = chunk_kernel_name(op.kernel, sp.chunks, sp.dim)
             kernel = kernel.with_attr("global_symbol", name)
             self.chunk_kernels[key] = (self.bb.add_func(kernel, name), kernel)
         return self.chunk_kernels[key][0]

@@ -145,3 +145,44 @@ def test_unaligned_chunks_stream_but_are_read_in_place_only_where_aligned():
     fixed[:] = False
     fixed[1] = True  # 2560 bytes: halves of 1280 start aligned, quarters of 640 do not
     assert chunk_counts(option.on_device(fixed), sizes) == [2]
+
+
+def test_a_split_op_is_not_run_again_to_recompute_its_output():
+    """b (op1's output, read by op2 and again by op4) is a recompute candidate; once op1 runs
+    in chunks, b is streamed to the host as it is made, so a second run of op1 would copy it
+    out twice and free nothing: the recompute choice is dropped and the plan holds."""
+    p = SwapProblem(
+        op_names=["op0", "op1", "op2", "op3", "op4"], durations=[1.0] * 5,
+        op_deps=[[], [0], [1], [2], [1, 3]], op_inputs=[[0], [1], [2], [3], [2, 4]],
+        op_outputs=[[1], [2], [3], [4], [5]], op_scratch=[[]] * 5,
+        op_phases=["forward"] * 5, tensor_names=["w", "a", "b", "c", "d", "e"],
+        sizes=[256, 4096, 4096, 256, 256, 256], tensor_kinds=["parameter"] + ["activation"] * 5,
+        producers=[-1, 0, 1, 2, 3, 4], host_start=[True] + [False] * 5, pinned=[False] * 6,
+        outputs=[5], budget=1 << 20, h2d_bandwidth=4096.0, h2d_latency=0.0,
+        d2h_bandwidth=4096.0, d2h_latency=0.0,
+        op_splits=[[], [[0, 16, [1], [], [2]]], [], [], []])
+    from tvm_ext.swap.recompute import candidates
+
+    order = np.asarray(p.order)
+    assert 2 in candidates(p, order)
+    small = p.with_budget(6144)
+    ev = Evaluator(small, "swapadvisor")
+    assert 1 in ev.splits(0.0).choice
+    plan = ev.plan(order, Knobs(), "swapadvisor", recompute=np.array([2]))
+    validate(small, plan)
+    assert plan.schedule.count(1) == 1 and plan.info["recomputed"] == 0
+    assert [s.tensor for s in plan.swap_outs].count(2) == 1
+
+
+def test_a_split_ops_streamed_inputs_are_issued_by_the_op_after_every_other_copy():
+    """The split op copies its streamed inputs in itself, after every copy issued before it:
+    the h2d stream's order has them last among the swap-ins of that op, and a later swap-in
+    (here a prefetch for position 5) is issued after the op."""
+    from tvm_ext.swap import _core
+
+    issue, needed = np.array([2, 1, 2, 2]), np.array([3, 3, 5, 3])
+    streamed = np.array([True, False, False, True])
+    _, order, final = _core.fifo_orders(issue, needed, np.ones(4, dtype=bool), streamed,
+                                        np.zeros(0, dtype=np.int64), 9)
+    assert order.tolist() == [1, 0, 3, 2]
+    assert final.tolist() == [2, 1, 3, 2]

@@ -7,7 +7,7 @@ and each copy ran), and the swap runtime's own costs on this machine.
   the pooled allocator: the naive one maps fresh pages at every call, whose first touch then
   costs the kernels time that neither a GPU's caching allocator nor the kernel measurements
   (`measure_kernels`) pay.
-* `timeline_of(run, graph)` gives the traced iteration as `tvm_ext.swap.measured` lanes.
+* `timeline_of(run, graph, plan)` gives the traced iteration as `tvm_ext.swap.measured` lanes.
 * `measure_runtime_costs(link)` times what the simulator's stand-in hardware needs beyond the
   link (`tvm_ext.cost.emulation.RuntimeCosts`): issuing a copy to an idle copy stream (it wakes
   the stream's worker), the delay before a stalled stream resumes (a worker taking a copy, a
@@ -41,6 +41,8 @@ from ..ir.graph import DataflowGraph
 from ..runtime import swap_streams
 from ..runtime.timing import time_calls
 from ..swap.measured import Event, MeasuredTimeline
+from ..swap.plan import SwapPlan
+from ..swap.split import chunk_kernel_name
 from .run import flatten_outputs, place_argument
 
 
@@ -141,9 +143,14 @@ def _event(record) -> Event:
     return Event("call", record.name, record.start_ns, record.end_ns)
 
 
-def timeline_of(run: MeasuredRun, graph: DataflowGraph) -> MeasuredTimeline:
-    """The traced call of `run` as lanes; kernels are the calls of `graph`'s kernels."""
+def timeline_of(run: MeasuredRun, graph: DataflowGraph,
+                plan: SwapPlan | None = None) -> MeasuredTimeline:
+    """The traced call of `run` as lanes; kernels are the calls of `graph`'s kernels and, for
+    a run of `plan`, of the chunk kernels of its split ops (one call per chunk)."""
     kernels = {op.kernel for op in graph.ops if op.kind == "kernel"}
+    if plan is not None:
+        kernels |= {chunk_kernel_name(graph.ops[sp.op].kernel, sp.chunks, sp.dim)
+                    for sp in plan.splits}
     return MeasuredTimeline.from_events(run.events, kernels)
 
 

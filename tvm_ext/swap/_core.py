@@ -513,14 +513,17 @@ def _undo_step(st, needs, m, i, placed, n_placed):
 
 @nb.njit(cache=True)
 def _prefetch(st, need_ptr, need_idx, nxt, i, now):
-    """vDNN: prefetch the offloaded inputs of op `nxt` (at i + 1) one op ahead."""
+    """vDNN: prefetch the offloaded inputs of op `nxt` (at i + 1) one op ahead. The copy is
+    issued before the op at i, so a tensor with no host copy yet (a split op's output, which
+    reaches the host only as the op at i streams it out) is left to the on-demand swap-in."""
     ten = st.ten
     fixed, resident, prod_op, offload_after = (ten.fixed, ten.resident, ten.prod_op,
                                                ten.offload_after)
     lru = Policy(LRU, 0.0, 0.0, 0.0)
     for k in range(need_ptr[nxt], need_ptr[nxt + 1]):
         t = need_idx[k]
-        if fixed[t] or resident[t] or prod_op[t] == nxt or offload_after[t] < 0:
+        if fixed[t] or resident[t] or prod_op[t] == nxt or offload_after[t] < 0 or \
+                not ten.host_copy[t]:
             continue
         size = ten.slot[t]
         o = _best_window(st, t, i, size, False, lru, now)
@@ -969,11 +972,14 @@ def _cancel(st, rr):
 
 # ---------------------------------------------------------------- simulation
 @nb.njit(cache=True)
-def fifo_orders(h_q, h_r, h_valid, d_p, big):
+def fifo_orders(h_q, h_r, h_valid, h_stream, d_p, big):
     """Stream orders: swap-outs by issue position, swap-ins by the position that needs them
     (earliest deadline first), their issue positions raised so the IR order is that order.
-    Takes the swap-ins' issue positions, needing positions and validity and the swap-outs'
-    issue positions; returns (d2h order, h2d order, final h2d issue positions)."""
+    A split op's streamed inputs (`h_stream`) are issued by the op itself, after every other
+    copy issued before it: they come last among the swap-ins its position needs, and the
+    swap-ins after them are issued after the op.
+    Takes the swap-ins' issue positions, needing positions, validity and streaming and the
+    swap-outs' issue positions; returns (d2h order, h2d order, final h2d issue positions)."""
     nd = d_p.shape[0]
     dkey = np.empty(nd, np.int64)
     for e in range(nd):
@@ -981,15 +987,22 @@ def fifo_orders(h_q, h_r, h_valid, d_p, big):
     d_order = np.argsort(dkey, kind="mergesort")
     idx = np.nonzero(h_valid)[0]
     hkey = np.empty(idx.shape[0], np.int64)
+    span = h_r.shape[0] + 1
     for j in range(idx.shape[0]):
-        hkey[j] = h_r[idx[j]] * (h_r.shape[0] + 1) + idx[j]
+        hkey[j] = (h_r[idx[j]] * 2 + h_stream[idx[j]]) * span + idx[j]
     h_order = idx[np.argsort(hkey, kind="mergesort")]
     q_final = h_q.copy()
     prev = -1
+    stream_at = -1  # the split op whose streamed inputs came last
     for j in range(h_order.shape[0]):
         e = h_order[j]
-        q_final[e] = max(h_q[e], prev)
+        low = prev
+        if stream_at >= 0 and not (h_stream[e] and h_r[e] == stream_at):
+            low = max(low, stream_at)
+        q_final[e] = max(h_q[e], low)
         prev = q_final[e]
+        if h_stream[e]:
+            stream_at = h_r[e]
     return d_order, h_order, q_final
 
 

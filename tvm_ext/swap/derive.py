@@ -353,9 +353,13 @@ class Evaluator:
             np.asarray(recompute, dtype=np.int64)
         if len(recompute) and self.mode != _core.SWAPADVISOR:
             raise ValueError("recompute is planned with SwapAdvisor's policy only")
-        runs = augment(p, order, recompute)
         _, arena = self.fixed(knobs.keep)
         split = self.splits(knobs.keep)
+        if len(recompute) and split.choice:
+            # A split op streams its outputs to the host as it makes them: a second run of it
+            # would copy them out again and free nothing.
+            recompute = recompute[~np.isin(self.producer[recompute], list(split.choice))]
+        runs = augment(p, order, recompute)
         if split.choice and counts is not None:
             raise ValueError("size classes cannot hold the chunk buffers of split ops")
         if counts is not None:
@@ -370,7 +374,7 @@ class Evaluator:
                                self.layout_arrays(counts, pad))
         ins, outs = derived.swap_ins, derived.swap_outs
         d_order, h_order, q_final = _core.fifo_orders(ins.after, ins.before, ins.valid,
-                                                      outs.after, derived.big)
+                                                      ins.stream, outs.after, derived.big)
         sizes = split.graph.sizes
         sim = _core.simulate(split.graph.durations[runs], outs.after,
                              sizes[outs.tensor].astype(np.float64), d_order, q_final,

@@ -76,6 +76,12 @@ class SplitOption:
                    cut_bytes=pairs, strided=strided)
 
 
+def chunk_kernel_name(kernel: str, chunks: int, dim: int) -> str:
+    """The name of the kernel that computes one of `chunks` chunks of `kernel` split along its
+    dim `dim` (what a trace of the swapped module calls)."""
+    return f"{kernel}_chunk{chunks}_d{dim}"
+
+
 def chunk_bytes(nbytes: int, chunks: int) -> int:
     """Bytes of one chunk buffer of a tensor of `nbytes` (aligned like every window)."""
     return align(-(-int(nbytes) // chunks))
