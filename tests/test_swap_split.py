@@ -186,3 +186,26 @@ def test_a_split_ops_streamed_inputs_are_issued_by_the_op_after_every_other_copy
                                         np.zeros(0, dtype=np.int64), 9)
     assert order.tolist() == [1, 0, 3, 2]
     assert final.tolist() == [2, 1, 3, 2]
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_swap_ins_wait_only_for_swap_outs_issued_before_them(name):
+    """A split op's chunk buffers wait for what their window held, and so do its streamed
+    inputs, but a swap-in of a window of its own waits for that window's occupant only (it
+    may be issued before the split op's swap-outs, which it cannot wait for)."""
+    import tvm
+
+    from tvm_ext.driver import fused_graph
+    from tvm_ext.models import get_model
+    from tvm_ext.swap.problem import problem_for_budget
+
+    graph = fused_graph(get_model(name, "tiny", training=True), tvm.target.Target("llvm"))
+    problem = problem_for_budget(graph, "100%", "cpu")
+    problem = problem.with_budget(problem.min_budget()[0])
+    for seed in range(3):
+        plan = plan_swaps(problem, "swapadvisor", time_budget_s=0.3, seed=seed)
+        validate(problem, plan)
+        assert plan.splits
+        for k, s in enumerate(plan.swap_ins):
+            if s.wait_swap_out >= 0:
+                assert plan.swap_outs[s.wait_swap_out].after <= s.after, (seed, k, s)

@@ -406,12 +406,14 @@ def _stream_in(st, graph, op, i, now):
 
 @nb.njit(cache=True)
 def _streams_wait_for_scratch(st, graph, op, first):
-    """The streamed inputs (swap-ins from `first` on) write the op's chunk buffers: like it,
-    they wait for the swap-out of what that window held."""
+    """The streamed inputs (the streamed swap-ins from `first` on; the others made since fill
+    windows of their own) write the op's chunk buffers: like it, they wait for the swap-out of
+    what that window held."""
     scratch = graph.need_idx[graph.need_ptr[op + 1] - 1]
     window = st.res.wait_key[st.ten.cur_res[scratch]]
     for e in range(first, st.ins.count):
-        st.ins.wait_key[e] = max(st.ins.wait_key[e], window)
+        if st.ins.stream[e]:
+            st.ins.wait_key[e] = max(st.ins.wait_key[e], window)
 
 
 @nb.njit(cache=True)
