@@ -437,6 +437,7 @@ class _Rewriter:
         for tid in cut_out:
             self._host_copy_of(tid)
         gv = self._chunk_kernel(op, sp)
+        index_params = self._new_chunk_params(op, sp)
         fields = value.args[1].fields if isinstance(value.args[1], relax.Tuple) \
             else [value.args[1]]
         nb = sp.buffers
@@ -465,7 +466,7 @@ class _Rewriter:
                 else:
                     args.append(f)
             chunk = [relax.prim_value(tvm.tirx.IntImm("int64", j))
-                     for _ in range(self._new_chunk_params(op, sp))]
+                     for _ in range(index_params)]
             self.emit(relax.Call(gv, [*args, *chunk, *(pair[b] for pair in outs)]))
             for tid, pair in zip(op.outputs, outs, strict=True):
                 self._copy_chunk(tid, axis[tid], sp, j, pair[b], D2H)
