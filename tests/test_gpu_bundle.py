@@ -145,6 +145,13 @@ def test_finish_adds_the_simulation(bundle, results, tmp_path):
         data = checks[f"llvm/swap/{label}"]["data"]
         assert data["simulated_ms"] > 0 and data["measured_vs_simulated"] > 0
         assert data["simulated_untimed_kernels"] == []
+        assert data["dispatch_overhead_us"] >= 0  # calibrated from the unswapped run
+    first = {label: checks[f"llvm/swap/{label}"]["data"]["simulated_ms"]
+             for label in ("75%", "min")}
+    assert main([bundle[0], "--finish", str(path)]) == 0  # simulated again: the same
+    checks = _checks(json.loads(path.read_text()))
+    assert {label: checks[f"llvm/swap/{label}"]["data"]["simulated_ms"]
+            for label in first} == first
 
 
 def test_bad_output_folder_is_refused_before_compiling(tmp_path, capsys):

@@ -52,3 +52,35 @@ def test_training_graphs_compile_for_cuda(name, zoo_cache, tmp_path):
     path = driver.export(ex, str(tmp_path / f"{name}.so"))
     data = open(path, "rb").read()
     assert b".nv.info" in data  # a cubin, not CUDA source
+
+
+def test_cuda_kernels_compile_without_fast_math(monkeypatch):
+    """nvcc's --use_fast_math (TVM's default) turns powf into exp2(y * log2(x)): NaN for a
+    negative base, which GPT-2's GELU (x ** 3) and Llama's RMSNorm (x ** 2) take. tvm_ext builds
+    CUDA kernels with IEEE math, as PyTorch's are."""
+    import subprocess
+
+    from tvm import relax
+
+    from tvm_ext.models.base import model_from_function
+
+    monkeypatch.delenv("TVM_CUDA_NVCC_NO_FAST_MATH", raising=False)
+    target = _cuda_target()
+    commands = []
+    real = subprocess.Popen
+
+    def record(cmd, *args, **kwargs):
+        commands.append(list(cmd))
+        return real(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", record)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 64), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.power(x, relax.const(3.0, "float32")))
+        bb.emit_func_output(y)
+    driver.build(model_from_function("cube", bb.get()["main"], 1), target)
+    nvcc = [c for c in commands if c and c[0].endswith("nvcc")]
+    assert nvcc, commands
+    assert all("--use_fast_math" not in c for c in nvcc), nvcc

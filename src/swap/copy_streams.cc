@@ -258,6 +258,30 @@ void RunCopy(const Job& job, void* stream) {
     api->CopyDataFromTo(src, dst, stream);
     return;
   }
+  // A CUDA stream: one strided (2D) copy; a row-by-row copy would issue one cudaMemcpyAsync
+  // per row, thousands per split op.
+  const CudaDriver* cu = stream != nullptr && (src->device.device_type == kDLCUDA ||
+                                               dst->device.device_type == kDLCUDA)
+                             ? CudaDriver::Get()
+                             : nullptr;
+  if (cu != nullptr && cu->Memcpy2DAsync != nullptr) {
+    CudaDriver::Memcpy2D copy{};
+    copy.srcMemoryType = copy.dstMemoryType = CudaDriver::kMemoryTypeUnified;
+    copy.srcDevice = reinterpret_cast<uintptr_t>(static_cast<char*>(src->data) +
+                                                 src->byte_offset + job.src_start);
+    copy.dstDevice = reinterpret_cast<uintptr_t>(static_cast<char*>(dst->data) +
+                                                 dst->byte_offset + job.dst_start);
+    // One row: any pitch at least its width will do (a chunk of one row has pitch 0).
+    copy.srcPitch = static_cast<size_t>(std::max(job.src_pitch, job.row_bytes));
+    copy.dstPitch = static_cast<size_t>(std::max(job.dst_pitch, job.row_bytes));
+    copy.WidthInBytes = static_cast<size_t>(job.row_bytes);
+    copy.Height = static_cast<size_t>(job.rows);
+    DeviceAPI::Get(src->device.device_type == kDLCUDA ? src->device : dst->device)
+        ->SetDevice(src->device.device_type == kDLCUDA ? src->device : dst->device);
+    // Refused (e.g. memory the driver does not know, such as pageable host memory): the
+    // row-by-row path below copies it, or reports why not.
+    if (cu->Memcpy2DAsync(&copy, stream) == CudaDriver::kSuccess) return;
+  }
   // Row by row, each row a contiguous byte range of both tensors.
   int64_t shape[1] = {job.row_bytes};
   DLTensor from = *src, to = *dst;

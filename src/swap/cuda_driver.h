@@ -25,6 +25,24 @@ struct CudaDriver {
   static constexpr CUresult kNotReady = 600;
   static constexpr unsigned kStreamNonBlocking = 0x1;
   static constexpr unsigned kEventDisableTiming = 0x2;
+  static constexpr int kMemoryTypeUnified = 4;  // CU_MEMORYTYPE_UNIFIED: the driver finds out
+
+  /*! \brief CUDA_MEMCPY2D (cuda.h), field for field. */
+  struct Memcpy2D {
+    size_t srcXInBytes, srcY;
+    int srcMemoryType;
+    const void* srcHost;
+    unsigned long long srcDevice;  // NOLINT(runtime/int): CUdeviceptr
+    void* srcArray;
+    size_t srcPitch;
+    size_t dstXInBytes, dstY;
+    int dstMemoryType;
+    void* dstHost;
+    unsigned long long dstDevice;  // NOLINT(runtime/int)
+    void* dstArray;
+    size_t dstPitch;
+    size_t WidthInBytes, Height;
+  };
 
   CUresult (*StreamCreate)(CUstream*, unsigned) = nullptr;
   CUresult (*EventCreate)(CUevent*, unsigned) = nullptr;
@@ -33,6 +51,8 @@ struct CudaDriver {
   CUresult (*EventDestroy)(CUevent) = nullptr;
   CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned) = nullptr;
   CUresult (*GetErrorString)(CUresult, const char**) = nullptr;
+  // Optional: strided chunk copies in one call (else row by row through TVM's DeviceAPI).
+  CUresult (*Memcpy2DAsync)(const Memcpy2D*, CUstream) = nullptr;
 
   /*! \brief The driver if libcuda.so.1 is loadable and has every entry point, else nullptr. */
   static const CudaDriver* Get() {
@@ -61,6 +81,7 @@ struct CudaDriver {
               Bind(lib, "cuEventDestroy_v2", &d->EventDestroy) &&
               Bind(lib, "cuStreamWaitEvent", &d->StreamWaitEvent);
     Bind(lib, "cuGetErrorString", &d->GetErrorString);
+    Bind(lib, "cuMemcpy2DAsync_v2", &d->Memcpy2DAsync);
     if (!ok) {  // e.g. tvm_ext's no-device stub: no CUDA tensor can exist then anyway
       delete d;
       return nullptr;

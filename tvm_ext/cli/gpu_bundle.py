@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-nccl", action="store_true",
                         help="leave the NCCL backend out (its Disco check is then skipped)")
     parser.add_argument("--finish", metavar="RESULTS", default=None,
-                        help="add the swap simulation to RESULTS (a GPU run without numba)")
+                        help="simulate the swapped runs of RESULTS with this simulator (a GPU "
+                             "run without numba, or a newer simulator)")
     parser.add_argument("--import-tuning", metavar="RESULTS", default=None,
                         help="bring the tuning batch's timings in RESULTS into --tune-db")
     return parser
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.finish:
             added = gpu_bundle.finish_results(args.out_dir, args.finish)
-            print(f"finish  {added} simulated iteration times added to {args.finish}")
+            print(f"finish  {added} swapped runs simulated in {args.finish}")
             return 0
         if args.import_tuning:
             done = gpu_bundle.import_tuning(args.out_dir, args.import_tuning,

@@ -26,9 +26,10 @@ from ..cost.hardware import get_hardware
 from ..ir.library_kernels import find_library_calls, gemm_dims
 from ..ir.targets import is_cpu
 from ..models import Model, get_model
-from ..models.reference import tolerance
+from ..models.reference import TOLERANCES, tolerance
 from ..runtime.gpu_checks.bundle import ARRAYS, ARTIFACTS, sha256
 from ..swap import plan_swaps
+from ..swap.exactness import library_splits
 from ..swap.problem import problem_for_budget
 from .build import build, export, fused_graph, resolve_target, swap_sidecar
 from .measure_kernels import compile_kernel, kernel_params
@@ -162,8 +163,11 @@ def swap_entry(writer: SuiteWriter, cfg: SuiteConfig, target, hardware: str, log
         side, side_rel = writer.path(f"swap/{label}-{tag}.so.swap.json")
         with open(side, "w") as f:
             json.dump(swap_sidecar(graph, plan, target), f)
+        # A plan that runs library GEMMs in chunks rounds differently (`swap.exactness`).
         budgets.append({"label": budget, "module": rel, "sidecar": side_rel,
-                        "budget": int(plan.budget)})
+                        "budget": int(plan.budget),
+                        "library_splits": library_splits(graph, plan),
+                        "tolerances": {k: list(v) for k, v in TOLERANCES.items()}})
         log(f"  swap {label} at {budget}: budget {plan.budget} bytes")
     prob_path, prob_rel = writer.path(f"swap/{label}.problem.json")
     with open(prob_path, "w") as f:

@@ -68,7 +68,13 @@ def ensure_cuda_runtime() -> str:
 def ensure_cuda_compiler() -> None:
     """Choose how TVM compiles CUDA code here: nvcc where it is on PATH
     (`TVM_CUDA_COMPILE_MODE=nvcc`), else NVRTC through cuda-bindings (TVM's default). Running
-    compiled modules needs neither (a GPU machine with the driver and the runtime only)."""
+    compiled modules needs neither (a GPU machine with the driver and the runtime only).
+
+    nvcc compiles with IEEE math, as PyTorch's kernels are: TVM's `--use_fast_math` makes
+    `powf` of a negative base NaN (GPT-2's GELU and Llama's RMSNorm square with pow). An
+    empty `TVM_CUDA_NVCC_NO_FAST_MATH` set before keeps fast math. (TVM's NVRTC path always
+    passes `--use_fast_math`.)"""
+    os.environ.setdefault("TVM_CUDA_NVCC_NO_FAST_MATH", "1")
     if "TVM_CUDA_COMPILE_MODE" in os.environ:
         return
     if shutil.which("nvcc"):

@@ -61,6 +61,7 @@ def run(
     *,
     host: tvm.runtime.Device | None = None,
     arg_devices: Sequence[int] | None = None,
+    time_with: str = "naive",
 ) -> RunResult:
     """Run `main` of `executable` (compiled here, or an exported module loaded with
     `tvm.runtime.load_module`) on `device`: the first call is measured for memory (naive
@@ -68,6 +69,10 @@ def run(
 
     A swapped module (SwapOffload) runs on `[device, host]`; `arg_devices` says where each
     argument goes (0: device, 1: host; see `tvm_ext.swap.placement.argument_devices`).
+
+    `time_with="pooled"` times the calls on a second VM with TVM's pooled allocator, as a
+    deployment runs: on a GPU the naive allocator's cudaMalloc / cudaMallocHost of every
+    buffer on every call can cost more than the kernels.
     """
     devices = [device] if host is None else [device, host]
     vm = VirtualMachine(executable, devices, memory_cfg="naive")
@@ -91,6 +96,8 @@ def run(
     host_peak = memory.memory_stats(host).peak_in_use - before[1] if host is not None else 0
     outputs = flatten_outputs(out)
     del out
+    if time_with != "naive":
+        vm = VirtualMachine(executable, devices, memory_cfg=time_with)
     main = vm["main"]
     latencies = time_calls(lambda: main(*args), device.sync, repeat)
     return RunResult(outputs, latencies, int(peak), int(arg_bytes), int(host_peak))
