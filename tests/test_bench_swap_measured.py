@@ -12,10 +12,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import swap_measured
 
 
-def _row(planner: str, sim: float, meas: float, ratio: float = 4) -> dict:
+def _row(planner: str, sim: float, meas: float, ratio: float = 4, exact: bool = True,
+         agrees: bool = True) -> dict:
     return {"model": "m", "ratio": ratio, "planner": planner, "simulated_ms": sim,
             "measured_ms": meas, "error": meas / sim - 1, "simulated_pct_ideal": 100 * 5 / sim,
-            "measured_pct_ideal": 100 * 5 / meas, "exact": True, "hidden_simulated": 0.5,
+            "measured_pct_ideal": 100 * 5 / meas, "exact": exact, "agrees": agrees,
+            "hidden_simulated": 0.5,
             "hidden_measured": 0.4, "swap_outs": 1, "swap_ins": 2,
             "run": {"mean_overshoot_us": 30.0}}
 
@@ -29,7 +31,8 @@ def test_summary_counts_errors_ranks_and_the_speedup():
     assert lines[1].startswith("planners ranked alike measured and simulated: 2/2 pairs")
     assert "m at 4x: swapadvisor 45.5% of ideal measured (50.0% simulated), 1.73x the best " \
         "baseline measured" in lines
-    assert lines[-1] == "outputs exact: 3/3"
+    assert lines[-1] == ("outputs exact: 3/3, within float tolerance (library GEMMs run in "
+                         "chunks): 0, differing: 0")
     assert "infeasible" in swap_measured.format_row(rows[-1])
     assert swap_measured.format_row(rows[0]).split()[:6] == ["m", "4", "swapadvisor", "10.00",
                                                               "11.00", "+10.0%"]
@@ -38,3 +41,13 @@ def test_summary_counts_errors_ranks_and_the_speedup():
 def test_summary_of_a_misranked_case():
     lines = swap_measured.summarize([_row("swapadvisor", 10, 30), _row("lru", 20, 21)])
     assert lines[1].startswith("planners ranked alike measured and simulated: 0/1 pairs")
+
+
+def test_chunked_library_gemms_agree_within_tolerance_not_exactly():
+    rows = [_row("swapadvisor", 10, 11, exact=False), _row("lru", 20, 21, exact=False,
+                                                           agrees=False)]
+    lines = swap_measured.summarize(rows)
+    assert lines[-1] == ("outputs exact: 0/2, within float tolerance (library GEMMs run in "
+                         "chunks): 1, differing: 1")
+    assert swap_measured.format_row(rows[0]).split()[-1] == "tol"
+    assert swap_measured.format_row(rows[1]).split()[-1] == "NO"
