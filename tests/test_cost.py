@@ -106,13 +106,13 @@ def test_stand_in_hardware_carries_the_link_and_the_runtime_costs():
 
 
 def test_dispatch_overhead_spreads_the_unexplained_time_over_kernels():
-    from tvm_ext.cost.calibration import dispatch_overhead, with_dispatch_overhead
+    from tvm_ext.cost.calibration import dispatch_overhead, op_kernels, with_dispatch_overhead
 
     graph = fused_graph(get_model("mlp", "tiny"), resolve_target("llvm"))
     kernels = sum(op.kind == "kernel" for op in graph.ops)
     times = np.full(graph.num_ops, 1e-4)
-    overhead = dispatch_overhead(graph, times, times.sum() + kernels * 2e-6)
+    overhead = dispatch_overhead(op_kernels(graph), times, times.sum() + kernels * 2e-6)
     assert overhead == pytest.approx(2e-6)
-    assert with_dispatch_overhead(graph, times, overhead).sum() == pytest.approx(
+    assert with_dispatch_overhead(op_kernels(graph), times, overhead).sum() == pytest.approx(
         times.sum() + kernels * 2e-6)
-    assert dispatch_overhead(graph, times, times.sum() / 2) == 0.0
+    assert dispatch_overhead(op_kernels(graph), times, times.sum() / 2) == 0.0

@@ -103,18 +103,20 @@ def calibrate(timings: dict[str, KernelTiming], hardware: str | Hardware = "cpu"
                                launch_overhead=overhead)
 
 
-def dispatch_overhead(graph: DataflowGraph, op_times: np.ndarray, iteration_s: float) -> float:
+def dispatch_overhead(kernels: Sequence[str | None], op_times: np.ndarray,
+                      iteration_s: float) -> float:
     """Seconds each kernel op takes in a whole run beyond its time measured alone (the VM's
     dispatch, inputs not in cache): the measured iteration less the ops' sum, spread over the
-    kernel ops (0 if the run was not slower)."""
-    kernels = sum(1 for op in graph.ops if op.kind == "kernel")
-    if not kernels:
+    kernel ops (0 if the run was not slower). `kernels`: each op's kernel, None for views and
+    builtins (`op_kernels`, or the list a bundle keeps beside its swap problem)."""
+    count = sum(1 for k in kernels if k is not None)
+    if not count:
         return 0.0
-    return max(0.0, (float(iteration_s) - float(np.sum(op_times))) / kernels)
+    return max(0.0, (float(iteration_s) - float(np.sum(op_times))) / count)
 
 
-def with_dispatch_overhead(graph: DataflowGraph, op_times: np.ndarray,
+def with_dispatch_overhead(kernels: Sequence[str | None], op_times: np.ndarray,
                            overhead: float) -> np.ndarray:
-    """`op_times` with `overhead` added to every kernel op."""
-    kernel = np.array([op.kind == "kernel" for op in graph.ops], dtype=np.float64)
+    """`op_times` with `overhead` added to every kernel op (`kernels` as `dispatch_overhead`)."""
+    kernel = np.array([k is not None for k in kernels], dtype=np.float64)
     return np.asarray(op_times, dtype=np.float64) + overhead * kernel

@@ -31,6 +31,7 @@ from tvm import relax
 from ..cost.calibration import (
     KernelTiming,
     dispatch_overhead,
+    op_kernels,
     op_times_measured,
     with_dispatch_overhead,
 )
@@ -235,8 +236,9 @@ def stand_in(graph: DataflowGraph, timings: dict[str, KernelTiming], *,
     if (preset is None) == (link is None):
         raise ValueError("stand_in takes a preset to scale or a link, not both or neither")
     times = op_times_measured(graph, timings)
-    overhead = dispatch_overhead(graph, times, iteration_s) if iteration_s else 0.0
-    times = with_dispatch_overhead(graph, times, overhead)
+    kernels = op_kernels(graph)
+    overhead = dispatch_overhead(kernels, times, iteration_s) if iteration_s else 0.0
+    times = with_dispatch_overhead(kernels, times, overhead)
     scale = name = None
     if preset is not None:
         hw = get_hardware(preset)

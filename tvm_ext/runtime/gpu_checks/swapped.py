@@ -141,7 +141,11 @@ def simulate_measured(problem_doc: dict, plan: dict, kernel_seconds: dict[str, f
     calibrated from it (launches and the VM between kernels: the iteration less the kernels'
     sum, spread over the kernel ops), as `driver.stand_in` does on the CPU stand-in."""
     try:
-        from ...cost.calibration import op_times_of_kernels
+        from ...cost.calibration import (
+            dispatch_overhead,
+            op_times_of_kernels,
+            with_dispatch_overhead,
+        )
         from ...swap.plan import SwapPlan
         from ...swap.problem import SwapProblem
         from ...swap.simulator import simulate
@@ -158,11 +162,8 @@ def simulate_measured(problem_doc: dict, plan: dict, kernel_seconds: dict[str, f
         if k in untimed:
             seconds.setdefault(k, float(problem.durations[i]))
     durations = op_times_of_kernels(kernels, seconds)
-    is_kernel = np.array([k is not None for k in kernels], dtype=np.float64)
-    overhead = 0.0
-    if iteration_s and is_kernel.any():
-        overhead = max(0.0, (iteration_s - float(np.sum(durations))) / float(is_kernel.sum()))
-    changes = {"durations": np.asarray(durations, dtype=np.float64) + overhead * is_kernel}
+    overhead = dispatch_overhead(kernels, durations, iteration_s) if iteration_s else 0.0
+    changes = {"durations": with_dispatch_overhead(kernels, durations, overhead)}
     if bandwidth:
         changes.update(h2d_bandwidth=bandwidth["h2d"], d2h_bandwidth=bandwidth["d2h"])
     problem = dataclasses.replace(problem, **changes)
