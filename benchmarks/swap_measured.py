@@ -19,7 +19,8 @@ the ratio of copy to compute time is an H100's. Per model:
    no-swap iteration), the fraction of copy time hidden under compute (measured: the runtime's
    count; simulated: copy time outside compute stalls), and whether the outputs equal the
    unswapped build's (exactly, or within the float tolerance of their dtype where the plan runs
-   a library GEMM in chunks: `swap.exactness`). `ovs us` is how late the run's
+   ops in chunks that may round differently, library GEMMs or split reductions:
+   `swap.exactness`). `ovs us` is how late the run's
    paced copies ended on average: far above the calibrated overshoot, another process held the
    copy workers' core (a disturbed run, not a modelling error). The unswapped run's line says
    how much of its time its thread was on a core: well below 100%, other processes held it, and
@@ -127,7 +128,7 @@ def run_plan(model, graph, target, problem, plan, plain, repeat: int) -> dict:
     from tvm_ext.ir.targets import vm_devices
     from tvm_ext.models.reference import tolerance
     from tvm_ext.swap import simulate
-    from tvm_ext.swap.exactness import library_splits
+    from tvm_ext.swap.exactness import inexact_splits
     from tvm_ext.swap.measured import compare
     from tvm_ext.swap.placement import argument_devices
 
@@ -138,17 +139,17 @@ def run_plan(model, graph, target, problem, plan, plain, repeat: int) -> dict:
     sim = simulate(problem, plan)
     timeline = driver.timeline_of(run, graph, plan)
     cmp = compare(problem, plan, sim, timeline)
-    inexact = library_splits(graph, plan)
+    inexact = inexact_splits(graph, plan)
     same = len(run.outputs) == len(plain.outputs)
     exact = same and all(np.array_equal(a, b)
                          for a, b in zip(run.outputs, plain.outputs, strict=True))
-    # A library GEMM run in chunks rounds by the chunk's shape (`swap.exactness`).
+    # Library GEMMs and reductions run in chunks may round differently (`swap.exactness`).
     agrees = exact or (bool(inexact) and same and all(
         np.allclose(a, b, *tolerance(a.dtype))
         for a, b in zip(run.outputs, plain.outputs, strict=True)))
     return {"simulated_ms": sim.makespan * 1e3, "measured_ms": run.median_ms,
             "error": run.median_ms / (sim.makespan * 1e3) - 1.0, "exact": exact,
-            "agrees": agrees, "library_splits": inexact,
+            "agrees": agrees, "inexact_splits": inexact,
             "hidden_measured": run.hidden_fraction, "hidden_simulated": cmp["simulated_hidden"],
             "swap_outs": len(plan.swap_outs), "swap_ins": len(plan.swap_ins),
             "bytes_swapped": plan.bytes_swapped, "run": run.summary(), "lanes": cmp,

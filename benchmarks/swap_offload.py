@@ -6,10 +6,11 @@ For each zoo model (inference and training step) and each model of the third-par
 peak; 8.33% is 1/12), plan with the tvm_ext planner (swaps, recompute, splits in time), compile
 with the tvm_ext pipeline, run the swapped and the unswapped module side by side in one process,
 and report: the budget, the planned peak, the measured device peak (VM allocations + arguments
-kept on the device + module constants), whether the outputs are bit-identical (`yes`: splits
-cut no reduction; `tol`: within the dtype's float tolerance where the plan runs a vendor-library
-GEMM or convolution in chunks, whose rounding may follow the chunk's shape; the JSON names
-those ops), bytes swapped, tensors recomputed, ops split, and the median time of each build. A
+kept on the device + module constants), whether the outputs are bit-identical (`yes`; `tol`:
+within the dtype's float tolerance where the plan runs ops in chunks that may round
+differently: a vendor-library GEMM or convolution, whose rounding may follow the chunk's shape,
+or a reduction split along the dim it reduces; the JSON names those ops), bytes swapped,
+tensors recomputed, ops split, and the median time of each build. A
 budget below what the finest split of some op needs is refused with the smallest feasible
 budget, and the row says so.
 
@@ -35,7 +36,7 @@ from tvm_ext.ir.targets import vm_devices
 from tvm_ext.models import get_model, load_model
 from tvm_ext.models.reference import tolerance
 from tvm_ext.swap import InfeasibleBudgetError, plan_swaps
-from tvm_ext.swap.exactness import library_splits
+from tvm_ext.swap.exactness import inexact_splits
 from tvm_ext.swap.placement import argument_devices
 from tvm_ext.swap.problem import problem_for_budget
 from tvm_ext.units import format_size
@@ -77,11 +78,11 @@ def run_model(name: str, size: str, training: bool, budgets, repeat: int, search
                            arg_devices=argument_devices(graph, plan))
         exact = all(np.array_equal(a, b) for a, b in zip(out.outputs, plain.outputs,
                                                           strict=True))
-        inexact = library_splits(graph, plan)
+        inexact = inexact_splits(graph, plan)
         within = all(np.allclose(a, b, *tolerance(a.dtype))
                      for a, b in zip(out.outputs, plain.outputs, strict=True))
         row.update(planned_peak=plan.predicted_peak, measured_peak=out.peak_bytes + constants,
-                   host_peak=out.host_peak_bytes, exact=exact, library_splits=inexact,
+                   host_peak=out.host_peak_bytes, exact=exact, inexact_splits=inexact,
                    within_tolerance=within, swapped_bytes=plan.bytes_swapped,
                    recomputed=plan.info.get("recomputed", 0), split_ops=len(plan.splits),
                    swap_ms=out.median_ms, slowdown=out.median_ms / plain.median_ms)
@@ -112,11 +113,11 @@ def corpus_rows(args) -> list[dict]:
 
 
 def _agreement(row) -> str:
-    """yes: bit for bit; tol: within the dtype's float tolerance, where the plan runs library
-    kernels in chunks (their rounding may follow the chunk's shape); NO: neither."""
+    """yes: bit for bit; tol: within the dtype's float tolerance, where the plan runs ops in
+    chunks that may round differently (`swap.exactness`); NO: neither."""
     if row["exact"]:
         return "yes"
-    return "tol" if row["library_splits"] and row["within_tolerance"] else "NO"
+    return "tol" if row["inexact_splits"] and row["within_tolerance"] else "NO"
 
 
 def _ok(row) -> bool:

@@ -44,6 +44,7 @@ from tvm import relax
 
 from tvm_ext.cost import Hardware
 from tvm_ext.errors import InputError
+from tvm_ext.ir.accumulating_kernels import accumulating_kernel, output_params
 from tvm_ext.ir.graph_builder import read_pass_input
 from tvm_ext.ir.inplace_kernels import InPlaceError, drop_unused, inplace_kernel
 from tvm_ext.ir.kernel_dims import kernel_dims
@@ -198,7 +199,7 @@ class _Rewriter:
         self.host_val: dict[int, relax.Expr] = {}  # tensor -> its host copy
         self.swapped_out_var: dict[int, relax.Expr] = {}  # swap-out index -> device value copied
         self.waited_out: set[int] = set()  # swap-outs already waited for (waits are in order)
-        self.chunk_kernels: dict[tuple, tuple] = {}  # (kernel, dim, chunks) -> (gv, PrimFunc)
+        self.chunk_kernels: dict[tuple, tuple] = {}  # (kernel, dim, chunks, adds) -> (gv, PrimFunc)
         self.analyses: dict[str, object] = {}  # kernel -> its KernelDims
 
     # ------------------------------------------------------------------ helpers
@@ -283,7 +284,7 @@ class _Rewriter:
                     self.emit(swap_calls.wait_call(
                         self.cur[plan.swap_ins[k].tensor], H2D))
                 if pos in split_at:
-                    self._split_op(split_at[pos])
+                    self._split_op(split_at[pos], produced_at.get(pos, []))
                 else:
                     self._op(op_id, produced_at.get(pos, []))
                 self._swap_outs(swap_out_after.get(pos, []))
@@ -403,11 +404,13 @@ class _Rewriter:
         return gv, [written[j] for j in sorted(written) if positions[j] is None]
 
     # ------------------------------------------------------------------ split ops
-    def _split_op(self, sp) -> None:
+    def _split_op(self, sp, residencies: list[int]) -> None:
         """An op run in chunks (`tvm_ext.swap.split`): its cut inputs come in from their host
         copies a chunk at a time into its buffers (with two, the next chunk is copied while
         the current one is read), its cut outputs leave for their host copies from its
-        buffers, and the chunk kernel runs once per chunk with its chunk's index."""
+        buffers, and the chunk kernel runs once per chunk with its chunk's index. A split that
+        accumulates writes its outputs whole into their windows (`residencies`): chunk 0's
+        kernel starts them, every later chunk's adds to them."""
         g = self.g
         op = g.ops[sp.op]
         value = self.bindings[sp.op].value
@@ -433,10 +436,12 @@ class _Rewriter:
             if g.base(tid) in cut_in and tid not in ins:
                 ins[tid] = buffers(tid)
         viewed = {tid for tid in op.inputs if g.base(tid) in set(sp.viewed_inputs)}
-        outs = [buffers(tid) for tid in op.outputs]
+        outs = [] if sp.accumulate else [buffers(tid) for tid in op.outputs]
+        whole = self._place_whole_outputs(op, residencies) if sp.accumulate else []
         for tid in cut_out:
             self._host_copy_of(tid)
         gv = self._chunk_kernel(op, sp)
+        gv_rest = self._accumulating_chunk_kernel(op, sp) if sp.accumulate else gv
         index_params = self._new_chunk_params(op, sp)
         fields = value.args[1].fields if isinstance(value.args[1], relax.Tuple) \
             else [value.args[1]]
@@ -454,26 +459,47 @@ class _Rewriter:
             if j >= nb:
                 for pair in outs:  # its previous chunk has left
                     self.emit(swap_calls.wait_call(pair[b], D2H))
-            inputs = iter(op.inputs)
-            args = []
-            for f in fields:
-                if isinstance(f.ty, relax.TensorType):
-                    tid = next(inputs)
-                    if tid in viewed:  # kept on the device: chunk j is a view of it
-                        args.append(self._device_chunk(tid, axis[tid], sp, j))
-                    else:
-                        args.append(ins[tid][b] if tid in ins else self.value_of(tid))
-                else:
-                    args.append(f)
+            args = self._chunk_args(op, fields, sp, j, {t: p[b] for t, p in ins.items()},
+                                    viewed, axis)
             chunk = [relax.prim_value(tvm.tirx.IntImm("int64", j))
                      for _ in range(index_params)]
-            self.emit(relax.Call(gv, [*args, *chunk, *(pair[b] for pair in outs)]))
-            for tid, pair in zip(op.outputs, outs, strict=True):
+            # Chunks after the first start from what the outputs hold: passed as their inputs.
+            prev = whole if j > 0 else []
+            self.emit(relax.Call(gv if j == 0 else gv_rest,
+                                 [*args, *chunk, *prev, *(pair[b] for pair in outs), *whole]))
+            for tid, pair in zip(op.outputs if outs else [], outs, strict=True):
                 self._copy_chunk(tid, axis[tid], sp, j, pair[b], D2H)
         for k, s in enumerate(self.plan.swap_outs):
             if s.tensor in cut_out and s.after == sp.position:
                 self.swapped_out_var[k] = outs[list(op.outputs).index(s.tensor)][
                     (sp.chunks - 1) % nb]
+
+    def _chunk_args(self, op, fields, sp, j: int, buffers: dict, viewed: set,
+                    axis: dict) -> list:
+        """The arguments of chunk j's kernel call before its chunk indices: each cut input's
+        chunk (its buffer now, or a view of it where it stays on the device), the other
+        tensors whole, and the call's other arguments as they are."""
+        inputs = iter(op.inputs)
+        args = []
+        for f in fields:
+            if isinstance(f.ty, relax.TensorType):
+                tid = next(inputs)
+                if tid in viewed:  # kept on the device: chunk j is a view of it
+                    args.append(self._device_chunk(tid, axis[tid], sp, j))
+                else:
+                    args.append(buffers[tid] if tid in buffers else self.value_of(tid))
+            else:
+                args.append(f)
+        return args
+
+    def _place_whole_outputs(self, op, residencies: list[int]) -> list[relax.Var]:
+        """The outputs of a split that accumulates, each in its window."""
+        by_tensor = {self.plan.residencies[ri].tensor: ri for ri in residencies}
+        missing = [self.g.tensors[t].name for t in op.outputs if t not in by_tensor]
+        if missing:
+            raise SwapOffloadError(f"plan error: {', '.join(missing)} has no window at its "
+                                   f"producer {op.name}")
+        return [self.place(by_tensor[t]) for t in op.outputs]
 
     def _device_chunk(self, tid: int, axis: int, sp, j: int) -> relax.Var:
         """Chunk j of a cut input kept on the device: a view of its bytes (its leading axis is
@@ -525,8 +551,8 @@ class _Rewriter:
         return self.g.tensors[self.g.base(tid)].nbytes
 
     @staticmethod
-    def _chunk_key(op, sp) -> tuple:
-        return (op.kernel, sp.dim, sp.chunks)
+    def _chunk_key(op, sp, accumulating: bool = False) -> tuple:
+        return (op.kernel, sp.dim, sp.chunks, accumulating)
 
     def _kernel_dims(self, op):
         """The index analysis of `op`'s kernel (once per kernel)."""
@@ -541,7 +567,8 @@ class _Rewriter:
         dim = self._kernel_dims(op).spec.dims[sp.dim]
         axes = {tid: c.axis for tid, c in zip(op.inputs, dim.inputs, strict=True)
                 if c is not None}
-        axes.update(zip(op.outputs, dim.outputs, strict=True))
+        if not sp.accumulate:  # (a reduction's outputs are not cut)
+            axes.update(zip(op.outputs, dim.outputs, strict=True))
         return axes
 
     def _new_chunk_params(self, op, sp) -> int:
@@ -561,6 +588,23 @@ class _Rewriter:
                 raise SwapOffloadError(f"{op.name}: cannot run in {sp.chunks} chunks: {err}") \
                     from err
             name = chunk_kernel_name(op.kernel, sp.chunks, sp.dim)
+            kernel = kernel.with_attr("global_symbol", name)
+            self.chunk_kernels[key] = (self.bb.add_func(kernel, name), kernel)
+        return self.chunk_kernels[key][0]
+
+    def _accumulating_chunk_kernel(self, op, sp):
+        """The kernel of every chunk of `op` after the first in a split that accumulates: the
+        chunk kernel starting from what the outputs hold (`accumulating_kernel`; the outputs
+        are passed twice, as its `_prev` inputs and as its outputs)."""
+        key = self._chunk_key(op, sp, accumulating=True)
+        if key not in self.chunk_kernels:
+            self._chunk_kernel(op, sp)
+            first = self.chunk_kernels[self._chunk_key(op, sp)][1]
+            try:
+                kernel = accumulating_kernel(first, output_params(first, len(op.outputs)))
+            except ValueError as err:
+                raise SwapOffloadError(f"{op.name}: cannot add its chunks up: {err}") from err
+            name = chunk_kernel_name(op.kernel, sp.chunks, sp.dim, accumulating=True)
             kernel = kernel.with_attr("global_symbol", name)
             self.chunk_kernels[key] = (self.bb.add_func(kernel, name), kernel)
         return self.chunk_kernels[key][0]

@@ -130,6 +130,10 @@ def test_self_check_figures(results):
         assert data["simulated_ms"] is None and "--finish" in data["simulated"]
     copies = checks["llvm/copies"]["data"]
     assert copies["rows"][0]["h2d_bytes_per_s"] > 0
+    # Strided chunk copies, one per row width, their bytes checked on the way back.
+    assert [r["row_bytes"] for r in copies["strided"]] == [4, 64, 1024]
+    assert all(r["rows"] == 256 and r["h2d_us"] > 0 and r["d2h_us"] > 0
+               for r in copies["strided"])
     zoo = [c for n, c in checks.items() if n.startswith("llvm/zoo/")]
     assert len(zoo) == 2 and all(c["data"]["max_abs_error"] == 0 for c in zoo)
     gemm = next(c for n, c in checks.items() if n.startswith("llvm/gemm/"))

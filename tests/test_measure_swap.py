@@ -17,7 +17,7 @@ from tvm_ext.models import get_model
 from tvm_ext.models.reference import tolerance
 from tvm_ext.runtime import swap_streams
 from tvm_ext.swap import SwapIn, plan_swaps, simulate
-from tvm_ext.swap.exactness import library_splits
+from tvm_ext.swap.exactness import inexact_splits
 from tvm_ext.swap.measured import compare
 from tvm_ext.swap.placement import argument_devices
 from tvm_ext.swap.problem import problem_for_budget
@@ -53,7 +53,7 @@ def swapped():
 def test_swapped_run_stays_exact_with_the_emulated_link(swapped):
     graph, _, plan, plain, run = swapped
     # Bit for bit, unless a vendor-library kernel runs in chunks (`swap.exactness`).
-    inexact = library_splits(graph, plan)
+    inexact = inexact_splits(graph, plan)
     driver.compare(run.outputs, plain.outputs,
                    tolerances=[tolerance(o.dtype) if inexact else (0.0, 0.0)
                                for o in run.outputs])

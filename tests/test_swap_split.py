@@ -1,9 +1,13 @@
 """Operator splitting in time in the swap plan: the smallest feasible budget falls to what the
 finest split needs, the split chosen is the one that fits with the fewest chunks (two buffers
-before one), split plans hold every invariant (checked and simulated), a split op's output ends
-on the host, and its streams wait for what its chunk buffers' window held."""
+before one, unless each chunk's kernel call costs more than overlapping its copies saves),
+each chunk costs a kernel call and a copy latency, split plans hold every invariant (checked
+and simulated), a split op's output ends on the host, and its streams wait for what its chunk
+buffers' window held."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -63,6 +67,38 @@ def test_the_fewest_chunks_that_fit_with_two_buffers_are_chosen():
             ({} if want is None else {1: want, 2: want}), room
         for op, (o, c, b) in chosen.items():
             assert working_set(p.sizes, p.needs(op), fixed, o, c, b) <= room
+
+
+def test_one_buffer_and_fewer_chunks_win_when_each_chunk_costs_more_than_the_overlap():
+    """In 2048 B op1 and op2 fit in 8 chunks with two buffers or in 4 with one; at 10 s per
+    kernel call the extra chunks cost more than serial copies (0.5 s per chunk)."""
+    fixed = np.zeros(5, dtype=bool)
+    cheap = _chain()
+    assert {op: (c, b) for op, (_, c, b) in choose_splits(cheap, 2048, fixed).items()} == \
+        {1: (8, 2), 2: (8, 2)}
+    costly = dataclasses.replace(_chain(), launch_overhead=10.0)
+    assert {op: (c, b) for op, (_, c, b) in choose_splits(costly, 2048, fixed).items()} == \
+        {1: (4, 1), 2: (4, 1)}
+
+
+def test_each_chunk_costs_a_kernel_call_and_a_copy_latency():
+    """The same split plan simulated with a launch overhead and a link latency: the split ops'
+    streams take one latency per chunk, their compute one launch overhead per chunk after
+    the first."""
+    base = _chain().with_budget(4352)
+    plan = Evaluator(base, "swapadvisor").plan(np.asarray(base.order), Knobs(keep=0.0),
+                                               "swapadvisor")
+    costly = dataclasses.replace(base, launch_overhead=0.25, h2d_latency=0.125)
+    lean, slow = simulate(base, plan), simulate(costly, plan)
+    for sp in plan.splits:
+        i = sp.position
+        work = slow.op_end[i] - slow.op_start[i]
+        assert work >= lean.op_end[i] - lean.op_start[i] + (sp.chunks - 1) * 0.25 - 1e-9
+        for k, s in enumerate(plan.swap_ins):
+            if s.residency < 0 and s.before == i:  # streamed: a copy per chunk
+                assert slow.h2d_end[k] - slow.h2d_start[k] == pytest.approx(
+                    sp.chunks * 0.125 + base.sizes[s.tensor] / 4096.0)
+    assert slow.makespan > lean.makespan + sum((sp.chunks - 1) * 0.25 for sp in plan.splits)
 
 
 def test_a_kept_cut_input_is_read_in_place():

@@ -1,5 +1,7 @@
 """Which kernels a swap plan may run in chunks (`tvm_ext.ir.time_splits`): a dim that cuts the
-leading axis of every output and of some inputs, nothing reduced over it, no halo."""
+leading axis of every output and of some inputs, nothing reduced over it, no halo; or a dim
+every output is reduced over by one block with an init, which cuts some inputs and no output
+(the chunks add up in the output: `accumulate`, the option's last field)."""
 
 from __future__ import annotations
 
@@ -39,20 +41,42 @@ def test_softmax_rows_split_but_not_its_reduction():
     assert len(options) == 1 and options[0][1] == 32
 
 
-def test_convolution_splits_along_the_batch_only():
+def test_convolution_splits_along_the_batch_or_adds_up_its_input_channels():
     graph, kernels = _options(lambda x, w: relax.op.nn.conv2d(x, w, padding=1),
                               (4, 8, 16, 16), (16, 8, 3, 3))
     x, w = (t.id for t in graph.tensors if t.arg_index is not None)
     options = [o for k in kernels for o in k]
-    assert options and all(o[1] == 4 for o in options)  # the batch: output channels cut axis 1
-    assert any(o[2] == [x] and o[3] == [w] for o in options)
+    spatial = [o for o in options if not o[7]]
+    assert spatial and all(o[1] == 4 for o in spatial)  # the batch: output channels cut axis 1
+    assert any(o[2] == [x] and o[3] == [w] for o in spatial)
+    # The input channels, summed over: chunks of both x and w, the output whole.
+    assert [(o[1], o[2], o[3], o[4]) for o in options if o[7]] == [(8, [x, w], [], [])]
 
 
-def test_a_sum_over_the_leading_axis_splits_only_along_the_columns():
-    """Nothing is split along the reduced rows; the columns split, their chunks strided."""
+def test_a_reduction_with_an_epilogue_in_its_kernel_does_not_add_up():
+    """tanh(x @ w) in one kernel: the product is an intermediate the epilogue reads, so its
+    reduction over K is not split (only the rows are)."""
+    _, (options,) = _options(lambda x, w: relax.op.tanh(relax.op.matmul(x, w)),
+                             (64, 32), (32, 16))
+    assert [o[7] for o in options] == [False]
+
+
+def test_a_weight_gradient_splits_along_the_tokens_it_sums_over():
+    _, kernels = _options(lambda x, dy: relax.op.matmul(relax.op.permute_dims(x), dy),
+                          (128, 16), (128, 8))
+    gemm = [o for o in kernels[-1] if o[7]]
+    # x^T (a kernel of its own) is cut along its columns (strided), dy along its rows.
+    assert [(o[1], o[4], len(o[2]), len(o[6])) for o in gemm] == [(128, [], 2, 1)]
+
+
+def test_a_sum_over_the_leading_axis_splits_along_the_columns_or_adds_up_the_rows():
+    """The columns split, their chunks strided; the reduced rows split too, each chunk of rows
+    adding its sums to the whole output."""
     graph, (options,) = _options(lambda x: relax.op.sum(x, axis=0), (64, 32))
     x = next(t.id for t in graph.tensors if t.arg_index is not None)
-    assert [(o[1], o[2], o[6]) for o in options] == [(32, [x], [x])]
+    out = next(t.id for t in graph.tensors if t.kind != "input" and t.producer is not None)
+    assert [(o[1], o[2], o[4], o[6], o[7]) for o in options] == \
+        [(32, [x], [out], [x], False), (64, [x], [], [], True)]
 
 
 def test_a_kernel_reading_one_tensor_twice_reads_the_same_chunk_twice():
@@ -93,3 +117,10 @@ def test_the_leading_axis_is_the_first_that_is_not_one():
     x = next(t.id for t in graph.tensors if t.arg_index is not None)
     assert [(o[1], o[2]) for o in options] == [(96, [x])]
     assert options[0][5] == [[x, 96 * 63 * 4]]  # unaligned bytes, for chunks read in place
+
+
+def test_a_tensor_read_along_two_axes_is_not_cut_by_its_reduction():
+    """x @ x: the reduced dim cuts x's columns for one read and its rows for the other; one
+    stream of chunks cannot serve both (nor can a split of the rows, which reads x whole)."""
+    _, (options,) = _options(lambda x: relax.op.matmul(x, x), (16, 16))
+    assert not any(o[7] for o in options)

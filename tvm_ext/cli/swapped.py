@@ -17,7 +17,7 @@ from tvm_ext.models.reference import tolerance
 from tvm_ext.pipeline import library_reserved_bytes
 from tvm_ext.runtime import swap_streams
 from tvm_ext.swap import InfeasibleBudgetError, plan_swaps
-from tvm_ext.swap.exactness import library_splits
+from tvm_ext.swap.exactness import inexact_splits
 from tvm_ext.swap.placement import argument_devices
 from tvm_ext.swap.problem import problem_for_budget
 from tvm_ext.swap.timeline_plot import plot_plan
@@ -154,7 +154,7 @@ def run_swapped(args, report, model, graph, plan, executable, target, arguments,
           f"swapping ({ratio:.2f}x), median of {args.repeat}")
     status = 0
     if args.check:
-        inexact = library_splits(graph, plan)
+        inexact = inexact_splits(graph, plan)
         tolerances = _tolerances(swapped.outputs, inexact)
         try:
             driver.compare(swapped.outputs, plain.outputs, tolerances=tolerances)
@@ -166,7 +166,7 @@ def run_swapped(args, report, model, graph, plan, executable, target, arguments,
                   file=sys.stderr)
             status = 1
         report["check"] = {"ok": status == 0, "reference": "the unswapped TVM build",
-                           "exact": not inexact, "library_splits": inexact,
+                           "exact": not inexact, "inexact_splits": inexact,
                            "tolerances": tolerances, "within_budget": measured <= budget}
         if status == 0:
             print(f"check   OK: {len(swapped.outputs)} outputs equal the unswapped build "
@@ -207,7 +207,7 @@ def run_swapped_training(args, report, step, gradient_model, graph, plan, execut
                                    seed=args.seed)
     expected = plain.run([batch] * args.steps)
     problems = []
-    inexact = library_splits(graph, plan)
+    inexact = inexact_splits(graph, plan)
     losses = [np.array([r.loss for r in results])]
     values = [*session.parameters(), *session.state()]
     try:
@@ -231,8 +231,8 @@ def run_swapped_training(args, report, step, gradient_model, graph, plan, execut
 
 
 def _tolerances(outputs, inexact: list[str]) -> list[tuple[float, float]]:
-    """Exact, unless the plan runs vendor-library kernels in chunks (`swap.exactness`): then the
-    float tolerance of each output's dtype."""
+    """Exact, unless the plan runs ops in chunks that may round differently (`swap.exactness`:
+    library kernels, split reductions): then the float tolerance of each output's dtype."""
     return [tolerance(o.dtype) if inexact else (0.0, 0.0) for o in outputs]
 
 
@@ -240,5 +240,5 @@ def _how_equal(inexact: list[str], exactly: str = "exactly (rtol 0, atol 0)") ->
     if not inexact:
         return exactly
     names = ", ".join(inexact[:3]) + (f" and {len(inexact) - 3} more" if len(inexact) > 3 else "")
-    return (f"within the float tolerance of their dtype (library kernels run in chunks round "
-            f"by the chunk's shape: {names})")
+    return (f"within the float tolerance of their dtype (ops run in chunks that may round "
+            f"differently, library kernels or split reductions: {names})")

@@ -29,7 +29,7 @@ from ..models import Model, get_model
 from ..models.reference import TOLERANCES, tolerance
 from ..runtime.gpu_checks.bundle import ARRAYS, ARTIFACTS, sha256
 from ..swap import plan_swaps
-from ..swap.exactness import library_splits
+from ..swap.exactness import inexact_splits
 from ..swap.problem import problem_for_budget
 from .build import build, export, fused_graph, resolve_target, swap_sidecar
 from .measure_kernels import compile_kernel, kernel_params
@@ -45,8 +45,10 @@ class SuiteConfig:
     """What one suite holds. Zoo modules: each model at `zoo_size`, inference and training
     step. Swapped builds: `swap_model` at each budget. A module partitioned over
     `partition_devices` on a Disco session. The `gemm_count` largest distinct GEMMs of
-    `gemm_models` at `gemm_size`. Copies of each of `copy_sizes_mib`. An offline tuning batch of
-    `tune_trials` candidates for `tune_model`'s kernels (0: none)."""
+    `gemm_models` at `gemm_size`. Copies of each of `copy_sizes_mib`, and strided chunk copies
+    (what a split op cut along a later axis makes) of `strided_rows` rows of each of
+    `strided_row_bytes`. An offline tuning batch of `tune_trials` candidates for
+    `tune_model`'s kernels (0: none)."""
 
     zoo: tuple[str, ...] = ("mlp", "gpt", "resnet")
     zoo_size: str = "small"
@@ -63,6 +65,8 @@ class SuiteConfig:
     gemm_size: str = "large"
     gemm_count: int = 4
     copy_sizes_mib: tuple[int, ...] = (64, 256)
+    strided_rows: int = 2048
+    strided_row_bytes: tuple[int, ...] = (4, 64, 1024)
     tune_model: str = "gpt"
     tune_size: str = "small"
     tune_trials: int = 64
@@ -163,10 +167,10 @@ def swap_entry(writer: SuiteWriter, cfg: SuiteConfig, target, hardware: str, log
         side, side_rel = writer.path(f"swap/{label}-{tag}.so.swap.json")
         with open(side, "w") as f:
             json.dump(swap_sidecar(graph, plan, target), f)
-        # A plan that runs library GEMMs in chunks rounds differently (`swap.exactness`).
+        # Ops run in chunks may round differently (`swap.exactness`).
         budgets.append({"label": budget, "module": rel, "sidecar": side_rel,
                         "budget": int(plan.budget),
-                        "library_splits": library_splits(graph, plan),
+                        "inexact_splits": inexact_splits(graph, plan),
                         "tolerances": {k: list(v) for k, v in TOLERANCES.items()}})
         log(f"  swap {label} at {budget}: budget {plan.budget} bytes")
     prob_path, prob_rel = writer.path(f"swap/{label}.problem.json")

@@ -57,7 +57,8 @@ Log = Callable[[str], None]
 SELF_CHECK = SuiteConfig(zoo=("mlp",), zoo_size="tiny", swap_model="mlp", swap_size="tiny",
                          swap_budgets=("75%", "min"), swap_time_budget=1.0, swap_repeat=3,
                          partition_model="mlp", partition_size="tiny", gemm_models=("mlp",),
-                         gemm_size="tiny", gemm_count=1, copy_sizes_mib=(4,), tune_trials=0,
+                         gemm_size="tiny", gemm_count=1, copy_sizes_mib=(4,), strided_rows=256,
+                         tune_trials=0,
                          library=False)
 GPU_SUITE = SuiteConfig()
 # The GPU suite at the self-check's sizes: for tests, and a first look at a new machine.
@@ -168,7 +169,9 @@ def _suite(root: str, name: str, cfg: SuiteConfig, config: BundleConfig, log: Lo
     writer = SuiteWriter(root, name)
     link = swap_link(hardware)
     spec = {"target": json.loads(str(target)), "hardware": hardware,
-            "copies": {"sizes_mib": list(cfg.copy_sizes_mib), "link": link},
+            "copies": {"sizes_mib": list(cfg.copy_sizes_mib), "link": link,
+                       "strided_rows": cfg.strided_rows,
+                       "strided_row_bytes": list(cfg.strided_row_bytes)},
             "zoo": zoo_entries(writer, cfg, target, log, config.seed),
             "swap": swap_entry(writer, cfg, target, hardware, log, config.seed),
             "partition": [partition_entry(writer, cfg, target, hardware, log, config.seed)],

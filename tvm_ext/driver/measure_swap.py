@@ -150,8 +150,8 @@ def timeline_of(run: MeasuredRun, graph: DataflowGraph,
     a run of `plan`, of the chunk kernels of its split ops (one call per chunk)."""
     kernels = {op.kernel for op in graph.ops if op.kind == "kernel"}
     if plan is not None:
-        kernels |= {chunk_kernel_name(graph.ops[sp.op].kernel, sp.chunks, sp.dim)
-                    for sp in plan.splits}
+        kernels |= {chunk_kernel_name(graph.ops[sp.op].kernel, sp.chunks, sp.dim, acc)
+                    for sp in plan.splits for acc in {False, sp.accumulate}}
     return MeasuredTimeline.from_events(run.events, kernels)
 
 

@@ -2,16 +2,20 @@
 `tvm_ext.swap.split`), read off their TIR by the partitioner's index analysis.
 
 A kernel dim qualifies when the lowering of PartitionOperators can cut it (`local_kernels`: the
-same chunk kernels run here one after another on one device) and it splits every output and
-some inputs along one axis each, with no halo and nothing reduced over it: the chunks' outputs
-are independent and the other inputs are read whole. Chunk j of a tensor cut along its leading
+same chunk kernels run here one after another on one device) and it splits some inputs along
+one axis each, with no halo, and either every output along one axis with nothing reduced over
+it (the chunks' outputs are independent) or no output, every output being reduced over it by
+one block with an init and a stated update (`accumulate`: the outputs stay whole and each chunk
+after the first adds to them, `accumulating_kernels`); the other inputs are read whole. Chunk j
+of a tensor cut along its leading
 axis (the first whose extent is not 1) is one contiguous byte range of it (a reshape view's
 too, when the view covers its base); cut along a later axis, its bytes are strided
 (`SplitOption.strided`: copied row by row; not offered for a kernel a vendor library computes,
-whose rounding may change with the chunk's shape). A dim whose index the kernel uses as a value
+whose rounding may change with the chunk's shape, unless the split is a reduction's, which
+rounds differently anyway). A dim whose index the kernel uses as a value
 (a causal mask, an iota) gets its chunk's index as an argument. A tensor read twice is read as the
-same chunk by both reads; a base read in chunks and whole, or in chunks through two different
-views, is not cut.
+same chunk by both reads; a base read in chunks and whole, in chunks through two different
+views, or in chunks along two axes (x @ x split along the dim it reduces) is not cut.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import tvm
 
 from ..partition.spec import AxisCut
 from ..swap.split import SplitOption
+from .accumulating_kernels import adds_to_outputs
 from .graph import DataflowGraph
 from .kernel_cost import buffer_bytes
 from .kernel_dims import kernel_dims
@@ -45,11 +50,17 @@ def time_split_options(mod: tvm.IRModule, graph: DataflowGraph) -> list[list[lis
 
 def _qualifies(kd, d: int) -> bool:
     dim = kd.spec.dims[d]
-    if not dim.valid or dim.reduction or dim.inner or lowering_obstacle(kd, d) is not None:
+    if not dim.valid or dim.inner or lowering_obstacle(kd, d) is not None:
         return False
     ins, outs = _params(kd)
-    if len(outs) != len(dim.outputs) or not all(
-            isinstance(o, int) and not isinstance(o, bool) for o in dim.outputs):
+    if len(outs) != len(dim.outputs):
+        return False
+    if dim.reduction:  # every output reduced over it, by a block that adds to it
+        if not all(isinstance(o, str) for o in dim.outputs) or \
+                not any(c is not None for c in dim.inputs) or \
+                not adds_to_outputs(kd.func, outs):
+            return False
+    elif not all(isinstance(o, int) and not isinstance(o, bool) for o in dim.outputs):
         return False
     return len(ins) == len(dim.inputs) and all(
         c is None or (isinstance(c, AxisCut) and not c.halo) for c in dim.inputs)
@@ -77,6 +88,10 @@ def _options(graph: DataflowGraph, op, dims: list) -> list[list]:
         if set(cut) & set(whole) or len(set(cut)) != len(
                 {t for t, c in zip(op.inputs, dim.inputs, strict=True) if c is not None}):
             continue  # a base read both in chunks and whole, or in chunks through two views
+        axes = {(t, c.axis) for t, c in zip(op.inputs, dim.inputs, strict=True)
+                if c is not None}
+        if len(axes) != len({t for t, _ in axes}):
+            continue  # a tensor read in chunks along two axes (x @ x over its reduced dim)
         outputs = [graph.base(t) for t in op.outputs]
         # A chunk of a view read in chunks is that byte range of its base: the view must
         # cover the whole base (a reshape), not a part of it.
@@ -86,17 +101,23 @@ def _options(graph: DataflowGraph, op, dims: list) -> list[list]:
         ins, outs = _params(kd)
         strided = {graph.base(t) for t, p, c in zip(op.inputs, ins, dim.inputs, strict=True)
                    if c is not None and not _leading(p.shape, c.axis)}
-        strided |= {graph.base(t) for t, p, a in zip(op.outputs, outs, dim.outputs, strict=True)
-                    if not _leading(p.shape, a)}
-        if strided and op.library:
+        if dim.reduction:  # the outputs stay whole
+            outputs = []
+        else:
+            strided |= {graph.base(t) for t, p, a in zip(op.outputs, outs, dim.outputs,
+                                                         strict=True)
+                        if not _leading(p.shape, a)}
+        if strided and op.library and not dim.reduction:
             # A vendor library picks its blocking by shape: column chunks of a GEMM need not
-            # round as the whole does, and swapping promises the unswapped build's bits.
+            # round as the whole does, and swapping promises the unswapped build's bits (a
+            # reduction split in chunks promises them no more anyway: `swap.exactness`).
             continue
         options.append(SplitOption(d, dim.divisor or dim.extent, tuple(sorted(set(cut))),
                                    tuple(sorted(set(whole))), tuple(outputs),
                                    cut_bytes=tuple((t, graph.tensors[t].nbytes)
                                                    for t in sorted(set(cut))),
-                                   strided=tuple(sorted(strided))).to_list())
+                                   strided=tuple(sorted(strided)),
+                                   accumulate=dim.reduction).to_list())
     return options
 
 

@@ -1018,14 +1018,26 @@ def _after_wait(ready, wait, sync):
 @nb.njit(cache=True)
 def _d2h_span(e, s, d_free, d_p, d_bytes, d_stream, op_s, op_e, dur_pos, chunks_pos, link):
     """(start, end) of swap-out e, its stream free from `s`: a split op's output streams from
-    its first chunk's end and ends a chunk's copy after the op at the earliest."""
+    its first chunk's end, one copy (and one latency) per chunk, and ends a chunk's copy after
+    the op at the earliest."""
     xfer = link.d2h_lat + d_bytes[e] / link.d2h_bw
     if not d_stream[e]:
         return s, s + xfer
     p = d_p[e]
     c = chunks_pos[p]
     s = max(d_free, op_s[p] + dur_pos[p] / c)
-    return s, max(s + xfer, op_e[p] + link.d2h_lat + d_bytes[e] / c / link.d2h_bw)
+    return s, max(s + xfer + (c - 1) * link.d2h_lat,
+                  op_e[p] + link.d2h_lat + d_bytes[e] / c / link.d2h_bw)
+
+
+@nb.njit(cache=True)
+def _h2d_end(e, s, h_bytes, h_stream, h_r, chunks_pos, link):
+    """The end of swap-in e, started at s: a split op's streamed input is a copy per chunk,
+    each paying the link's latency."""
+    end = s + link.h2d_lat + h_bytes[e] / link.h2d_bw
+    if h_stream[e]:
+        end += (chunks_pos[h_r[e]] - 1) * link.h2d_lat
+    return end
 
 
 @nb.njit(cache=True)
@@ -1049,7 +1061,8 @@ def simulate(dur_pos, d_p, d_bytes, d_order, h_q, h_r, h_dep, h_bytes, h_order, 
     swap-ins, as the pass emits them; those at the start before op 0): a copy to an idle
     stream costs it `link.issue` (waking the stream), and a stream that stalls on another's
     event resumes `link.sync` after it (`_after_wait`).
-    A split op (`chunks_pos` > 0) pipelines its streamed copies with its chunks: it starts once
+    A split op (`chunks_pos` > 0) pipelines its streamed copies (a copy per chunk, each paying
+    the link's latency) with its chunks: it starts once
     the first chunk of each input (`h_stream`) is in and ends no sooner than a chunk's compute
     after the last; each output's stream (`d_stream`) starts after the first chunk's compute
     and ends no sooner than a chunk's copy after the op.
@@ -1092,7 +1105,7 @@ def simulate(dur_pos, d_p, d_bytes, d_order, h_q, h_r, h_dep, h_bytes, h_order, 
             if h_dep[e] >= 0:
                 s = _after_wait(s, d_e[h_dep[e] % big], link.sync)
             h_s[e] = s
-            h_e[e] = s + link.h2d_lat + h_bytes[e] / link.h2d_bw
+            h_e[e] = _h2d_end(e, s, h_bytes, h_stream, h_r, chunks_pos, link)
             h_free = h_e[e]
             ready[h_r[e]] = max(ready[h_r[e]], _h2d_usable(e, s, h_e[e], h_bytes, h_stream, h_r,
                                                            chunks_pos, last_in, link))

@@ -27,10 +27,10 @@ from .recompute import augment
 from .simulator import link, makespan_of, simulate
 from .split import (
     SplitOption,
+    added_seconds,
     choose_splits,
     finest_working_set,
     scratch_bytes,
-    serial_seconds,
 )
 
 MODES = {"swapadvisor": _core.SWAPADVISOR, "lru": _core.LRU, "vdnn": _core.VDNN}
@@ -117,7 +117,7 @@ class SplitSetup:
                 outs.append([])
                 continue
             option, c, buffers = choice[op]
-            durations[op] += serial_seconds(p, option, c, buffers)
+            durations[op] += added_seconds(p, option, c, buffers)
             cut = {*option.cut_inputs, *option.cut_outputs}
             needs.append([t for t in p.needs(op) if t not in cut] + [scratch[op]])
             streams.append(list(option.cut_inputs))
@@ -511,7 +511,8 @@ class Evaluator:
         return Split(int(res.begin[r]), op, option.dim, chunks, pool,
                      int(res.offset[r] - base), int(ev.split.graph.sizes[res.tensor[r]]),
                      list(option.cut_inputs), list(option.whole_inputs),
-                     list(option.cut_outputs), wait, buffers, list(option.viewed_inputs))
+                     list(option.cut_outputs), wait, buffers, list(option.viewed_inputs),
+                     option.accumulate)
 
     def _pools(self, tensors: np.ndarray, counts: np.ndarray | None
                ) -> tuple[np.ndarray, np.ndarray]:

@@ -31,7 +31,8 @@ Positions index `schedule` (the op at position i runs i-th). The plan says:
 * `splits`: ops run in chunks along a dim (`tvm_ext.swap.split`), each with its chunk buffers'
   window (pool, offset, bytes) at its position: its cut inputs come in from their host copies
   by one swap-in each with no residency of its own (`residency` -1), its cut outputs leave for
-  the host by one swap-out each issued after it, and are on the host only afterwards.
+  the host by one swap-out each issued after it, and are on the host only afterwards. A split
+  that `accumulate`s cuts no output: its outputs are made on the device like any op's.
 
 A view takes no bytes: the pass re-derives it from its base's current residency at each use.
 """
@@ -103,6 +104,7 @@ class Split:
     wait_swap_out: int = -1  # swap-out of what the chunk buffers' window held before
     buffers: int = 2  # chunk buffers per cut tensor (1: chunks one after another, no overlap)
     viewed_inputs: list[int] = dataclasses.field(default_factory=list)  # cut, on the device
+    accumulate: bool = False  # a reduction dim: the outputs stay whole, each chunk adds to them
 
 
 @dataclasses.dataclass
@@ -267,7 +269,8 @@ class SwapPlan:
         pinned[self.pinned] = True
         for sp in self.splits:
             given = SplitOption(sp.dim, 0, tuple(sp.cut_inputs), tuple(sp.whole_inputs),
-                                tuple(sp.cut_outputs), tuple(sp.viewed_inputs))
+                                tuple(sp.cut_outputs), tuple(sp.viewed_inputs),
+                                accumulate=sp.accumulate)
             on_device = [o.on_device(pinned) for o in options[sp.op] if o.dim == sp.dim]
             match = [o for o in on_device
                      if o is not None and dataclasses.replace(o, divisor=0) == given]

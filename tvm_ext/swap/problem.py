@@ -83,6 +83,9 @@ class SwapProblem:
     sync_latency: float = 0.0  # s from an event to the stream stalled on it resuming
     op_writes: list[list[int]] | None = None  # base tensors each op overwrites in place
     end_on_host: list[int] | None = None  # outputs copied to the host at the end
+    # Compute-stream seconds each kernel call beyond an op's first costs (`Hardware`): what
+    # every further chunk of an op split in time pays besides its share of the work.
+    launch_overhead: float = 0.0
 
     def __post_init__(self):
         self.durations = np.asarray(self.durations, dtype=np.float64)
@@ -158,6 +161,7 @@ class SwapProblem:
             op_splits=None if all(op.time_splits is None for op in graph.ops) else
             [op.time_splits or [] for op in graph.ops],
             copy_issue=hw.copy_issue_overhead, sync_latency=hw.sync_overhead,
+            launch_overhead=hw.launch_overhead,
             op_writes=[graph.overwritten(op.id) for op in graph.ops],
             end_on_host=_returned_from_host(graph),
         )

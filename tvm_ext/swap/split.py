@@ -2,11 +2,15 @@
 along one of its dims, its big inputs and outputs streamed through the device a chunk at a time.
 
 What an op may be split along comes from the kernel's TIR (`tvm_ext.ir.time_splits`, the
-partitioner's index analysis): a `SplitOption` is a dim that cuts an axis of some inputs and of
-every output and leaves the other inputs whole, with no reduction over it, so that the chunks
-of the output are independent (outputs concatenated, nothing accumulated). Chunk j of a tensor
-cut along its leading axis is one contiguous byte range of it; along a later axis its bytes are
-strided (`strided`), copied in and out row by row. Chunk buffers sit at aligned
+partitioner's index analysis): a `SplitOption` is a dim that cuts an axis of some inputs and
+leaves the other inputs whole. Either it cuts an axis of every output too, with no reduction
+over it, so that the chunks of the output are independent (outputs concatenated), or
+(`accumulate`) every output is reduced over it with an update the kernel states (sum, max,
+min, product): no output is cut, each stays whole on the device and every chunk after the
+first adds its part to it (a kernel without the reduction's init), so the sum runs in another
+order where the kernel's schedule reorders it (the output within float tolerance). Chunk j of
+a tensor cut along its leading axis is one contiguous byte range of it; along a later axis its
+bytes are strided (`strided`), copied in and out row by row. Chunk buffers sit at aligned
 offsets; a chunk of a cut input kept on the device is read in place, so only chunk counts that
 start its chunks at aligned offsets allow that.
 
@@ -17,9 +21,11 @@ the output is on the host only. With two buffers per cut tensor the next chunk i
 the previous one out) while the current one is computed; with one, chunk after chunk, each copy
 in its turn: half the memory, no overlap. Its working set on the device is its whole inputs plus
 `scratch_bytes`: `buffers` chunks of every cut tensor. `choose_splits` splits exactly the ops
-that do not fit the memory the plan has for them, each into the fewest chunks that fit (with
-two buffers where any count fits so, else one); `finest_working_set` is what an op needs at the
-finest split with one buffer, which sets the smallest feasible budget.
+that do not fit the memory the plan has for them, each the way that fits and that
+`estimated_seconds` finds fastest: every chunk is one more kernel call and one more copy per
+streamed tensor, so that is the fewest chunks that fit with two buffers, unless fewer chunks
+with one buffer are faster; `finest_working_set` is what an op needs at the finest split with
+one buffer, which sets the smallest feasible budget.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ class SplitOption:
     # Cut tensors whose chunks are strided (cut along an axis after one that is not 1): copied
     # in and out row by row, never read in place.
     strided: tuple[int, ...] = dataclasses.field(default=(), compare=False)
+    # A reduction dim: the outputs stay whole and every chunk adds its part to them.
+    accumulate: bool = False
 
     def on_device(self, fixed) -> SplitOption | None:
         """This option where the `fixed` tensors stay on the device: its cut inputs among them
@@ -62,24 +70,26 @@ class SplitOption:
 
     def to_list(self) -> list:
         """[dim, divisor, cut inputs, whole inputs, cut outputs, [[cut input, bytes], ...],
-        strided]."""
+        strided, accumulate]."""
         return [self.dim, self.divisor, list(self.cut_inputs), list(self.whole_inputs),
                 list(self.cut_outputs), [list(pair) for pair in self.cut_bytes],
-                list(self.strided)]
+                list(self.strided), self.accumulate]
 
     @classmethod
     def from_list(cls, data) -> SplitOption:
         dim, divisor, cut_in, whole_in, cut_out, *rest = data
         pairs = tuple((int(t), int(n)) for t, n in (rest[0] if rest else ()))
         strided = tuple(int(t) for t in (rest[1] if len(rest) > 1 else ()))
+        accumulate = bool(rest[2]) if len(rest) > 2 else False
         return cls(int(dim), int(divisor), tuple(cut_in), tuple(whole_in), tuple(cut_out),
-                   cut_bytes=pairs, strided=strided)
+                   cut_bytes=pairs, strided=strided, accumulate=accumulate)
 
 
-def chunk_kernel_name(kernel: str, chunks: int, dim: int) -> str:
+def chunk_kernel_name(kernel: str, chunks: int, dim: int, accumulating: bool = False) -> str:
     """The name of the kernel that computes one of `chunks` chunks of `kernel` split along its
-    dim `dim` (what a trace of the swapped module calls)."""
-    return f"{kernel}_chunk{chunks}_d{dim}"
+    dim `dim` (what a trace of the swapped module calls); `accumulating`: the kernel of the
+    chunks after the first of a split that accumulates, which adds to the outputs."""
+    return f"{kernel}_chunk{chunks}_d{dim}" + ("_acc" if accumulating else "")
 
 
 def chunk_bytes(nbytes: int, chunks: int) -> int:
@@ -128,9 +138,10 @@ def finest_working_set(sizes, needs, fixed, options) -> int | None:
 
 def choose_splits(problem, room: int, fixed) -> dict[int, tuple[SplitOption, int, int]]:
     """{op: (option, chunks, buffers)} for every op whose needs (not `fixed`) exceed `room`
-    bytes: the split that fits with two buffers (overlapping copies and compute) if any does,
-    else with one, with the fewest chunks (ties: the least scratch). Ops that cannot fit
-    either way are left whole (the caller refuses the budget)."""
+    bytes: per option and buffer count, the fewest chunks that fit (each chunk more is a kernel
+    call and a copy per streamed tensor more, and a smaller kernel); of those, the one
+    `estimated_seconds` finds fastest (ties: the least scratch, then the fewest chunks). Ops
+    that cannot fit either way are left whole (the caller refuses the budget)."""
     out: dict[int, tuple[SplitOption, int, int]] = {}
     options = problem.split_options()
     for op in range(problem.num_ops):
@@ -141,24 +152,55 @@ def choose_splits(problem, room: int, fixed) -> dict[int, tuple[SplitOption, int
         for option in (o.on_device(fixed) for o in options[op]):
             if option is None:
                 continue
-            for chunks in chunk_counts(option, problem.sizes):
-                fits = [b for b in (2, 1)
-                        if working_set(problem.sizes, needs, fixed, option, chunks, b) <= room]
-                if fits:
-                    key = (2 - fits[0], chunks,
-                           scratch_bytes(problem.sizes, option, chunks, fits[0]))
-                    if best is None or key < best[0]:
-                        best = (key, option, chunks, fits[0])
+            counts = chunk_counts(option, problem.sizes)
+            for b in (2, 1):
+                chunks = next((c for c in counts if working_set(
+                    problem.sizes, needs, fixed, option, c, b) <= room), None)
+                if chunks is None:
+                    continue
+                key = (estimated_seconds(problem, op, option, chunks, b),
+                       scratch_bytes(problem.sizes, option, chunks, b), chunks)
+                if best is None or key < best[0]:
+                    best = (key, option, chunks, b)
         if best is not None:
             out[op] = best[1:]
     return out
 
 
-def serial_seconds(problem, option: SplitOption, chunks: int, buffers: int) -> float:
-    """Time a split op with one buffer per cut tensor adds to its compute: every chunk but
-    the first waits for its copy in and for the previous chunk's copy out."""
+def chunk_copy_seconds(problem, option: SplitOption, chunks: int) -> float:
+    """The copies of one chunk, one after another: a chunk of each streamed cut input in and
+    of each cut output out, each a copy paying the link's latency."""
+    return sum(problem.transfer_time(problem.sizes[t] / chunks, "h2d")
+               for t in option.cut_inputs) + \
+        sum(problem.transfer_time(problem.sizes[t] / chunks, "d2h")
+            for t in option.cut_outputs)
+
+
+def added_seconds(problem, option: SplitOption, chunks: int, buffers: int) -> float:
+    """Compute-stream time a split adds to its op's work: each chunk after the first is one
+    more kernel call (`launch_overhead`) that issues a copy per streamed cut tensor
+    (`copy_issue`); with one buffer per cut tensor each also waits for its copies (its
+    chunk in, the previous chunk out) and resumes `sync_latency` after them."""
+    extra = chunks - 1
+    copies = len(option.cut_inputs) + len(option.cut_outputs)
+    seconds = extra * (problem.launch_overhead + copies * problem.copy_issue)
+    if buffers == 1 and copies:
+        seconds += extra * (chunk_copy_seconds(problem, option, chunks) + problem.sync_latency)
+    return seconds
+
+
+def estimated_seconds(problem, op: int, option: SplitOption, chunks: int,
+                      buffers: int) -> float:
+    """How long op `op` takes split so, from its first chunk's copies to its last chunk's
+    (the chooser's estimate; the simulator times the plan): its work plus `added_seconds`,
+    and with two buffers no less than its input stream (a copy per chunk) and a chunk's work
+    after it."""
+    work = float(problem.durations[op]) + added_seconds(problem, option, chunks, buffers)
+    first_in = sum(problem.transfer_time(problem.sizes[t] / chunks, "h2d")
+                   for t in option.cut_inputs)
+    last_out = chunk_copy_seconds(problem, option, chunks) - first_in
     if buffers > 1:
-        return 0.0
-    copies = sum(problem.transfer_time(problem.sizes[t], "h2d") for t in option.cut_inputs) + \
-        sum(problem.transfer_time(problem.sizes[t], "d2h") for t in option.cut_outputs)
-    return copies * (chunks - 1) / chunks
+        stream = sum(problem.transfer_time(problem.sizes[t], "h2d")
+                     + (chunks - 1) * problem.h2d_latency for t in option.cut_inputs)
+        return max(first_in + work, stream + work / chunks) + last_out
+    return first_in + work + last_out

@@ -1,7 +1,10 @@
 """The copy streams' bandwidth: host-to-device and device-to-host through
 `tvm_ext.runtime.swap_streams` (the copies a swapped module makes), between device memory and
 the host buffers swapping uses (pinned on a GPU), against the link of the hardware preset the
-swap planner assumed and, on a GPU with PyTorch, against PyTorch's pinned copies."""
+swap planner assumed and, on a GPU with PyTorch, against PyTorch's pinned copies. Then strided
+chunk copies (`copy_chunk_async` along a later axis, as a split op's chunks of a tensor cut
+there): the time of one copy per row width, so that what a narrow row costs can be told from
+the link's latency."""
 
 from __future__ import annotations
 
@@ -26,9 +29,50 @@ def check_copies(suite: SuiteRun, spec: dict) -> dict:
     data = {"rows": rows, "preset": link,
             "h2d_of_preset": suite.bandwidth["h2d"] / link["h2d_bytes_per_s"],
             "d2h_of_preset": suite.bandwidth["d2h"] / link["d2h_bytes_per_s"]}
+    if spec.get("strided_row_bytes"):
+        data["strided"] = [_strided(suite, int(spec["strided_rows"]), int(width),
+                                    int(spec.get("repeat", 5)))
+                           for width in spec["strided_row_bytes"]]
     if suite.name == "cuda":
         data["torch"] = _torch_pinned(int(spec["sizes_mib"][-1]) << 20, 5)
     return data
+
+
+def _strided(suite: SuiteRun, rows: int, width: int, repeat: int, chunks: int = 8) -> dict:
+    """Chunk copies between a host tensor of `rows` x `chunks * width` bytes and a device
+    chunk of `rows` x `width`: each direction timed one copy at a time (issue to done); the
+    bytes that went in and came back out are checked."""
+    pattern = (np.arange(rows * chunks * width, dtype=np.int64) % 251).astype(np.uint8)
+    pattern = pattern.reshape(rows, chunks * width)
+    whole_in = swap_streams.host_empty((rows, chunks * width), "uint8", suite.host,
+                                       suite.device)
+    whole_out = swap_streams.host_empty((rows, chunks * width), "uint8", suite.host,
+                                        suite.device)
+    whole_in.copyfrom(pattern)
+    whole_out.copyfrom(np.zeros_like(pattern))
+    chunk = memory.empty((rows, width), "uint8", suite.device)
+
+    def one(index: int, to_chunk: bool) -> float:
+        whole, stream = (whole_in, H2D) if to_chunk else (whole_out, D2H)
+        start = time.perf_counter()
+        swap_streams.copy_chunk_async(whole, chunk, stream, 1, index, to_chunk, "strided")
+        swap_streams.wait_all(stream)
+        return time.perf_counter() - start
+
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for index in range(chunks):
+        for to_chunk in (True, False):
+            times[to_chunk].append(one(index, to_chunk))
+    for _ in range(max(0, repeat - 1)):
+        for to_chunk in (True, False):
+            times[to_chunk].append(one(chunks - 1, to_chunk))
+    if not np.array_equal(whole_out.numpy(), pattern):
+        raise Failed(f"strided chunks of {rows} rows x {width} B: the bytes copied to the "
+                     "device and back differ")
+    h2d, d2h = statistics.median(times[True][1:]), statistics.median(times[False][1:])
+    return {"rows": rows, "row_bytes": width, "chunks": chunks, "h2d_us": h2d * 1e6,
+            "d2h_us": d2h * 1e6, "h2d_ns_per_row": h2d * 1e9 / rows,
+            "d2h_ns_per_row": d2h * 1e9 / rows}
 
 
 def _measure(suite: SuiteRun, mib: int, repeat: int) -> dict:

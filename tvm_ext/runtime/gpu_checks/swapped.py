@@ -3,8 +3,8 @@ model, run side by side on the device with arguments drawn here from the model's
 
 - the device peak the runtime library measured (plus the module's constants) within the budget;
 - outputs bit-identical to the unswapped build's (same kernels, same order of arithmetic), or
-  within the float tolerance of their dtype where the plan runs library GEMMs in chunks (the
-  budget's `library_splits`: the library rounds by the chunk's shape);
+  within the float tolerance of their dtype where the plan runs ops in chunks that may round
+  differently (the budget's `inexact_splits`: library GEMMs, split reductions);
 - time against the unswapped build, and the fraction of the copy time hidden behind compute:
   1 - (swapped - unswapped) / (the bytes the streams moved at the measured bandwidths); on the
   CPU stand-in the runtime also measures it directly (copy time while no caller waited);
@@ -98,10 +98,10 @@ def check_budget(suite: SuiteRun, spec: dict, entry: dict) -> dict:
     if data["simulated_ms"]:
         data["measured_vs_simulated"] = result.median_ms / data["simulated_ms"]
     problems = []
-    inexact = entry.get("library_splits") or []
+    inexact = entry.get("inexact_splits") or []
     by_dtype = entry.get("tolerances", {})
     data["exact"] = not inexact
-    data["library_splits"] = inexact
+    data["inexact_splits"] = inexact
     try:
         compare(result.outputs, base.outputs,
                 tolerances=[tuple(by_dtype.get(str(o.dtype), (0.0, 0.0))) if inexact
