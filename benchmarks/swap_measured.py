@@ -271,7 +271,7 @@ def summarize(rows: list[dict]) -> list[str]:
                          f"{min(base) / sa['measured_ms']:.2f}x the best baseline measured")
     tol = sum(r["agrees"] and not r["exact"] for r in runs)
     lines.append(f"outputs exact: {sum(r['exact'] for r in runs)}/{len(runs)}, within float "
-                 f"tolerance (library GEMMs run in chunks): {tol}, differing: "
+                 f"tolerance (ops run in chunks that round differently): {tol}, differing: "
                  f"{sum(not r['agrees'] for r in runs)}")
     return lines
 
