@@ -236,11 +236,20 @@ def test_budget_too_small_states_the_smallest(zoo_cache):
 ZOO_CASES = [("mlp", {"layers": 12}), ("gpt", {"layers": 6}), ("resnet", {"blocks": (2, 2)})]
 
 
-def _reference_outputs(model: Model) -> list[np.ndarray]:
+def _reference_outputs(model: Model, library: bool = True) -> list[np.ndarray]:
     """The unswapped tvm_ext build's outputs: the same kernels, so swapping must not change a
     bit."""
-    ex = driver.build(model, LLVM)
+    ex = driver.build(model, LLVM, library=library)
     return driver.run(ex, model.random_arguments(0), tvm.cpu(0), repeat=0).outputs
+
+
+def _run_swapped(model: Model, graph, plan: SwapPlan, library: bool = True):
+    """`plan` compiled into `model` and run once on the stand-in (cpu:0 the device, cpu:1 the
+    host), each argument where the plan keeps it."""
+    swapped = driver.build(model, LLVM, swap_plan=plan, library=library)
+    device, host = vm_devices(LLVM)
+    return driver.run(swapped, model.random_arguments(0), device, repeat=0, host=host,
+                      arg_devices=argument_devices(graph, plan))
 
 
 def _run_case(model: Model, budget: str | int, reference) -> tuple[int, int, SwapPlan]:
@@ -250,10 +259,7 @@ def _run_case(model: Model, budget: str | int, reference) -> tuple[int, int, Swa
     problem = problem_for_budget(graph, budget, "cpu")
     plan = plan_swaps(problem, "swapadvisor", time_budget_s=1.0, seed=0)
     validate(problem, plan)
-    swapped = driver.build(model, LLVM, swap_plan=plan)
-    device, host = vm_devices(LLVM)
-    out = driver.run(swapped, model.random_arguments(0), device, repeat=0, host=host,
-                       arg_devices=argument_devices(graph, plan))
+    out = _run_swapped(model, graph, plan)
     _compare(graph, plan, out.outputs, reference)
     measured = out.peak_bytes + graph.bytes_of_kind("constant")
     return measured, problem.budget, plan
@@ -310,10 +316,7 @@ def test_recomputed_tensors_are_made_again_exactly_within_budget(name, overrides
     validate(problem, plan)
     assert plan.info["recomputed"] == len(chosen)
     assert len(plan.schedule) == problem.num_ops + len(chosen)
-    swapped = driver.build(model, LLVM, swap_plan=plan)
-    device, host = vm_devices(LLVM)
-    out = driver.run(swapped, model.random_arguments(0), device, repeat=0, host=host,
-                     arg_devices=argument_devices(graph, plan))
+    out = _run_swapped(model, graph, plan)
     driver.compare(out.outputs, _reference_outputs(model), rtol=0, atol=0)
     assert out.peak_bytes + graph.bytes_of_kind("constant") <= problem.budget
 
@@ -355,10 +358,7 @@ def test_split_ops_run_in_chunks_exactly_within_budget(budget, keep):
     assert plan.splits
     if keep:
         assert any(sp.viewed_inputs for sp in plan.splits)
-    swapped = driver.build(model, LLVM, swap_plan=plan)
-    device, host = vm_devices(LLVM)
-    out = driver.run(swapped, model.random_arguments(0), device, repeat=0, host=host,
-                     arg_devices=argument_devices(graph, plan))
+    out = _run_swapped(model, graph, plan)
     _compare(graph, plan, out.outputs, _reference_outputs(model))
     assert out.peak_bytes + graph.bytes_of_kind("constant") <= problem.budget
 
@@ -396,12 +396,8 @@ def test_reductions_split_in_time_add_their_chunks_up_within_budget(library):
     split = next(sp for sp in plan.splits if sp.op == gemm.id)
     assert split.accumulate and split.chunks > 1 and not split.cut_outputs
     assert gemm.name in inexact_splits(graph, plan)
-    swapped = driver.build(model, LLVM, swap_plan=plan, library=library)
-    device, host = vm_devices(LLVM)
-    out = driver.run(swapped, model.random_arguments(0), device, repeat=0, host=host,
-                     arg_devices=argument_devices(graph, plan))
-    reference = driver.run(driver.build(model, LLVM, library=library),
-                           model.random_arguments(0), tvm.cpu(0), repeat=0).outputs
+    out = _run_swapped(model, graph, plan, library=library)
+    reference = _reference_outputs(model, library=library)
     driver.compare(out.outputs, reference, tolerances=[tolerance("float32")])
     assert out.peak_bytes + graph.bytes_of_kind("constant") <= problem.budget
 
@@ -502,12 +498,8 @@ def test_strided_chunks_run_exactly_within_budget(library):
     plan = plan_swaps(problem, "swapadvisor", time_budget_s=1.0, seed=0)
     validate(problem, plan)
     assert any((sp.op, sp.dim) in strided for sp in plan.splits)
-    swapped = driver.build(model, LLVM, swap_plan=plan, library=library)
-    device, host = vm_devices(LLVM)
-    out = driver.run(swapped, model.random_arguments(0), device, repeat=0, host=host,
-                     arg_devices=argument_devices(graph, plan))
-    reference = driver.run(driver.build(model, LLVM, library=library),
-                           model.random_arguments(0), tvm.cpu(0), repeat=0).outputs
+    out = _run_swapped(model, graph, plan, library=library)
+    reference = _reference_outputs(model, library=library)
     if library:
         _compare(graph, plan, out.outputs, reference)
     else:  # TVM's own kernels: chunks compute each element as the whole does
