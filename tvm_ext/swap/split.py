@@ -7,7 +7,7 @@ leaves the other inputs whole. Either it cuts an axis of every output too, with 
 over it, so that the chunks of the output are independent (outputs concatenated), or
 (`accumulate`) every output is reduced over it with an update the kernel states (sum, max,
 min, product): no output is cut, each stays whole on the device and every chunk after the
-first adds its part to it (a kernel without the reduction's init), so the sum runs in another
+first adds its part to it (its init starts from the output's value), so the sum runs in another
 order where the kernel's schedule reorders it (the output within float tolerance). Chunk j of
 a tensor cut along its leading axis is one contiguous byte range of it; along a later axis its
 bytes are strided (`strided`), copied in and out row by row. Chunk buffers sit at aligned
@@ -167,13 +167,23 @@ def choose_splits(problem, room: int, fixed) -> dict[int, tuple[SplitOption, int
     return out
 
 
+def _chunk_in_seconds(problem, option: SplitOption, chunks: int) -> float:
+    """A chunk of each streamed cut input copied in, one after another."""
+    return sum(problem.transfer_time(problem.sizes[t] / chunks, "h2d")
+               for t in option.cut_inputs)
+
+
+def _chunk_out_seconds(problem, option: SplitOption, chunks: int) -> float:
+    """A chunk of each cut output copied out, one after another."""
+    return sum(problem.transfer_time(problem.sizes[t] / chunks, "d2h")
+               for t in option.cut_outputs)
+
+
 def chunk_copy_seconds(problem, option: SplitOption, chunks: int) -> float:
     """The copies of one chunk, one after another: a chunk of each streamed cut input in and
     of each cut output out, each a copy paying the link's latency."""
-    return sum(problem.transfer_time(problem.sizes[t] / chunks, "h2d")
-               for t in option.cut_inputs) + \
-        sum(problem.transfer_time(problem.sizes[t] / chunks, "d2h")
-            for t in option.cut_outputs)
+    return _chunk_in_seconds(problem, option, chunks) + \
+        _chunk_out_seconds(problem, option, chunks)
 
 
 def added_seconds(problem, option: SplitOption, chunks: int, buffers: int) -> float:
@@ -196,9 +206,8 @@ def estimated_seconds(problem, op: int, option: SplitOption, chunks: int,
     and with two buffers no less than its input stream (a copy per chunk) and a chunk's work
     after it."""
     work = float(problem.durations[op]) + added_seconds(problem, option, chunks, buffers)
-    first_in = sum(problem.transfer_time(problem.sizes[t] / chunks, "h2d")
-                   for t in option.cut_inputs)
-    last_out = chunk_copy_seconds(problem, option, chunks) - first_in
+    first_in = _chunk_in_seconds(problem, option, chunks)
+    last_out = _chunk_out_seconds(problem, option, chunks)
     if buffers > 1:
         stream = sum(problem.transfer_time(problem.sizes[t], "h2d")
                      + (chunks - 1) * problem.h2d_latency for t in option.cut_inputs)
