@@ -31,8 +31,8 @@ def test_summary_counts_errors_ranks_and_the_speedup():
     assert lines[1].startswith("planners ranked alike measured and simulated: 2/2 pairs")
     assert "m at 4x: swapadvisor 45.5% of ideal measured (50.0% simulated), 1.73x the best " \
         "baseline measured" in lines
-    assert lines[-1] == ("outputs exact: 3/3, within float tolerance (library GEMMs run in "
-                         "chunks): 0, differing: 0")
+    assert lines[-1] == ("outputs exact: 3/3, within float tolerance (ops run in chunks that "
+                         "round differently): 0, differing: 0")
     assert "infeasible" in swap_measured.format_row(rows[-1])
     assert swap_measured.format_row(rows[0]).split()[:6] == ["m", "4", "swapadvisor", "10.00",
                                                               "11.00", "+10.0%"]
@@ -43,11 +43,11 @@ def test_summary_of_a_misranked_case():
     assert lines[1].startswith("planners ranked alike measured and simulated: 0/1 pairs")
 
 
-def test_chunked_library_gemms_agree_within_tolerance_not_exactly():
+def test_chunked_ops_agree_within_tolerance_not_exactly():
     rows = [_row("swapadvisor", 10, 11, exact=False), _row("lru", 20, 21, exact=False,
                                                            agrees=False)]
     lines = swap_measured.summarize(rows)
-    assert lines[-1] == ("outputs exact: 0/2, within float tolerance (library GEMMs run in "
-                         "chunks): 1, differing: 1")
+    assert lines[-1] == ("outputs exact: 0/2, within float tolerance (ops run in chunks that "
+                         "round differently): 1, differing: 1")
     assert swap_measured.format_row(rows[0]).split()[-1] == "tol"
     assert swap_measured.format_row(rows[1]).split()[-1] == "NO"
