@@ -1,5 +1,6 @@
 """tvm_ext.passes: Relax passes, one per file, each consuming a plan made by a planner."""
 
+from .broadcast_constants import BroadcastConstants
 from .dispatch_library import DispatchLibraryKernels
 from .partition_operators import PartitionError, PartitionOperators
 from .return_loss_only import ReturnLossOnly
@@ -7,6 +8,7 @@ from .swap_offload import SwapOffload, SwapOffloadError
 from .update_arguments_in_place import UpdateArgumentsInPlace
 
 __all__ = [
+    "BroadcastConstants",
     "DispatchLibraryKernels",
     "PartitionError",
     "PartitionOperators",

@@ -45,8 +45,10 @@ from tvm import relax
 from tvm_ext.cost import Hardware
 from tvm_ext.errors import InputError
 from tvm_ext.ir.accumulating_kernels import accumulating_kernel, output_params
+from tvm_ext.ir.epilogue_kernels import reduction_epilogue
 from tvm_ext.ir.graph_builder import read_pass_input
 from tvm_ext.ir.inplace_kernels import InPlaceError, drop_unused, inplace_kernel
+from tvm_ext.ir.kernel_cost import buffer_bytes
 from tvm_ext.ir.kernel_dims import kernel_dims
 from tvm_ext.ir.local_kernels import LoweringError, chunk_params, local_kernel
 from tvm_ext.ir.pass_records import (
@@ -200,7 +202,8 @@ class _Rewriter:
         self.swapped_out_var: dict[int, relax.Expr] = {}  # swap-out index -> device value copied
         self.waited_out: set[int] = set()  # swap-outs already waited for (waits are in order)
         self.chunk_kernels: dict[tuple, tuple] = {}  # (kernel, dim, chunks, adds) -> (gv, PrimFunc)
-        self.analyses: dict[str, object] = {}  # kernel -> its KernelDims
+        # kernel -> its KernelDims; (kernel, dim, "epilogue") -> its ReductionEpilogue
+        self.analyses: dict = {}
 
     # ------------------------------------------------------------------ helpers
     def emit(self, expr, name: str = "") -> relax.Var:
@@ -410,7 +413,8 @@ class _Rewriter:
         the current one is read), its cut outputs leave for their host copies from its
         buffers, and the chunk kernel runs once per chunk with its chunk's index. A split that
         accumulates writes its outputs whole into their windows (`residencies`): chunk 0's
-        kernel starts them, every later chunk's adds to them."""
+        kernel starts them, every later chunk's adds to them; with an epilogue they add up
+        its intermediates, and the epilogue runs once after the last chunk."""
         g = self.g
         op = g.ops[sp.op]
         value = self.bindings[sp.op].value
@@ -438,6 +442,11 @@ class _Rewriter:
         viewed = {tid for tid in op.inputs if g.base(tid) in set(sp.viewed_inputs)}
         outs = [] if sp.accumulate else [buffers(tid) for tid in op.outputs]
         whole = self._place_whole_outputs(op, residencies) if sp.accumulate else []
+        # What the chunks add up: the outputs, or an epilogue's intermediates (in the outputs'
+        # own buffers where the epilogue finishes in place, else after the chunk buffers).
+        epilogue = self._epilogue(op, sp) if sp.epilogue else None
+        targets = whole if epilogue is None else \
+            self._intermediates(epilogue, whole, sp, offset[0])
         for tid in cut_out:
             self._host_copy_of(tid)
         gv = self._chunk_kernel(op, sp)
@@ -461,18 +470,61 @@ class _Rewriter:
                     self.emit(swap_calls.wait_call(pair[b], D2H))
             args = self._chunk_args(op, fields, sp, j, {t: p[b] for t, p in ins.items()},
                                     viewed, axis)
+            if epilogue is not None:  # the reduction part reads some of the inputs
+                args = [args[k[1]] for k in epilogue.reduction.inputs]
             chunk = [relax.prim_value(tvm.tirx.IntImm("int64", j))
                      for _ in range(index_params)]
-            # Chunks after the first start from what the outputs hold: passed as their inputs.
-            prev = whole if j > 0 else []
+            # Chunks after the first start from what the targets hold: passed as inputs.
+            prev = targets if j > 0 else []
             self.emit(relax.Call(gv if j == 0 else gv_rest,
-                                 [*args, *chunk, *prev, *(pair[b] for pair in outs), *whole]))
+                                 [*args, *chunk, *prev, *(pair[b] for pair in outs), *targets]))
             for tid, pair in zip(op.outputs if outs else [], outs, strict=True):
                 self._copy_chunk(tid, axis[tid], sp, j, pair[b], D2H)
+        if epilogue is not None:
+            self._finish(op, sp, epilogue, targets, whole)
         for k, s in enumerate(self.plan.swap_outs):
             if s.tensor in cut_out and s.after == sp.position:
                 self.swapped_out_var[k] = outs[list(op.outputs).index(s.tensor)][
                     (sp.chunks - 1) % nb]
+
+    def _epilogue(self, op, sp):
+        """`op`'s kernel cut after its reduction over the split dim (`epilogue_kernels`)."""
+        key = (op.kernel, sp.dim, "epilogue")
+        if key not in self.analyses:
+            self.analyses[key] = reduction_epilogue(self._kernel_dims(op), sp.dim)
+            if self.analyses[key] is None:
+                raise SwapOffloadError(f"{op.name}: {op.kernel} has no epilogue after its "
+                                       f"reduction over dim {sp.dim} to run once")
+        return self.analyses[key]
+
+    def _intermediates(self, epilogue, whole: list, sp, offset: int) -> list:
+        """The buffers an epilogue split's chunks add up: the output's own where the
+        epilogue finishes in place, else scratch placed after the chunk buffers."""
+        if epilogue.in_place is not None:
+            return whole
+        out = []
+        for buf in output_params(epilogue.reduction.func, len(epilogue.reduction.outputs)):
+            alloc = relax.op.memory.alloc_tensor(
+                self.pools[sp.pool], relax.prim_value(offset),
+                relax.ShapeExpr([int(n) for n in buf.ty.shape]), str(buf.ty.dtype))
+            out.append(self.emit(relax.op.memory.ensure_zero_offset(self.emit(alloc))))
+            offset += align(buffer_bytes(buf.ty.shape, buf.ty.dtype))
+        return out
+
+    def _finish(self, op, sp, epilogue, targets: list, whole: list) -> None:
+        """After the last chunk: the epilogue computes the outputs from the intermediates
+        (`targets`) and the inputs it reads whole, in place or into the outputs."""
+        key = (op.kernel, sp.dim, sp.chunks, "epilogue")
+        if key not in self.chunk_kernels:
+            kernel = epilogue.in_place if epilogue.in_place is not None else \
+                epilogue.epilogue.func
+            name = chunk_kernel_name(op.kernel, sp.chunks, sp.dim, epilogue=True)
+            kernel = kernel.with_attr("global_symbol", name)
+            self.chunk_kernels[key] = (self.bb.add_func(kernel, name), kernel)
+        args = [targets[k[1]] if k[0] == "tmp" else self.value_of(op.inputs[k[1]])
+                for k in epilogue.epilogue.inputs]
+        outs = [] if epilogue.in_place is not None else whole
+        self.emit(relax.Call(self.chunk_kernels[key][0], [*args, *outs]))
 
     def _chunk_args(self, op, fields, sp, j: int, buffers: dict, viewed: set,
                     axis: dict) -> list:
@@ -582,8 +634,11 @@ class _Rewriter:
         """The kernel of one chunk of `op` (`local_kernel`), made once per kernel and split."""
         key = self._chunk_key(op, sp)
         if key not in self.chunk_kernels:
+            part = self._epilogue(op, sp).reduction if sp.epilogue else None
             try:
-                kernel = local_kernel(self._kernel_dims(op), {sp.dim: sp.chunks})
+                kernel = local_kernel(self._kernel_dims(op), {sp.dim: sp.chunks},
+                                      func=part.func if part else None,
+                                      num_outputs=len(part.outputs) if part else None)
             except LoweringError as err:
                 raise SwapOffloadError(f"{op.name}: cannot run in {sp.chunks} chunks: {err}") \
                     from err
@@ -600,8 +655,10 @@ class _Rewriter:
         if key not in self.chunk_kernels:
             self._chunk_kernel(op, sp)
             first = self.chunk_kernels[self._chunk_key(op, sp)][1]
+            n_out = len(self._epilogue(op, sp).reduction.outputs) if sp.epilogue \
+                else len(op.outputs)
             try:
-                kernel = accumulating_kernel(first, output_params(first, len(op.outputs)))
+                kernel = accumulating_kernel(first, output_params(first, n_out))
             except ValueError as err:
                 raise SwapOffloadError(f"{op.name}: cannot add its chunks up: {err}") from err
             name = chunk_kernel_name(op.kernel, sp.chunks, sp.dim, accumulating=True)

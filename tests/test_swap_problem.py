@@ -27,9 +27,12 @@ def test_from_graph(graph):
             assert problem.sizes[t.id] % ALIGNMENT == 0 and problem.sizes[t.id] >= t.nbytes
         assert problem.host_start[t.id] == (t.kind in ("parameter", "input"))
         assert problem.pinned[t.id] == (t.kind == "constant")
-    for op in graph.ops:  # ops touch bases only
+    for op in graph.ops:  # ops touch bases only; a view needs nothing where it is made
         for tid in problem.needs(op.id):
             assert graph.tensors[tid].alias_of is None
+        if op.kind == "view":
+            assert problem.needs(op.id) == []
+    assert any(op.kind == "view" for op in graph.ops)
     exact = graph.peak_memory(kinds=("parameter", "input", "constant", "activation",
                                      "gradient"))
     assert exact <= problem.no_swap_peak() <= exact + ALIGNMENT * graph.summary()["tensors"]

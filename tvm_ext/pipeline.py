@@ -3,7 +3,8 @@
 Phases, in order (each a list of passes, so a caller can rebuild the pipeline from parts):
 
 1. `library_dispatch_passes`  target-specific library dispatch (sort, sampling).
-2. `legalize_passes`          LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR:
+2. `legalize_passes`          LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR,
+                              BroadcastConstants (constants at their distinct extent):
                               `fuse` adds RewriteDataflowReshape: the module the graph
                               of every planner is read from (`tvm_ext.ir.graph_builder`).
 3. `partition_passes`         with `num_devices`: PartitionOperators (tvm_ext.passes) plans a
@@ -45,6 +46,7 @@ from tvm import relax
 
 from tvm_ext.partition import PartitionPlan
 from tvm_ext.passes import (
+    BroadcastConstants,
     DispatchLibraryKernels,
     PartitionOperators,
     ReturnLossOnly,
@@ -74,6 +76,7 @@ def legalize_passes(target: tvm.target.Target) -> list:
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
+        BroadcastConstants(),
     ]
 
 

@@ -152,6 +152,8 @@ def timeline_of(run: MeasuredRun, graph: DataflowGraph,
     if plan is not None:
         kernels |= {chunk_kernel_name(graph.ops[sp.op].kernel, sp.chunks, sp.dim, acc)
                     for sp in plan.splits for acc in {False, sp.accumulate}}
+        kernels |= {chunk_kernel_name(graph.ops[sp.op].kernel, sp.chunks, sp.dim,
+                                      epilogue=True) for sp in plan.splits if sp.epilogue}
     return MeasuredTimeline.from_events(run.events, kernels)
 
 

@@ -6,13 +6,13 @@ same chunk kernels run here one after another on one device) and it splits some 
 one axis each, with no halo, and either every output along one axis with nothing reduced over
 it (the chunks' outputs are independent) or no output, every output being reduced over it by
 one block with an init and a stated update (`accumulate`: the outputs stay whole and each chunk
-after the first adds to them, `accumulating_kernels`); the other inputs are read whole. Chunk j
-of a tensor cut along its leading
+after the first adds to them, `accumulating_kernels`), or reduced over it into intermediates
+that later blocks finish the outputs from, where those blocks read no cut input
+(`epilogue_kernels`: the intermediates add up chunk by chunk, the epilogue runs once); the
+other inputs are read whole. Chunk j of a tensor cut along its leading
 axis (the first whose extent is not 1) is one contiguous byte range of it (a reshape view's
 too, when the view covers its base); cut along a later axis, its bytes are strided
-(`SplitOption.strided`: copied row by row; not offered for a kernel a vendor library computes,
-whose rounding may change with the chunk's shape, unless the split is a reduction's, which
-rounds differently anyway). A dim whose index the kernel uses as a value
+(`SplitOption.strided`: copied row by row). A dim whose index the kernel uses as a value
 (a causal mask, an iota) gets its chunk's index as an argument. A tensor read twice is read as the
 same chunk by both reads; a base read in chunks and whole, in chunks through two different
 views, or in chunks along two axes (x @ x split along the dim it reduces) is not cut.
@@ -23,8 +23,10 @@ from __future__ import annotations
 import tvm
 
 from ..partition.spec import AxisCut
+from ..swap.alignment import align
 from ..swap.split import SplitOption
 from .accumulating_kernels import adds_to_outputs
+from .epilogue_kernels import reduction_epilogue
 from .graph import DataflowGraph
 from .kernel_cost import buffer_bytes
 from .kernel_dims import kernel_dims
@@ -42,20 +44,24 @@ def time_split_options(mod: tvm.IRModule, graph: DataflowGraph) -> list[list[lis
             continue
         if op.kernel not in cache:
             kd = kernel_dims(mod[op.kernel], len(op.outputs), op.kernel)
-            cache[op.kernel] = [(d, kd) for d in range(len(kd.spec.dims))
-                                if _qualifies(kd, d)]
+            cache[op.kernel] = [
+                (d, kd, reduction_epilogue(kd, d) if kd.spec.dims[d].inner else None)
+                for d in range(len(kd.spec.dims)) if _qualifies(kd, d)]
         out.append(_options(graph, op, cache[op.kernel]))
     return out
 
 
 def _qualifies(kd, d: int) -> bool:
     dim = kd.spec.dims[d]
-    if not dim.valid or dim.inner or lowering_obstacle(kd, d) is not None:
+    if not dim.valid or lowering_obstacle(kd, d) is not None:
         return False
     ins, outs = _params(kd)
     if len(outs) != len(dim.outputs):
         return False
-    if dim.reduction:  # every output reduced over it, by a block that adds to it
+    if dim.inner:  # reduced into intermediates the kernel finishes its outputs from
+        if reduction_epilogue(kd, d) is None:
+            return False
+    elif dim.reduction:  # every output reduced over it, by a block that adds to it
         if not all(isinstance(o, str) for o in dim.outputs) or \
                 not any(c is not None for c in dim.inputs) or \
                 not adds_to_outputs(kd.func, outs):
@@ -79,7 +85,7 @@ def _leading(shape, axis: int) -> bool:
 
 def _options(graph: DataflowGraph, op, dims: list) -> list[list]:
     options = []
-    for d, kd in dims:
+    for d, kd, epilogue in dims:
         dim = kd.spec.dims[d]
         if len(dim.inputs) != len(op.inputs):
             continue
@@ -101,24 +107,28 @@ def _options(graph: DataflowGraph, op, dims: list) -> list[list]:
         ins, outs = _params(kd)
         strided = {graph.base(t) for t, p, c in zip(op.inputs, ins, dim.inputs, strict=True)
                    if c is not None and not _leading(p.shape, c.axis)}
-        if dim.reduction:  # the outputs stay whole
+        accumulate = dim.reduction or epilogue is not None
+        if accumulate:  # the outputs stay whole
             outputs = []
         else:
             strided |= {graph.base(t) for t, p, a in zip(op.outputs, outs, dim.outputs,
                                                          strict=True)
                         if not _leading(p.shape, a)}
-        if strided and op.library and not dim.reduction:
-            # A vendor library picks its blocking by shape: column chunks of a GEMM need not
-            # round as the whole does, and swapping promises the unswapped build's bits (a
-            # reduction split in chunks promises them no more anyway: `swap.exactness`).
-            continue
         options.append(SplitOption(d, dim.divisor or dim.extent, tuple(sorted(set(cut))),
                                    tuple(sorted(set(whole))), tuple(outputs),
                                    cut_bytes=tuple((t, graph.tensors[t].nbytes)
                                                    for t in sorted(set(cut))),
-                                   strided=tuple(sorted(strided)),
-                                   accumulate=dim.reduction).to_list())
+                                   strided=tuple(sorted(strided)), accumulate=accumulate,
+                                   epilogue=epilogue is not None,
+                                   epilogue_bytes=_epilogue_bytes(epilogue)).to_list())
     return options
+
+
+def _epilogue_bytes(epilogue) -> int:
+    """Device bytes of a split's intermediates besides its outputs (none when in place)."""
+    if epilogue is None or epilogue.in_place is not None:
+        return 0
+    return sum(align(n) for n in epilogue.intermediate_sizes)
 
 
 def _covers_base(graph: DataflowGraph, tid: int) -> bool:

@@ -512,7 +512,7 @@ class Evaluator:
                      int(res.offset[r] - base), int(ev.split.graph.sizes[res.tensor[r]]),
                      list(option.cut_inputs), list(option.whole_inputs),
                      list(option.cut_outputs), wait, buffers, list(option.viewed_inputs),
-                     option.accumulate)
+                     option.accumulate, option.epilogue, option.epilogue_bytes)
 
     def _pools(self, tensors: np.ndarray, counts: np.ndarray | None
                ) -> tuple[np.ndarray, np.ndarray]:

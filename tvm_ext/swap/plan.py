@@ -105,6 +105,8 @@ class Split:
     buffers: int = 2  # chunk buffers per cut tensor (1: chunks one after another, no overlap)
     viewed_inputs: list[int] = dataclasses.field(default_factory=list)  # cut, on the device
     accumulate: bool = False  # a reduction dim: the outputs stay whole, each chunk adds to them
+    epilogue: bool = False  # ... into intermediates, the outputs finished after the last chunk
+    epilogue_bytes: int = 0  # the intermediates' bytes in the chunk window (0: in place)
 
 
 @dataclasses.dataclass
@@ -270,7 +272,8 @@ class SwapPlan:
         for sp in self.splits:
             given = SplitOption(sp.dim, 0, tuple(sp.cut_inputs), tuple(sp.whole_inputs),
                                 tuple(sp.cut_outputs), tuple(sp.viewed_inputs),
-                                accumulate=sp.accumulate)
+                                accumulate=sp.accumulate, epilogue=sp.epilogue,
+                                epilogue_bytes=sp.epilogue_bytes)
             on_device = [o.on_device(pinned) for o in options[sp.op] if o.dim == sp.dim]
             match = [o for o in on_device
                      if o is not None and dataclasses.replace(o, divisor=0) == given]

@@ -9,7 +9,8 @@ it there, written back (the plan is a steady state across iterations). The op fo
 other reader of what it overwrites (`op_deps` holds those too). Such a function (a training
 step) returns its other outputs (the loss) from the host (`end_on_host`): the caller keeps
 the return value, which must not hold device memory into the next iteration.
-Views are resolved to their base: they take no bytes and keep the base alive. `pinned` tensors
+Views are resolved to their base: they take no bytes, and a view op needs nothing resident
+(the base must be resident where the view is used, not where it is made). `pinned` tensors
 (module constants by default) stay on the device for the whole iteration, outside the planned
 pools. Sizes in the problem are rounded up to the pool alignment (256 bytes), the granularity at
 which the SwapOffload pass places tensors.
@@ -132,9 +133,11 @@ class SwapProblem:
                           for t in graph.tensors], dtype=np.int64)
         op_inputs, op_outputs, op_scratch, op_deps = [], [], [], []
         for op in graph.ops:
-            ins = _unique(base[t] for t in op.inputs)
-            # A view's output is its input's base: nothing new is written.
-            outs = [b for b in _unique(base[t] for t in op.outputs) if b not in ins]
+            # A view reads and writes nothing: SwapOffload re-derives it from its base at
+            # each use.
+            ins = [] if op.kind == "view" else _unique(base[t] for t in op.inputs)
+            outs = [] if op.kind == "view" else \
+                [b for b in _unique(base[t] for t in op.outputs) if b not in ins]
             op_inputs.append(ins)
             op_outputs.append(outs)
             op_scratch.append([op.workspace] if op.workspace is not None else [])

@@ -95,7 +95,8 @@ def simulate(problem: SwapProblem, plan: SwapPlan) -> SimResult:
     for sp in plan.splits:
         chunks[sp.position] = sp.chunks
         option = SplitOption(sp.dim, sp.chunks, tuple(sp.cut_inputs), tuple(sp.whole_inputs),
-                             tuple(sp.cut_outputs), accumulate=sp.accumulate)
+                             tuple(sp.cut_outputs), accumulate=sp.accumulate,
+                             epilogue=sp.epilogue, epilogue_bytes=sp.epilogue_bytes)
         dur[sp.position] += added_seconds(problem, option, sp.chunks, sp.buffers)
         if sp.wait_swap_out >= 0:
             op_wait[sp.position] = max(op_wait[sp.position], key(sp.wait_swap_out))

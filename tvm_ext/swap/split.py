@@ -8,7 +8,9 @@ over it, so that the chunks of the output are independent (outputs concatenated)
 (`accumulate`) every output is reduced over it with an update the kernel states (sum, max,
 min, product): no output is cut, each stays whole on the device and every chunk after the
 first adds its part to it (its init starts from the output's value), so the sum runs in another
-order where the kernel's schedule reorders it (the output within float tolerance). Chunk j of
+order where the kernel's schedule reorders it (the output within float tolerance). A kernel
+that reduces into intermediates and computes its outputs from them (`epilogue`: a bias add, a
+mean's division) adds up the intermediates so and finishes once after the last chunk. Chunk j of
 a tensor cut along its leading axis is one contiguous byte range of it; along a later axis its
 bytes are strided (`strided`), copied in and out row by row. Chunk buffers sit at aligned
 offsets; a chunk of a cut input kept on the device is read in place, so only chunk counts that
@@ -54,6 +56,12 @@ class SplitOption:
     strided: tuple[int, ...] = dataclasses.field(default=(), compare=False)
     # A reduction dim: the outputs stay whole and every chunk adds its part to them.
     accumulate: bool = False
+    # An accumulating split of a kernel that reduces into intermediates and computes its
+    # outputs from them (`tvm_ext.ir.epilogue_kernels`): the chunks add up the intermediates,
+    # the epilogue runs once after the last; `epilogue_bytes` of intermediates stay on the
+    # device while the op runs (0: they are the outputs' own buffers, finished in place).
+    epilogue: bool = False
+    epilogue_bytes: int = 0
 
     def on_device(self, fixed) -> SplitOption | None:
         """This option where the `fixed` tensors stay on the device: its cut inputs among them
@@ -70,10 +78,10 @@ class SplitOption:
 
     def to_list(self) -> list:
         """[dim, divisor, cut inputs, whole inputs, cut outputs, [[cut input, bytes], ...],
-        strided, accumulate]."""
+        strided, accumulate, epilogue, epilogue bytes]."""
         return [self.dim, self.divisor, list(self.cut_inputs), list(self.whole_inputs),
                 list(self.cut_outputs), [list(pair) for pair in self.cut_bytes],
-                list(self.strided), self.accumulate]
+                list(self.strided), self.accumulate, self.epilogue, self.epilogue_bytes]
 
     @classmethod
     def from_list(cls, data) -> SplitOption:
@@ -81,14 +89,21 @@ class SplitOption:
         pairs = tuple((int(t), int(n)) for t, n in (rest[0] if rest else ()))
         strided = tuple(int(t) for t in (rest[1] if len(rest) > 1 else ()))
         accumulate = bool(rest[2]) if len(rest) > 2 else False
+        epilogue = bool(rest[3]) if len(rest) > 3 else False
+        epilogue_bytes = int(rest[4]) if len(rest) > 4 else 0
         return cls(int(dim), int(divisor), tuple(cut_in), tuple(whole_in), tuple(cut_out),
-                   cut_bytes=pairs, strided=strided, accumulate=accumulate)
+                   cut_bytes=pairs, strided=strided, accumulate=accumulate,
+                   epilogue=epilogue, epilogue_bytes=epilogue_bytes)
 
 
-def chunk_kernel_name(kernel: str, chunks: int, dim: int, accumulating: bool = False) -> str:
+def chunk_kernel_name(kernel: str, chunks: int, dim: int, accumulating: bool = False,
+                      epilogue: bool = False) -> str:
     """The name of the kernel that computes one of `chunks` chunks of `kernel` split along its
     dim `dim` (what a trace of the swapped module calls); `accumulating`: the kernel of the
-    chunks after the first of a split that accumulates, which adds to the outputs."""
+    chunks after the first of a split that accumulates, which adds to the outputs;
+    `epilogue`: the kernel that finishes such a split's outputs after its last chunk."""
+    if epilogue:
+        return f"{kernel}_chunk{chunks}_d{dim}_epilogue"
     return f"{kernel}_chunk{chunks}_d{dim}" + ("_acc" if accumulating else "")
 
 
@@ -98,9 +113,10 @@ def chunk_bytes(nbytes: int, chunks: int) -> int:
 
 
 def scratch_bytes(sizes, option: SplitOption, chunks: int, buffers: int = 2) -> int:
-    """The chunk buffers of a split: `buffers` per cut tensor."""
+    """The chunk buffers of a split, `buffers` per cut tensor, and its epilogue's
+    intermediates."""
     return sum(buffers * chunk_bytes(sizes[t], chunks)
-               for t in (*option.cut_inputs, *option.cut_outputs))
+               for t in (*option.cut_inputs, *option.cut_outputs)) + option.epilogue_bytes
 
 
 def chunk_counts(option: SplitOption, sizes) -> list[int]:
@@ -194,6 +210,8 @@ def added_seconds(problem, option: SplitOption, chunks: int, buffers: int) -> fl
     extra = chunks - 1
     copies = len(option.cut_inputs) + len(option.cut_outputs)
     seconds = extra * (problem.launch_overhead + copies * problem.copy_issue)
+    if option.epilogue:  # one more kernel after the last chunk
+        seconds += problem.launch_overhead
     if buffers == 1 and copies:
         seconds += extra * (chunk_copy_seconds(problem, option, chunks) + problem.sync_latency)
     return seconds
