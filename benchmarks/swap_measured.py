@@ -19,8 +19,7 @@ the ratio of copy to compute time is an H100's. Per model:
    no-swap iteration), the fraction of copy time hidden under compute (measured: the runtime's
    count; simulated: copy time outside compute stalls), and whether the outputs equal the
    unswapped build's (exactly, or within the float tolerance of their dtype where the plan runs
-   ops in chunks that may round differently, library GEMMs or split reductions:
-   `swap.exactness`). `ovs us` is how late the run's
+   ops in chunks that may round differently, kernels that reduce: `swap.exactness`). `ovs us` is how late the run's
    paced copies ended on average: far above the calibrated overshoot, another process held the
    copy workers' core (a disturbed run, not a modelling error). The unswapped run's line says
    how much of its time its thread was on a core: well below 100%, other processes held it, and
@@ -143,7 +142,7 @@ def run_plan(model, graph, target, problem, plan, plain, repeat: int) -> dict:
     same = len(run.outputs) == len(plain.outputs)
     exact = same and all(np.array_equal(a, b)
                          for a, b in zip(run.outputs, plain.outputs, strict=True))
-    # Library GEMMs and reductions run in chunks may round differently (`swap.exactness`).
+    # Kernels that reduce, run in chunks, may round differently (`swap.exactness`).
     agrees = exact or (bool(inexact) and same and all(
         np.allclose(a, b, *tolerance(a.dtype))
         for a, b in zip(run.outputs, plain.outputs, strict=True)))

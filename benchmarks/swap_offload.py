@@ -8,8 +8,9 @@ with the tvm_ext pipeline, run the swapped and the unswapped module side by side
 and report: the budget, the planned peak, the measured device peak (VM allocations + arguments
 kept on the device + module constants), whether the outputs are bit-identical (`yes`; `tol`:
 within the dtype's float tolerance where the plan runs ops in chunks that may round
-differently: a vendor-library GEMM or convolution, whose rounding may follow the chunk's shape,
-or a reduction split along the dim it reduces; the JSON names those ops), bytes swapped,
+differently: kernels that reduce (a GEMM, a convolution, a norm), whose library or schedule may
+order the sum differently at the chunk's shape, split along the dim they reduce or another;
+the JSON names those ops), bytes swapped,
 tensors recomputed, ops split, and the median time of each build. A
 budget below what the finest split of some op needs is refused with the smallest feasible
 budget, and the row says so.

@@ -500,7 +500,7 @@ class _Rewriter:
     def _intermediates(self, epilogue, whole: list, sp, offset: int) -> list:
         """The buffers an epilogue split's chunks add up: the output's own where the
         epilogue finishes in place, else scratch placed after the chunk buffers."""
-        if epilogue.in_place is not None:
+        if epilogue.in_place:
             return whole
         out = []
         for buf in output_params(epilogue.reduction.func, len(epilogue.reduction.outputs)):
@@ -516,15 +516,13 @@ class _Rewriter:
         (`targets`) and the inputs it reads whole, in place or into the outputs."""
         key = (op.kernel, sp.dim, sp.chunks, "epilogue")
         if key not in self.chunk_kernels:
-            kernel = epilogue.in_place if epilogue.in_place is not None else \
-                epilogue.epilogue.func
             name = chunk_kernel_name(op.kernel, sp.chunks, sp.dim, epilogue=True)
-            kernel = kernel.with_attr("global_symbol", name)
+            kernel = epilogue.epilogue.func.with_attr("global_symbol", name)
             self.chunk_kernels[key] = (self.bb.add_func(kernel, name), kernel)
+        # In place, the intermediate is the output's buffer: passed as both.
         args = [targets[k[1]] if k[0] == "tmp" else self.value_of(op.inputs[k[1]])
                 for k in epilogue.epilogue.inputs]
-        outs = [] if epilogue.in_place is not None else whole
-        self.emit(relax.Call(self.chunk_kernels[key][0], [*args, *outs]))
+        self.emit(relax.Call(self.chunk_kernels[key][0], [*args, *whole]))
 
     def _chunk_args(self, op, fields, sp, j: int, buffers: dict, viewed: set,
                     axis: dict) -> list:

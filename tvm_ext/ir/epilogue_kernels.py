@@ -10,18 +10,17 @@ one). Run over chunks of the reduced dim, the reduction adds up chunk by chunk l
 (some of the kernel's inputs -> the intermediates) and an epilogue (the intermediates and inputs
 the chunks do not cut -> the outputs). Where the epilogue computes one output element from the
 same element of one intermediate of the output's shape and dtype (a bias add, a scale), it runs
-in place (`inplace_kernels`): the reduction adds up in the output's own buffer and no memory is
-needed besides it; otherwise the intermediates are scratch while the op runs.
+in place (proved by `inplace_kernels.inplace_obstacle`): the reduction adds up in the output's
+own buffer, which the epilogue reads and writes, and no memory is needed besides it; otherwise
+the intermediates are scratch while the op runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from tvm import tirx
-
 from .accumulating_kernels import adds_to_outputs, output_params
-from .inplace_kernels import InPlaceError, inplace_kernel
+from .inplace_kernels import inplace_obstacle
 from .kernel_cost import buffer_bytes
 from .kernel_dims import KernelDims
 from .local_kernels import KernelPart, LoweringError, inner_blocks, split_kernel
@@ -33,9 +32,9 @@ class ReductionEpilogue:
 
     reduction: KernelPart  # kernel inputs -> intermediates ("tmp" keys), run per chunk
     epilogue: KernelPart  # intermediates and inputs the chunks do not cut -> kernel outputs
-    # The epilogue writing its output over the one intermediate (parameters: its inputs), or
-    # None where the intermediates are scratch of their own.
-    in_place: tirx.PrimFunc | None
+    # The epilogue may write its output over its one intermediate (the caller passes the
+    # output's buffer as both); else the intermediates are scratch of their own.
+    in_place: bool
     intermediate_sizes: list[int]  # bytes of each intermediate
 
 
@@ -70,18 +69,18 @@ def reduction_epilogue(kd: KernelDims, dim: int) -> ReductionEpilogue | None:
     return ReductionEpilogue(reduction, epilogue, _in_place(epilogue), sizes)
 
 
-def _in_place(epilogue: KernelPart) -> tirx.PrimFunc | None:
-    """The epilogue writing its one output over its one intermediate of the same shape and
-    dtype, where `inplace_kernel` proves that exact; else None."""
+def _in_place(epilogue: KernelPart) -> bool:
+    """Whether the epilogue may write its one output over its one intermediate of the same
+    shape and dtype: `inplace_obstacle` proves that each element is read only by the iteration
+    that writes it. The kernel keeps both parameters (the caller passes one buffer twice, as
+    for `accumulating_kernels`): a block that reads and writes one buffer would defeat the
+    schedules, which bind threads only to blocks whose reads and writes do not overlap."""
     tmp = [i for i, k in enumerate(epilogue.inputs) if k[0] == "tmp"]
     if len(tmp) != 1 or len(epilogue.outputs) != 1:
-        return None
+        return False
     params = [p for p in epilogue.func.params if getattr(p, "shape", None) is not None]
     src, out = params[tmp[0]], params[-1]
     if [int(n) for n in src.ty.shape] != [int(n) for n in out.ty.shape] or \
             str(src.ty.dtype) != str(out.ty.dtype):
-        return None
-    try:
-        return inplace_kernel(epilogue.func, len(epilogue.inputs), {0: tmp[0]})
-    except InPlaceError:
-        return None
+        return False
+    return inplace_obstacle(epilogue.func, src, out) is None

@@ -27,6 +27,7 @@ class KernelCost:
     bytes_moved: int
     scratch_bytes: int
     library: bool = False  # a GEMM or convolution a vendor library computes (library_kernels)
+    reduces: bool = False  # some block reduces (its sum's order is up to the schedule)
 
 
 def buffer_bytes(shape, dtype: str) -> int:
@@ -81,4 +82,6 @@ def analyze_kernel(func: tirx.PrimFunc) -> KernelCost:
         shape = getattr(param, "shape", None)
         if shape is not None:
             moved += buffer_bytes(shape, param.dtype)
-    return KernelCost(float(flops), int(moved), int(scratch), bool(find_library_calls(func)))
+    reduces = any(iv.iter_type == tirx.IterVar.CommReduce for b in blocks for iv in b.iter_vars)
+    return KernelCost(float(flops), int(moved), int(scratch), bool(find_library_calls(func)),
+                      reduces)

@@ -126,7 +126,7 @@ def _options(graph: DataflowGraph, op, dims: list) -> list[list]:
 
 def _epilogue_bytes(epilogue) -> int:
     """Device bytes of a split's intermediates besides its outputs (none when in place)."""
-    if epilogue is None or epilogue.in_place is not None:
+    if epilogue is None or epilogue.in_place:
         return 0
     return sum(align(n) for n in epilogue.intermediate_sizes)
 

@@ -4,7 +4,7 @@ model, run side by side on the device with arguments drawn here from the model's
 - the device peak the runtime library measured (plus the module's constants) within the budget;
 - outputs bit-identical to the unswapped build's (same kernels, same order of arithmetic), or
   within the float tolerance of their dtype where the plan runs ops in chunks that may round
-  differently (the budget's `inexact_splits`: library GEMMs, split reductions);
+  differently (the budget's `inexact_splits`: kernels that reduce, run in chunks);
 - time against the unswapped build, and the fraction of the copy time hidden behind compute:
   1 - (swapped - unswapped) / (the bytes the streams moved at the measured bandwidths); on the
   CPU stand-in the runtime also measures it directly (copy time while no caller waited);
