@@ -20,8 +20,8 @@ the ratio of copy to compute time is an H100's. Per model:
    count; simulated: copy time outside compute stalls), and whether the outputs equal the
    unswapped build's (exactly, or within the float tolerance of their dtype where the plan runs
    ops in chunks that may round differently, kernels that reduce: `swap.exactness`). `ovs us`
-   is how late the run's paced copies ended on average: far above the calibrated overshoot, another process held the
-   copy workers' core (a disturbed run, not a modelling error). The unswapped run's line says
+   is how late the run's paced copies ended on average: far above the calibrated overshoot,
+   another process held the copy workers' core (a disturbed run, not a modelling error). The unswapped run's line says
    how much of its time its thread was on a core: well below 100%, other processes held it, and
    every figure calibrated from it (the dispatch overhead, so the simulated compute) is off.
 
