@@ -21,9 +21,10 @@ the ratio of copy to compute time is an H100's. Per model:
    unswapped build's (exactly, or within the float tolerance of their dtype where the plan runs
    ops in chunks that may round differently, kernels that reduce: `swap.exactness`). `ovs us`
    is how late the run's paced copies ended on average: far above the calibrated overshoot,
-   another process held the copy workers' core (a disturbed run, not a modelling error). The unswapped run's line says
-   how much of its time its thread was on a core: well below 100%, other processes held it, and
-   every figure calibrated from it (the dispatch overhead, so the simulated compute) is off.
+   another process held the copy workers' core (a disturbed run, not a modelling error). The
+   unswapped run's line says how much of its time its thread was on a core: well below 100%,
+   other processes held it, and every figure calibrated from it (the dispatch overhead, so the
+   simulated compute) is off.
 
 Compute runs on one thread (TVM_NUM_THREADS=1, set here unless given): the stand-in device is
 one core and the copy streams' workers have the other, as a GPU's copy engines are not its SMs;
