@@ -520,7 +520,8 @@ class _Rewriter:
             kernel = epilogue.epilogue.func.with_attr("global_symbol", name)
             self.chunk_kernels[key] = (self.bb.add_func(kernel, name), kernel)
         # In place, the intermediate is the output's buffer: passed as both.
-        args = [targets[k[1]] if k[0] == "tmp" else self.value_of(op.inputs[k[1]])
+        made = dict(zip(epilogue.reduction.outputs, targets, strict=True))
+        args = [made[k] if k[0] == "tmp" else self.value_of(op.inputs[k[1]])
                 for k in epilogue.epilogue.inputs]
         self.emit(relax.Call(self.chunk_kernels[key][0], [*args, *whole]))
 

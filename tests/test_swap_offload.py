@@ -406,29 +406,41 @@ def test_reductions_split_in_time_add_their_chunks_up_within_budget(library):
 def _epilogue_model(epilogue: str) -> Model:
     """x^T @ dy over 512 tokens (x 512 x 64, dy 512 x 32), then an epilogue fused into the same
     kernel: "bias" adds a bias (finished in place), "mean" averages (a sum, then a division),
-    "slice" keeps the first 16 columns (the product is scratch while the op runs)."""
+    "slice" keeps the first 16 columns (the product is scratch while the op runs); "conv" is a
+    convolution's weight gradient as torch exports it (x and dy 4 x 8 x 16 x 16, convolved over
+    the batch, padded: the padded input is the kernel's first intermediate, the sum its second),
+    then a slice of its 3 x 3 windows to 2 x 2."""
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((512, 64), "float32"))
-    dy = relax.Var("dy", relax.TensorType((512, 32), "float32"))
+    shape_x, shape_dy = ((4, 8, 16, 16), (4, 8, 16, 16)) if epilogue == "conv" else \
+        ((512, 64), (512, 32))
+    x = relax.Var("x", relax.TensorType(shape_x, "float32"))
+    dy = relax.Var("dy", relax.TensorType(shape_dy, "float32"))
     bias = relax.Var("bias", relax.TensorType((32,), "float32"))
     with bb.function("main", [x, dy, bias], attrs={"num_input": 2}):
         with bb.dataflow():
             if epilogue == "mean":
                 y = relax.op.mean(relax.op.multiply(x, x))
+            elif epilogue == "conv":
+                y = relax.op.nn.conv2d(relax.op.permute_dims(x, [1, 0, 2, 3]),
+                                       relax.op.permute_dims(dy, [1, 0, 2, 3]), padding=1)
+                y = relax.op.strided_slice(y, axes=[2, 3], begin=[0, 0], end=[2, 2])
             else:
                 y = relax.op.matmul(relax.op.permute_dims(x), dy)
                 y = relax.op.add(y, bias) if epilogue == "bias" else \
                     relax.op.strided_slice(y, axes=[1], begin=[0], end=[16])
             out = bb.emit_output(bb.emit(y))
         bb.emit_func_output(out)
-    specs = [TensorSpec("x", (512, 64), init="uniform", scale=1.0),
-             TensorSpec("dy", (512, 32), init="uniform", scale=1.0)]
+    # The convolution's sums cancel to near zero: integer values keep every order of them
+    # exact, so the comparison sees the split's machinery, not rounding.
+    init = {"init": "randint", "high": 4} if epilogue == "conv" else \
+        {"init": "uniform", "scale": 1.0}
+    specs = [TensorSpec("x", shape_x, **init), TensorSpec("dy", shape_dy, **init)]
     return Model(f"reduction_{epilogue}", bb.get(), specs,
                  [TensorSpec("bias", (32,), init="uniform", scale=1.0)])
 
 
 @pytest.mark.parametrize("epilogue, in_place", [("bias", True), ("mean", True),
-                                                ("slice", False)])
+                                                ("slice", False), ("conv", False)])
 def test_reductions_with_an_epilogue_split_in_time_finish_once(epilogue, in_place):
     """A kernel that reduces into an intermediate and computes its output from it splits along
     the reduced dim: the chunks add up the intermediate (in the output's own buffer where the
