@@ -90,7 +90,9 @@ class _Rewrite(relax.expr_functor.PyExprMutator):
         if new_gv is None:
             return call
         self.rewritten.append(gv)
-        new_args = [relax.const(small[i]) if i in small else a for i, a in enumerate(args)
+        # (relax.const narrows int64 to int32 unless told the dtype)
+        new_args = [relax.const(small[i], str(small[i].dtype)) if i in small else a
+                    for i, a in enumerate(args)
                     if not (i in small and is_literal(small[i]))]
         return relax.Call(call.op, [new_gv, relax.Tuple(new_args), *call.args[2:]], call.attrs,
                           call.ty_args)

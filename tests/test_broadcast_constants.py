@@ -118,3 +118,20 @@ def test_a_parameter_the_kernel_writes_is_refused():
 def test_a_shape_that_is_not_a_cut_of_the_parameter_is_refused():
     with pytest.raises(BroadcastError, match="cannot read"):
         broadcast_param(_writes_param, 0, np.ones((2,), "float32"))
+
+
+def test_an_integer_constant_keeps_its_dtype():
+    """int64 indices repeated over the batch (a gather's): passed at (1, 8), still int64."""
+    idx = np.broadcast_to(np.array([[3, 1, 4, 1, 5, 9, 2, 6]], "int64"), (4, 8)).copy()
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 8), "int64"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.add(x, relax.const(idx, "int64"))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    graph = build_graph(pipeline.fuse(mod, LLVM))
+    consts = [t for t in graph.tensors if t.kind == "constant"]
+    assert [(t.shape, t.dtype) for t in consts] == [((1, 8), "int64")]
+    x_np = np.arange(32, dtype="int64").reshape(4, 8)
+    np.testing.assert_array_equal(_run(mod, x_np), x_np + idx)
