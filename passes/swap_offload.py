@@ -435,9 +435,12 @@ class _Rewriter:
                 offset[0] += chunk_bytes(self._chunked_bytes(tid), sp.chunks)
             return pair
 
-        ins: dict[int, list] = {}  # one pair per tensor, also where the op reads it twice
-        for tid in op.inputs:
-            if g.base(tid) in cut_in and tid not in ins:
+        # One pair per tensor, also where the op reads it twice; copied in the plan's stream
+        # order (its cut inputs' order).
+        ins: dict[int, list] = {}
+        for tid in sorted((t for t in op.inputs if g.base(t) in cut_in),
+                          key=lambda t: list(sp.cut_inputs).index(g.base(t))):
+            if tid not in ins:
                 ins[tid] = buffers(tid)
         viewed = {tid for tid in op.inputs if g.base(tid) in set(sp.viewed_inputs)}
         outs = [] if sp.accumulate else [buffers(tid) for tid in op.outputs]

@@ -94,7 +94,8 @@ def test_measured_timeline_has_every_kernel_and_copy_in_order(swapped):
 
 
 def _kernel_calls(graph, plan) -> list[str]:
-    """The kernels `plan` runs, in order: a split op's chunk kernel once per chunk."""
+    """The kernels `plan` runs, in order: a split op's chunk kernel once per chunk (a split
+    that accumulates: its first chunk's kernel, then the adding one; an epilogue after)."""
     split_at = plan.split_at()
     calls = []
     for i, op in enumerate(plan.schedule):
@@ -102,8 +103,13 @@ def _kernel_calls(graph, plan) -> list[str]:
             continue
         sp = split_at.get(i)
         kernel = graph.ops[op].kernel
-        calls += [kernel] if sp is None else \
-            [chunk_kernel_name(kernel, sp.chunks, sp.dim)] * sp.chunks
+        if sp is None:
+            calls.append(kernel)
+            continue
+        calls.append(chunk_kernel_name(kernel, sp.chunks, sp.dim))
+        calls += [chunk_kernel_name(kernel, sp.chunks, sp.dim, sp.accumulate)] * (sp.chunks - 1)
+        if sp.epilogue:
+            calls.append(chunk_kernel_name(kernel, sp.chunks, sp.dim, epilogue=True))
     return calls
 
 
