@@ -1,8 +1,9 @@
-"""Shared fixtures: the llvm target and a cache of compiled tiny zoo models."""
+"""Shared fixtures: the llvm and CUDA targets and a cache of compiled tiny zoo models."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 import pytest
@@ -16,6 +17,20 @@ sys.path.insert(0, os.path.dirname(__file__))  # tests/reference.py
 @pytest.fixture(scope="session")
 def llvm() -> tvm.target.Target:
     return tvm.target.Target("llvm")
+
+
+@pytest.fixture
+def cuda_target() -> tvm.target.Target:
+    """The CUDA target to compile for (nothing runs); skips without nvcc or CUDA support."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH: CUDA code cannot be compiled here")
+    from tvm_ext import driver
+    from tvm_ext.runtime.cuda import CudaUnavailableError
+
+    try:
+        return driver.resolve_target("cuda")
+    except CudaUnavailableError as err:
+        pytest.skip(str(err))
 
 
 @pytest.fixture(scope="session")

@@ -6,15 +6,12 @@ keep them adding."""
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 import tvm
 from tvm import te, tirx
 from tvm.script import tirx as T
 
-from tvm_ext import driver
 from tvm_ext.ir.accumulating_kernels import (
     accumulating_kernel,
     adds_to_outputs,
@@ -99,17 +96,10 @@ def test_the_default_cpu_schedule_keeps_adding():
                                rtol=1e-5, atol=1e-5)
 
 
-def test_the_default_gpu_schedule_keeps_adding():
+def test_the_default_gpu_schedule_keeps_adding(cuda_target):
     """On a GPU dlight's matmul rule schedules it (shared-memory tiles, local accumulators
     started from the previous output), and it compiles."""
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc is not on PATH: CUDA code cannot be compiled here")
-    from tvm_ext.runtime.cuda import CudaUnavailableError
-
-    try:
-        target = driver.resolve_target("cuda")
-    except CudaUnavailableError as err:
-        pytest.skip(str(err))
+    target = cuda_target
     func = _matmul()
     acc = accumulating_kernel(func, output_params(func, 1)).with_attr("global_symbol", "main")
     with target:

@@ -4,14 +4,11 @@ whole kernel (on CPU; compiled for a GPU where nvcc is here)."""
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
-import pytest
 import tvm
 from tvm import relax, tirx
 
-from tvm_ext import driver, pipeline
+from tvm_ext import pipeline
 from tvm_ext.ir.accumulating_kernels import accumulating_kernel, output_params
 from tvm_ext.ir.epilogue_kernels import reduction_epilogue
 from tvm_ext.ir.kernel_dims import kernel_dims
@@ -100,15 +97,8 @@ def test_the_parts_compute_the_whole_kernel():
     np.testing.assert_allclose(out.numpy(), x @ w + b, rtol=1e-5, atol=1e-5)
 
 
-def test_the_parts_compile_for_a_gpu():
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc is not on PATH: CUDA code cannot be compiled here")
-    from tvm_ext.runtime.cuda import CudaUnavailableError
-
-    try:
-        target = driver.resolve_target("cuda")
-    except CudaUnavailableError as err:
-        pytest.skip(str(err))
+def test_the_parts_compile_for_a_gpu(cuda_target):
+    target = cuda_target
     func = _kernel(lambda x, w, b: relax.op.add(relax.op.matmul(x, w), b))
     parts = _parts_in_chunks(func, 4)
     mod = tvm.IRModule({f"part{i}": k.with_attr("global_symbol", f"part{i}")

@@ -3,8 +3,6 @@ runs here with nvcc; nothing runs on a GPU)."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import tvm
 from tvm import tirx
@@ -14,27 +12,16 @@ from tvm_ext import pipeline as P
 from tvm_ext.schedules.default_gpu import ApplyDefaultGPUSchedules
 
 
-def _cuda_target():
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc is not on PATH: CUDA code cannot be compiled here")
-    from tvm_ext.runtime.cuda import CudaUnavailableError
-
-    try:
-        return driver.resolve_target("cuda")
-    except CudaUnavailableError as err:
-        pytest.skip(str(err))
-
-
 def _fused(model, target):
     with target:
         return tvm.transform.Sequential(
             P.library_dispatch_passes(target) + P.legalize_passes(target))(model.mod)
 
 
-def test_every_kernel_gets_a_thread_binding(zoo_cache):
+def test_every_kernel_gets_a_thread_binding(zoo_cache, cuda_target):
     """GEMV raises on the loss gradient and nothing matches take_backward: each kernel still
     ends scheduled, the unmatched ones on one thread, and reported."""
-    target = _cuda_target()
+    target = cuda_target
     scheduler = ApplyDefaultGPUSchedules()
     with target, pytest.warns(UserWarning, match="take_backward"):
         mod = scheduler(_fused(zoo_cache("gpt", training=True), target))
@@ -46,15 +33,15 @@ def test_every_kernel_gets_a_thread_binding(zoo_cache):
 
 
 @pytest.mark.parametrize("name", ["mlp", "resnet"])
-def test_training_graphs_compile_for_cuda(name, zoo_cache, tmp_path):
-    target = _cuda_target()
+def test_training_graphs_compile_for_cuda(name, zoo_cache, tmp_path, cuda_target):
+    target = cuda_target
     ex = driver.build(zoo_cache(name, training=True), target)
     path = driver.export(ex, str(tmp_path / f"{name}.so"))
     data = open(path, "rb").read()
     assert b".nv.info" in data  # a cubin, not CUDA source
 
 
-def test_cuda_kernels_compile_without_fast_math(monkeypatch):
+def test_cuda_kernels_compile_without_fast_math(monkeypatch, cuda_target):
     """nvcc's --use_fast_math (TVM's default) turns powf into exp2(y * log2(x)): NaN for a
     negative base, which GPT-2's GELU (x ** 3) and Llama's RMSNorm (x ** 2) take. tvm_ext builds
     CUDA kernels with IEEE math, as PyTorch's are."""
@@ -65,7 +52,8 @@ def test_cuda_kernels_compile_without_fast_math(monkeypatch):
     from tvm_ext.models.base import model_from_function
 
     monkeypatch.delenv("TVM_CUDA_NVCC_NO_FAST_MATH", raising=False)
-    target = _cuda_target()
+    # Resolved again after the variable is gone: resolving the target is what sets it.
+    target = driver.resolve_target(str(cuda_target.kind.name))
     commands = []
     real = subprocess.Popen
 
