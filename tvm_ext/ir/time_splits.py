@@ -45,14 +45,14 @@ def time_split_options(mod: tvm.IRModule, graph: DataflowGraph) -> list[list[lis
             continue
         if op.kernel not in cache:
             kd = kernel_dims(mod[op.kernel], len(op.outputs), op.kernel)
-            cache[op.kernel] = [
-                (d, kd, reduction_epilogue(kd, d) if kd.spec.dims[d].inner else None)
-                for d in range(len(kd.spec.dims)) if _qualifies(kd, d)]
+            dims = [(d, kd, reduction_epilogue(kd, d) if kd.spec.dims[d].inner else None)
+                    for d in range(len(kd.spec.dims))]
+            cache[op.kernel] = [(d, k, e) for d, k, e in dims if _qualifies(k, d, e)]
         out.append(_options(graph, op, cache[op.kernel]))
     return out
 
 
-def _qualifies(kd, d: int) -> bool:
+def _qualifies(kd, d: int, epilogue) -> bool:
     dim = kd.spec.dims[d]
     if not dim.valid or lowering_obstacle(kd, d) is not None:
         return False
@@ -60,7 +60,7 @@ def _qualifies(kd, d: int) -> bool:
     if len(outs) != len(dim.outputs):
         return False
     if dim.inner:  # reduced into intermediates the kernel finishes its outputs from
-        if reduction_epilogue(kd, d) is None:
+        if epilogue is None:
             return False
     elif dim.reduction:  # every output reduced over it, by a block that adds to it
         if not all(isinstance(o, str) for o in dim.outputs) or \
