@@ -485,10 +485,15 @@ class _Rewriter:
                 self._copy_chunk(tid, axis[tid], sp, j, pair[b], D2H)
         if epilogue is not None:
             self._finish(op, sp, epilogue, targets, whole)
+        self._note_last_chunks_swapped_out(op, sp, outs)
+
+    def _note_last_chunks_swapped_out(self, op, sp, outs: list) -> None:
+        """A cut output's swap-out is done when its last chunk's copy is: later waits on the
+        swap-out wait on that chunk buffer."""
         for k, s in enumerate(self.plan.swap_outs):
-            if s.tensor in cut_out and s.after == sp.position:
+            if s.tensor in set(sp.cut_outputs) and s.after == sp.position:
                 self.swapped_out_var[k] = outs[list(op.outputs).index(s.tensor)][
-                    (sp.chunks - 1) % nb]
+                    (sp.chunks - 1) % sp.buffers]
 
     def _epilogue(self, op, sp):
         """`op`'s kernel cut after its reduction over the split dim (`epilogue_kernels`)."""
