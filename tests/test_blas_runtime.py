@@ -240,6 +240,9 @@ CONVS = {  # x shape, w shape, stride, (top, left, bottom, right), dilation, gro
     "1x1 stride 2": ((2, 8, 7, 7), (16, 8, 1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 1),
     "7x7 stride 2 (stem), one image": ((1, 3, 32, 32), (64, 3, 7, 7), (2, 2), (3, 3, 3, 3),
                                         (1, 1), 1),
+    # A chunk of one output channel (a split along the filters): BLAS refuses a row stride
+    # below the row's length even for one row.
+    "one output channel": ((2, 4, 9, 9), (1, 4, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
     "kernel larger than input": ((1, 2, 2, 2), (3, 2, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
     "depthwise, enough work for the thread pool": ((2, 64, 32, 32), (64, 1, 3, 3), (1, 1),
                                                    (1, 1, 1, 1), (1, 1), 64),
@@ -277,7 +280,7 @@ CONV_LAYOUTS = {
 
 @pytest.mark.parametrize("layout", list(CONV_LAYOUTS))
 @pytest.mark.parametrize("name", ["3x3 pad 1", "stride 2", "groups", "1x1 (no im2col)",
-                                  "depthwise, multiplier 2"])
+                                  "depthwise, multiplier 2", "one output channel"])
 def test_conv2d_reads_any_storage_order(conv, layout, name):
     x_shape, w_shape, stride, pad, dilation, groups = CONVS[name]
     rng = np.random.default_rng(0)

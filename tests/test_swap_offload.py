@@ -557,9 +557,8 @@ def test_strided_chunks_run_exactly_within_budget(library):
     graph = driver.fused_graph(model, LLVM)
     problem = problem_for_budget(graph, "min", "cpu")
     strided = {(op.id, o[0]) for op in graph.ops for o in (op.time_splits or []) if o[6]}
-    # Strided chunks of a library kernel are refused (time_splits), but for a reduction's.
-    assert all(not op.library or o[7] for op in graph.ops for o in (op.time_splits or [])
-               if o[6])
+    # The GEMM (a library kernel where dispatch is on) may run in column chunks too.
+    assert any(graph.ops[op].library for op, _ in strided)
     plan = plan_swaps(problem, "swapadvisor", time_budget_s=1.0, seed=0)
     validate(problem, plan)
     assert any((sp.op, sp.dim) in strided for sp in plan.splits)

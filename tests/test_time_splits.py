@@ -29,14 +29,16 @@ def _options(build, *shapes):
     return graph, [o for op, o in zip(graph.ops, options, strict=True) if op.kind == "kernel"]
 
 
-def test_matmul_rows_stream_the_input_and_keep_the_weight_whole():
-    """Rows: chunks of x, w whole; the contraction: chunks of both, added up before tanh runs
-    once; no columns (strided chunks of a library kernel are refused)."""
+def test_matmul_rows_stream_the_input_columns_the_weight():
+    """Rows: chunks of x, w whole; columns: chunks of w (strided, as the output's), x whole;
+    the contraction: chunks of both, added up before tanh runs once (`test_a_reduction_with_
+    an_epilogue_in_its_kernel_finishes_once`)."""
     graph, (options,) = _options(lambda x, w: relax.op.tanh(relax.op.matmul(x, w)),
                                  (64, 32), (32, 16))
     x, w = (t.id for t in graph.tensors if t.arg_index is not None)
+    out = graph.ops[-1].outputs[0]
     assert sorted((o[1], o[2], o[3], o[6]) for o in options) == [
-        (32, [x, w], [], [x]), (64, [x], [w], [])]
+        (16, [w], [x], [w, out]), (32, [x, w], [], [x]), (64, [x], [w], [])]
 
 
 def test_softmax_rows_split_but_not_its_reduction():
@@ -50,8 +52,8 @@ def test_convolution_splits_along_the_batch_or_adds_up_its_input_channels():
     x, w = (t.id for t in graph.tensors if t.arg_index is not None)
     options = [o for k in kernels for o in k]
     spatial = [o for o in options if not o[7]]
-    # The batch (chunks of x); not the output channels (strided chunks of a library kernel).
-    assert sorted((o[1], o[2], o[3]) for o in spatial) == [(4, [x], [w])]
+    # The batch (chunks of x) and the output channels (chunks of w, strided in the output).
+    assert sorted((o[1], o[2], o[3]) for o in spatial) == [(4, [x], [w]), (16, [w], [x])]
     # The input channels, summed over: chunks of both x and w, the output whole.
     assert [(o[1], o[2], o[3], o[4]) for o in options if o[7]] == [(8, [x, w], [], [])]
 
@@ -59,10 +61,11 @@ def test_convolution_splits_along_the_batch_or_adds_up_its_input_channels():
 def test_a_reduction_with_an_epilogue_in_its_kernel_finishes_once():
     """tanh(x @ w) in one kernel: the product is an intermediate the epilogue reads; its
     reduction over K splits with the epilogue run once after the chunks, in place in the
-    output (no scratch); the rows split too."""
+    output (no scratch); the rows and columns split too."""
     _, (options,) = _options(lambda x, w: relax.op.tanh(relax.op.matmul(x, w)),
                              (64, 32), (32, 16))
-    assert sorted((o[7], o[8], o[9]) for o in options) == [(False, False, 0), (True, True, 0)]
+    assert sorted((o[7], o[8], o[9]) for o in options) == [
+        (False, False, 0), (False, False, 0), (True, True, 0)]
 
 
 def test_a_weight_gradient_splits_along_the_tokens_it_sums_over():

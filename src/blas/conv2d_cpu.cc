@@ -30,6 +30,7 @@
 #include <tvm/ffi/function.h>
 #include <tvm/runtime/c_backend_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdint>
@@ -54,13 +55,17 @@ struct ConvShape {
   int64_t fg() const { return f / groups; }
   int64_t pixels() const { return oh * ow; }
   int64_t depth() const { return cg * kh * kw; }
-  // Y's pixels of one (image, filter) are one row-major run.
-  bool pixels_contiguous() const { return ys[3] == 1 && (oh == 1 || ys[2] == ow); }
+  // Y's pixels of one (image, filter) are one row-major run, and a group's filters rows of
+  // a matrix BLAS accepts (row stride at least the row).
+  bool pixels_contiguous() const {
+    return ys[3] == 1 && (oh == 1 || ys[2] == ow) && (fg() == 1 || ys[1] >= pixels());
+  }
   // ... and consecutive images' runs follow each other: columns (image, pixel) are one run.
   bool images_merge() const { return pixels_contiguous() && (n == 1 || ys[0] == pixels()); }
   // W_g is a row-major (F/g x depth) matrix in place (row stride ws[0]).
   bool weight_in_place() const {
-    return (kw == 1 || ws[3] == 1) && (kh == 1 || ws[2] == kw) && (cg == 1 || ws[1] == kh * kw);
+    return (kw == 1 || ws[3] == 1) && (kh == 1 || ws[2] == kw) &&
+           (cg == 1 || ws[1] == kh * kw) && (fg() == 1 || ws[0] >= depth());
   }
   // X's (C/g x H*W) planes are the column matrix of a 1x1, stride-1, unpadded convolution.
   bool direct() const {
@@ -213,7 +218,11 @@ struct ConvTasks {
       }
       return;
     }
-    Gemm(*lib, fg, cols, depth, w + g * fg * w_ld, w_ld, b, ldb, c, ldc);
+    // One filter per group (a chunk of one output channel) is one row: its stride is never
+    // used, but BLAS refuses (and skips the product) where it is below the row's length.
+    int64_t lda = fg == 1 ? std::max(w_ld, depth) : w_ld;
+    if (fg == 1) ldc = std::max(ldc, cols);
+    Gemm(*lib, fg, cols, depth, w + g * fg * w_ld, lda, b, ldb, c, ldc);
   }
 
   // One image-and-group block computed in a buffer, written where Y's strides say.

@@ -12,8 +12,7 @@ that later blocks finish the outputs from, where those blocks read no cut input
 other inputs are read whole. Chunk j of a tensor cut along its leading
 axis (the first whose extent is not 1) is one contiguous byte range of it (a reshape view's
 too, when the view covers its base); cut along a later axis, its bytes are strided
-(`SplitOption.strided`: copied row by row; not offered for a kernel a vendor library computes,
-unless the split is a reduction's). A dim whose index the kernel uses as a value
+(`SplitOption.strided`: copied row by row). A dim whose index the kernel uses as a value
 (a causal mask, an iota) gets its chunk's index as an argument. A tensor read twice is read as the
 same chunk by both reads; a base read in chunks and whole, in chunks through two different
 views, or in chunks along two axes (x @ x split along the dim it reduces) is not cut.
@@ -115,11 +114,6 @@ def _options(graph: DataflowGraph, op, dims: list) -> list[list]:
             strided |= {graph.base(t) for t, p, a in zip(op.outputs, outs, dim.outputs,
                                                          strict=True)
                         if not _leading(p.shape, a)}
-        if strided and op.library and not accumulate:
-            # Strided chunks of a kernel a vendor library computes (a convolution's output
-            # channels) gave wrong numbers in a ResNet training step (not yet understood):
-            # refused until they are.
-            continue
         options.append(SplitOption(d, dim.divisor or dim.extent, tuple(sorted(set(cut))),
                                    tuple(sorted(set(whole))), tuple(outputs),
                                    cut_bytes=tuple((t, graph.tensors[t].nbytes)
