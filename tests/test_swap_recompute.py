@@ -140,3 +140,18 @@ def test_cheapest_sets_grow_with_the_compute_allowed():
     for chosen, fraction in zip(sets, (0.01, 0.1, 0.5, 1.0), strict=True):
         producers = np.asarray(p.producers)[chosen]
         assert p.durations[producers].sum() <= fraction * p.durations.sum() + 1e-12
+
+
+def test_the_plot_marks_the_second_run_as_recompute():
+    """The compute lane's second run of op0 (recomputing `a`) is the span marked "recompute"."""
+    from tvm_ext.swap.simulator import simulate
+    from tvm_ext.swap.timeline_plot import marked_spans
+
+    p = _chain()
+    p = p.with_budget(p.min_budget()[0])
+    plan = Evaluator(p).plan(p.order, Knobs(), "swapadvisor", recompute=[1])
+    compute = simulate(p, plan).timelines(plan)["compute"]
+    second = [k for k, op in enumerate(plan.schedule) if op in plan.schedule[:k]]
+    assert second and marked_spans(plan, compute)["recompute"] == [
+        compute[k][1:] for k in second]
+    assert marked_spans(plan, compute)["split"] == []

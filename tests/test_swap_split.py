@@ -245,3 +245,20 @@ def test_swap_ins_wait_only_for_swap_outs_issued_before_them(name):
         for k, s in enumerate(plan.swap_ins):
             if s.wait_swap_out >= 0:
                 assert plan.swap_outs[s.wait_swap_out].after <= s.after, (seed, k, s)
+
+
+def test_the_plot_marks_split_work_on_the_compute_lane(tmp_path):
+    """The split ops' spans on the compute lane are the ones drawn as "split" (the recomputed
+    ones are tests/test_swap_recompute.py's); the PNG is written."""
+    from tvm_ext.swap.timeline_plot import marked_spans, plot_plan
+
+    p = _chain().with_budget(4352)
+    plan = plan_swaps(p, "swapadvisor", time_budget_s=0.5, seed=0)
+    assert plan.splits
+    compute = simulate(p, plan).timelines(plan)["compute"]
+    marked = marked_spans(plan, compute)
+    split = {sp.position for sp in plan.splits}
+    assert marked["split"] == [(s, e) for k, (_, s, e) in enumerate(compute) if k in split]
+    assert marked["recompute"] == []
+    path = plot_plan(p, plan, str(tmp_path / "plan.png"))
+    assert (tmp_path / "plan.png").stat().st_size > 0 and path.endswith("plan.png")

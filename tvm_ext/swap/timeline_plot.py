@@ -1,6 +1,7 @@
 """Pictures of swap plans: device memory over the simulated iteration against the budget, and
 what each of the three streams (compute, device-to-host, host-to-device) does when (a second
-run of an op, recompute, in its own colour on the compute lane); and the stream lanes of a
+run of an op, recompute, and an op run in chunks, each in its own colour on the compute
+lane); and the stream lanes of a
 simulated and a measured iteration one above the other, on one time axis."""
 
 from __future__ import annotations
@@ -35,16 +36,34 @@ def _draw_lanes(ax, lanes: dict, names: Sequence[str]) -> None:
     ax.set_yticks([y for y, _ in rows.values()], list(rows))
 
 
-def _draw_recompute(ax, plan: SwapPlan, compute: list, row: int) -> None:
-    """Over the compute lane (at `row`), the spans of ops that ran before (recompute)."""
+def marked_spans(plan: SwapPlan, compute: list) -> dict[str, list[tuple[float, float]]]:
+    """The compute lane's spans (start s, end s) of work the plan adds beyond running each op
+    once whole: "recompute" (a second run of an op) and "split" (an op run in chunks)."""
+    split = {sp.op for sp in plan.splits}
     seen: set[int] = set()
-    spans = []
+    marked: dict[str, list[tuple[float, float]]] = {"recompute": [], "split": []}
     for op, (_, s, e) in zip(plan.schedule, compute, strict=True):
-        if op in seen and e > s:
-            spans.append((s * _MS, (e - s) * _MS))
+        if e > s:
+            if op in seen:
+                marked["recompute"].append((s, e))
+            elif op in split:
+                marked["split"].append((s, e))
         seen.add(op)
-    if spans:
-        ax.broken_barh(spans, (row - 0.35, 0.7), facecolors="tab:red", label="recompute")
+    return marked
+
+
+_MARKS = {"recompute": "tab:red", "split": "tab:cyan"}
+
+
+def _draw_marked(ax, plan: SwapPlan, compute: list, row: int) -> None:
+    """Over the compute lane (at `row`), recomputed and split work in their own colours."""
+    drawn = False
+    for name, spans in marked_spans(plan, compute).items():
+        if spans:
+            ax.broken_barh([(s * _MS, (e - s) * _MS) for s, e in spans], (row - 0.35, 0.7),
+                           facecolors=_MARKS[name], label=name)
+            drawn = True
+    if drawn:
         ax.legend(loc="upper right", fontsize=8)
 
 
@@ -67,7 +86,7 @@ def plot_plan(problem: SwapProblem, plan: SwapPlan, path: str, title: str = "") 
                   f"swapped")
     tl = sim.timelines(plan)
     _draw_lanes(streams, tl, ("compute", "d2h", "h2d"))
-    _draw_recompute(streams, plan, tl["compute"], row=2)
+    _draw_marked(streams, plan, tl["compute"], row=2)
     streams.set_xlabel("simulated time (ms)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
