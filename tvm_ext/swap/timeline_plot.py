@@ -1,8 +1,8 @@
 """Pictures of swap plans: device memory over the simulated iteration against the budget, and
 what each of the three streams (compute, device-to-host, host-to-device) does when (a second
-run of an op, recompute, and an op run in chunks, each in its own colour on the compute
-lane); and the stream lanes of a
-simulated and a measured iteration one above the other, on one time axis."""
+run of an op, recompute, and an op run in chunks, each in its own colour on the compute lane);
+and the stream lanes of a simulated and a measured iteration one above the other, on one time
+axis."""
 
 from __future__ import annotations
 
