@@ -490,8 +490,9 @@ class _Rewriter:
     def _note_last_chunks_swapped_out(self, op, sp, outs: list) -> None:
         """A cut output's swap-out is done when its last chunk's copy is: later waits on the
         swap-out wait on that chunk buffer."""
+        cut_out = set(sp.cut_outputs)
         for k, s in enumerate(self.plan.swap_outs):
-            if s.tensor in set(sp.cut_outputs) and s.after == sp.position:
+            if s.tensor in cut_out and s.after == sp.position:
                 self.swapped_out_var[k] = outs[list(op.outputs).index(s.tensor)][
                     (sp.chunks - 1) % sp.buffers]
 

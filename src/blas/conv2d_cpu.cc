@@ -123,6 +123,11 @@ void PackWeight(const T* w, const ConvShape& s, T* out) {
 template <typename T>
 void Gemm(const BlasLibrary& lib, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
           const T* b, int64_t ldb, T* c, int64_t ldc) {
+  // BLAS wants ld >= the stored row length even where one row leaves it unused (a group of one
+  // filter: a chunk of one output channel), and skips the product otherwise (as gemm_layout's
+  // RowMajor).
+  if (m == 1) lda = std::max(lda, k), ldc = std::max(ldc, n);
+  if (k == 1) ldb = std::max(ldb, n);
   if constexpr (sizeof(T) == 4) {
     lib.sgemm(kRowMajor, kNoTrans, kNoTrans, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
   } else {
@@ -218,11 +223,7 @@ struct ConvTasks {
       }
       return;
     }
-    // One filter per group (a chunk of one output channel) is one row: its stride is never
-    // used, but BLAS refuses (and skips the product) where it is below the row's length.
-    int64_t lda = fg == 1 ? std::max(w_ld, depth) : w_ld;
-    if (fg == 1) ldc = std::max(ldc, cols);
-    Gemm(*lib, fg, cols, depth, w + g * fg * w_ld, lda, b, ldb, c, ldc);
+    Gemm(*lib, fg, cols, depth, w + g * fg * w_ld, w_ld, b, ldb, c, ldc);
   }
 
   // One image-and-group block computed in a buffer, written where Y's strides say.
