@@ -82,13 +82,14 @@ PLANNERS = ("swapadvisor", "swap_only", "checkpoint", "vdnn", "lru")
 # third-party models of tests/corpus (training steps of their tiny configs).
 ZOO = {"mlp": ("mlp", "small", {"layers": 16}), "gpt": ("gpt", "small", {"layers": 8}),
        "resnet": ("resnet", "small", {"blocks": (4, 4, 4)})}
-# The corpus's language models at a benchmark's size (its tiny configs run each kernel in
-# microseconds, as fast as the runtime hands a copy to its worker, and faster than the H100
-# preset's launch overheads: the scaled link is then faster than PCIe and the runtime's own
-# costs are all there is to measure), and its vision models as they are.
-CORPUS = {"gpt2_small": ("gpt2", {"hidden": 256, "layers": 4, "seq": 64}),
-          "bert_small": ("bert", {"hidden": 256, "layers": 4, "seq": 64}),
-          "vit": ("vit", None), "resnet_tiny": ("resnet", None)}
+# Third-party models of tests/corpus at a benchmark's size (their tiny configs run each
+# kernel in microseconds, as fast as the runtime hands a copy to its worker, and faster than
+# the H100 preset's launch overheads: the scaled link is then faster than PCIe and the
+# runtime's own costs are all there is to measure): corpus builder and its arguments.
+CORPUS = {"gpt2_small": ("gpt2", {"attn": "eager", "hidden": 256, "layers": 4, "seq": 64}),
+          "bert_small": ("bert", {"attn": "eager", "hidden": 256, "layers": 4, "seq": 64}),
+          "vit_small": ("vit", {"hidden": 256, "layers": 4, "image": 32}),
+          "resnet_small": ("resnet", {"widths": (32, 64, 128), "depth": 2, "image": 64})}
 QUICK = {"models": "mlp,gpt2_small", "ratios": "2,8"}
 
 
@@ -101,10 +102,8 @@ def load(name: str, workdir: str):
     import corpus
 
     base, sizes = CORPUS[name]
-    if sizes is None:
-        entry = corpus.BY_NAME[base]
-    else:  # the eager-attention builder at this size
-        entry = corpus.CorpusModel(name, getattr(corpus, base)("eager", **sizes), "language")
+    kind = corpus.BY_NAME[f"{base}_eager" if "attn" in sizes else base].kind
+    entry = corpus.CorpusModel(name, getattr(corpus, base)(**sizes), kind)
     path, _ = corpus.export(entry, workdir)
     return load_model(path, training=True)
 
@@ -177,9 +176,10 @@ def run_model(name: str, args, workdir: str) -> tuple[dict, list[dict]]:
     print(f"# {name}: {graph.num_ops} ops, unswapped {plain.median_ms:.2f} ms measured (on a "
           f"core {plain.cpu_share:.0%} of it), {ideal_ms:.2f} ms simulated; link "
           f"{stand.link.bandwidth / 1e9:.3g} GB/s, "
-          f"{stand.link.latency * 1e6:.0f} us ({args.preset} / {stand.scale:.1f}); issue "
-          f"{stand.costs.copy_issue * 1e6:.0f} us, sync {stand.costs.sync * 1e6:.0f} us, "
-          f"overshoot {stand.costs.overshoot * 1e6:.0f} us", flush=True)
+          f"{stand.link.latency * 1e6:.0f} us ({args.preset} / {stand.scale:.1f}); hand-over "
+          f"to a stream idle for {_wake_text(stand.costs.wake)}; resume "
+          f"{stand.costs.sync * 1e6:.0f} us, overshoot {stand.costs.overshoot * 1e6:.0f} us",
+          flush=True)
     rows = []
     swap_streams.set_emulated_link(stand.link.bandwidth, stand.link.latency)
     try:
@@ -205,6 +205,12 @@ def run_model(name: str, args, workdir: str) -> tuple[dict, list[dict]]:
         swap_streams.set_emulated_link(0.0)
     args.plots = False  # one model's pictures
     return info, rows
+
+
+def _wake_text(wake) -> str:
+    """'5 us: 7 us (copy from 9 us), ...' from (idle, issue, start) points in seconds."""
+    return ", ".join(f"{i * 1e6:.0f} us: {c * 1e6:.0f} us (copy from {s * 1e6:.0f} us)"
+                     for i, c, s in wake)
 
 
 def plot(name: str, problem, plan, row: dict) -> None:

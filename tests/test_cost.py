@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from tvm_ext.cost import HARDWARE, get_hardware, op_time, op_times
 from tvm_ext.cost.calibration import calibrate, compare, op_times_measured
+from tvm_ext.cost.hardware import Hardware
 from tvm_ext.driver import fused_graph, resolve_target
 from tvm_ext.driver.measure_kernels import measure_kernels
 from tvm_ext.models import get_model
@@ -91,8 +94,11 @@ def test_stand_in_hardware_carries_the_link_and_the_runtime_costs():
 
     link = fixed_link(2.0, 50.0)
     assert (link.bandwidth, link.latency) == (2e9, pytest.approx(50e-6))
+    wake = ((1e-5, 3e-5, 1e-5), (1e-3, 6e-5, 4e-5))
     hw = stand_in_hardware(link, costs=RuntimeCosts(copy_issue=3e-5, sync=1e-5,
-                                                    overshoot=2e-5))
+                                                    overshoot=2e-5, wake=wake))
+    assert hw.copy_wake == wake
+    assert Hardware.from_dict(json.loads(json.dumps(hw.to_dict()))) == hw
     cpu = get_hardware("cpu")
     assert hw.peak_flops == cpu.peak_flops
     for direction in (hw.host_to_device, hw.device_to_host):

@@ -144,8 +144,17 @@ def _copy_names(graph, plan, copies) -> list[str]:
 
 
 def test_runtime_costs_are_measured():
-    costs = driver.measure_runtime_costs(fixed_link(1.0, 200.0), samples=10)
+    costs = driver.measure_runtime_costs(fixed_link(1.0, 200.0), samples=10,
+                                         idle_gaps=(0.0, 2e-3))
     assert 0 < costs.copy_issue < 0.05
+    # The hand-over by the stream's idle time, as it was measured (about the gaps asked).
+    assert len(costs.wake) == 2
+    (short, issue_short, start_short), (long, issue_long, start_long) = costs.wake
+    assert 0 <= short < 1e-3 <= long < 0.05
+    assert costs.copy_issue == issue_short
+    assert 0 < issue_long < 0.05 and 0 < start_short < 0.05 and 0 < start_long < 0.05
+    with pytest.raises(ValueError, match="idle times"):
+        driver.measure_runtime_costs(fixed_link(1.0), idle_gaps=(-1.0,))
     assert 0 <= costs.sync < 0.05
     assert 0 <= costs.overshoot < 0.05
     assert swap_streams.emulated_link() is None, "the link in force before is restored"

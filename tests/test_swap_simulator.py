@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from swap_dags import hand_problem_and_plan, random_problem
 
-from tvm_ext.swap import SearchConfig, plan_swaps, simulate, validate
+from tvm_ext.swap import SearchConfig, SwapProblem, plan_swaps, simulate, validate
 from tvm_ext.swap.plan import PlanError
 
 FAST = SearchConfig(population=6, generations=3, patience=3)
@@ -101,6 +101,29 @@ def test_runtime_costs_known_answer():
     assert list(sim.op_start) == pytest.approx([0.0, 2.12, 3.12])
     assert sim.makespan == pytest.approx(4.12)
     assert sim.stalls == [pytest.approx((1.2, 2.12))]
+
+
+def test_a_copy_handed_to_a_long_idle_stream_costs_more_and_starts_later():
+    """The measured hand-over curve, (idle, compute-stream time, the copy's start): after op 0
+    [0, 1] y's swap-out goes to a stream idle for 1 s (0.3 s of compute; the copy starts at
+    +0.05, before the hand-over ends), then its swap-in to a stream idle for 1.3 s
+    (interpolated: 0.36 s, the copy from +0.095)."""
+    problem, plan = hand_problem_and_plan(sync=0.01)
+    curve = ((0.0, 0.1, 0.02), (1.0, 0.3, 0.05), (2.0, 0.5, 0.2))
+    problem = dataclasses.replace(problem, copy_wake=curve)
+    sim = simulate(problem, plan)
+    assert list(sim.d2h_start) + list(sim.d2h_end) == pytest.approx([1.05, 2.05])
+    # The compute stream is free after both hand-overs: 1 + 0.3 + 0.36.
+    assert sim.op_ready[1] == pytest.approx(1.66)
+    # The swap-in waits for the swap-out (resuming 0.01 after it), as does op 1.
+    assert list(sim.h2d_start) + list(sim.h2d_end) == pytest.approx([2.06, 3.06])
+    assert list(sim.op_start) == pytest.approx([0.0, 2.06, 3.06])
+    # A one-point curve holds for every idle time: the copy starts at +0.02.
+    flat = dataclasses.replace(problem, copy_wake=((0.0, 0.1, 0.02),))
+    assert simulate(flat, plan).d2h_start[0] == pytest.approx(1.02)
+    with pytest.raises(ValueError, match="copy_wake"):
+        dataclasses.replace(problem, copy_wake=((0.0, -1.0, 0.0),))
+    assert SwapProblem.from_json(problem.to_json()).copy_wake == curve
 
 
 def test_runtime_costs_are_scored_by_the_search():

@@ -364,6 +364,9 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
     if (kind_ == StreamKind::kCpuWorker) {
       job.deps = deps;
       pending_.push_back(std::move(job));
+      // Notified unlocked: a worker woken under the lock would block on it at once, and the
+      // caller would pay a second wake-up when it lets go.
+      lock.unlock();
       cv_.notify_all();
       return;
     }
@@ -609,6 +612,7 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
       }
       completed_seq_ = job.seq;
       pending_.pop_front();
+      lock.unlock();
       cv_.notify_all();
     }
   }

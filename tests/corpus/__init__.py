@@ -123,17 +123,19 @@ def t5(attn: str):
     return build
 
 
-def vit():
+def vit(hidden: int = 32, layers: int = 2, image: int = 16):
+    """(Larger `hidden`, `layers`, `image`: the same architecture at the sizes of a
+    benchmark.)"""
     def build():
         torch = _seed()
         import transformers as tf
 
-        cfg = tf.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32,
-                           num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                           attn_implementation="eager")
+        cfg = tf.ViTConfig(image_size=image, patch_size=4, num_channels=3, hidden_size=hidden,
+                           num_hidden_layers=layers, num_attention_heads=4,
+                           intermediate_size=2 * hidden, attn_implementation="eager")
         model = _Logits.wrap(tf.ViTModel(cfg, add_pooling_layer=False).eval(),
                              "last_hidden_state")
-        return model, (torch.randn(BATCH, 3, 16, 16),)
+        return model, (torch.randn(BATCH, 3, image, image),)
     return build
 
 
@@ -149,15 +151,18 @@ def _bn_statistics(model):
     return model
 
 
-def resnet():
+def resnet(widths: tuple[int, ...] = (8, 16), depth: int = 1, image: int = 32):
+    """(Wider and deeper stages, a larger `image`: the same architecture at the sizes of a
+    benchmark.)"""
     def build():
         torch = _seed()
         import transformers as tf
 
-        cfg = tf.ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16],
-                              depths=[1, 1], layer_type="basic", num_labels=8)
+        cfg = tf.ResNetConfig(num_channels=3, embedding_size=widths[0],
+                              hidden_sizes=list(widths), depths=[depth] * len(widths),
+                              layer_type="basic", num_labels=8)
         model = _bn_statistics(tf.ResNetForImageClassification(cfg)).eval()
-        return _Logits.wrap(model), (torch.randn(BATCH, 3, 32, 32),)
+        return _Logits.wrap(model), (torch.randn(BATCH, 3, image, image),)
     return build
 
 

@@ -15,9 +15,10 @@ Two ways to pick that link:
 
 `stand_in_hardware` is the `Hardware` a swap plan for the stand-in is made with: the `cpu`
 preset's compute, the emulated link both ways, and the swap runtime's own costs measured on this
-machine (`tvm_ext.driver.measure_runtime_costs`): the compute-stream time to issue a copy to an
-idle copy stream, the delay before a stalled stream resumes, and how late a paced copy ends
-(added to the link latency). No TVM here.
+machine (`tvm_ext.driver.measure_runtime_costs`): the compute-stream time to hand a copy to an
+idle copy stream and the copy's start after it (both by how long the stream was idle), the delay
+before a stalled stream resumes, and how late a paced copy ends (added to the link latency).
+No TVM here.
 """
 
 from __future__ import annotations
@@ -60,11 +61,15 @@ def fixed_link(gbps: float, latency_us: float = 0.0) -> Link:
 class RuntimeCosts:
     """The swap runtime's own costs on this machine, in seconds (medians of a micro-benchmark):
     issuing a copy to an idle stream (compute-stream time: waking its worker), a stalled
-    stream's resume delay, and how far past its deadline a paced copy ends."""
+    stream's resume delay, how far past its deadline a paced copy ends, and `wake`: the
+    hand-over by how long the stream was idle, (idle, issue, the copy's start after the
+    hand-over began) points (`Hardware.copy_wake`; empty: `copy_issue` whatever the idle
+    time, the copy starting `sync` after it)."""
 
     copy_issue: float = 0.0
     sync: float = 0.0
     overshoot: float = 0.0
+    wake: tuple[tuple[float, float, float], ...] = ()
 
 
 def stand_in_hardware(
@@ -86,4 +91,4 @@ def stand_in_hardware(
     return dataclasses.replace(
         hw, name=f"{hw.name}+{h2d.name}", host_to_device=effective(h2d),
         device_to_host=effective(d2h), copy_issue_overhead=costs.copy_issue,
-        sync_overhead=costs.sync)
+        sync_overhead=costs.sync, copy_wake=costs.wake)

@@ -40,6 +40,10 @@ class Hardware:
     # and streams wait on events; measured on the CPU stand-in, see tvm_ext.cost.emulation):
     copy_issue_overhead: float = 0.0  # compute-stream seconds to issue one copy
     sync_overhead: float = 0.0  # seconds from an event to a stream stalled on it resuming
+    # Handing a copy to an idle stream, by how long it was idle: (idle s, compute-stream s,
+    # s from the hand-over's start to the copy's start) points, interpolated; () : the copy
+    # costs `copy_issue_overhead` and starts `sync_overhead` after it.
+    copy_wake: tuple[tuple[float, float, float], ...] = ()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -49,6 +53,7 @@ class Hardware:
         data = dict(data)
         data["host_to_device"] = Link(**data["host_to_device"])
         data["device_to_host"] = Link(**data["device_to_host"])
+        data["copy_wake"] = tuple(tuple(p) for p in data.get("copy_wake", ()))
         return cls(**data)
 
 

@@ -9,9 +9,10 @@ and each copy ran), and the swap runtime's own costs on this machine.
   (`measure_kernels`) pay.
 * `timeline_of(run, graph, plan)` gives the traced iteration as `tvm_ext.swap.measured` lanes.
 * `measure_runtime_costs(link)` times what the simulator's stand-in hardware needs beyond the
-  link (`tvm_ext.cost.emulation.RuntimeCosts`): issuing a copy to an idle copy stream (it wakes
-  the stream's worker), the delay before a stalled stream resumes (a worker taking a copy, a
-  caller leaving a wait), and how far past its deadline a paced copy ends.
+  link (`tvm_ext.cost.emulation.RuntimeCosts`): handing a copy to a copy stream idle for a
+  given time (compute time, and the copy's start after it: the stream's worker wakes slower
+  the longer it slept), the delay before a caller stalled on a copy resumes, and how far past
+  its deadline a paced copy ends.
 * `stand_in(graph, timings, preset=... | link=...)` puts it together: the op durations, the
   emulated link (a preset's, scaled to this CPU, or a fixed one) and the `Hardware` a swap plan
   for the stand-in is made with.
@@ -20,6 +21,7 @@ and each copy ran), and the swap runtime's own costs on this machine.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import statistics
 import time
 from collections.abc import Sequence
@@ -157,27 +159,54 @@ def timeline_of(run: MeasuredRun, graph: DataflowGraph,
     return MeasuredTimeline.from_events(run.events, kernels)
 
 
-def measure_runtime_costs(link: Link | swap_streams.EmulatedLink, *, samples: int = 40,
-                          nbytes: int = 1 << 16, idle_s: float = 5e-4) -> RuntimeCosts:
-    """The swap runtime's own costs with `link` emulated (medians over `samples` copies of
-    `nbytes` from cpu:0 to cpu:1, each issued to an idle stream by a caller that computed for
-    `idle_s` before and then blocks on it). The link in force before is restored."""
+# How long a copy stream sits idle before a copy is handed to it: a worker that slept longer
+# wakes slower (on a VM its core may have been halted: tens of us, against a few us right after
+# its last copy).
+IDLE_GAPS = (0.0, 5e-5, 2e-4, 1e-3, 4e-3)
+
+
+def measure_runtime_costs(link: Link | swap_streams.EmulatedLink, *, samples: int = 80,
+                          nbytes: int = 1 << 16,
+                          idle_gaps: Sequence[float] = IDLE_GAPS) -> RuntimeCosts:
+    """The swap runtime's own costs with `link` emulated: for each idle time in `idle_gaps`,
+    `samples` copies of `nbytes` from cpu:0 to cpu:1, each handed to a stream idle that long
+    (the caller computes meanwhile) and then waited for; medians of the hand-over (compute
+    time), of the copy's start after it, of the caller's resuming after a copy it blocked on,
+    and of how far past its deadline a paced copy ends. The link in force before is
+    restored."""
+    if not samples > 0 or not idle_gaps or min(idle_gaps) < 0:
+        raise ValueError(f"measure_runtime_costs needs samples > 0 and idle times >= 0, got "
+                         f"{samples} and {tuple(idle_gaps)}")
     before = swap_streams.emulated_link()
     swap_streams.set_emulated_link(link.bandwidth, link.latency)
     dev, host = tvm.cpu(0), tvm.cpu(1)
     src = tvm.runtime.tensor(np.ones(nbytes // 4, "float32"), dev)
     dst = swap_streams.host_empty((nbytes // 4,), "float32", host, dev)
-    swap_streams.reset()
-    swap_streams.set_tracing(True)
-    issue = []
+    wake, copies, waits = [], [], []
     try:
-        for _ in range(samples):
-            _compute_for(idle_s)  # the stream's worker goes idle meanwhile
-            start = time.perf_counter_ns()
-            swap_streams.copy_async(src, dst, 0, "calibration")
-            issue.append(time.perf_counter_ns() - start)
-            swap_streams.wait(dst, 0)
-        records = swap_streams.trace()
+        for gap in sorted(idle_gaps):
+            swap_streams.reset()
+            swap_streams.set_tracing(True)
+            issue = []
+            for _ in range(samples):
+                _compute_for(gap)  # the stream's worker idles meanwhile
+                start = time.perf_counter_ns()
+                swap_streams.copy_async(src, dst, 0, "calibration")
+                issue.append(time.perf_counter_ns() - start)
+                swap_streams.wait(dst, 0)
+            records = swap_streams.trace()
+            swap_streams.set_tracing(False)
+            gap_copies = sorted((r for r in records if isinstance(r, swap_streams.CopyRecord)),
+                                key=lambda c: c.enqueued_ns)
+            copies += gap_copies
+            waits += [r for r in records if isinstance(r, swap_streams.WaitRecord)]
+            # The stream's idle time as it was (the caller's resuming adds to the gap); the
+            # first copy of a gap follows the previous gap's, so it is left out.
+            idle = [b.enqueued_ns - a.end_ns for a, b in itertools.pairwise(gap_copies)]
+            wake.append((max(0.0, statistics.median(idle) * 1e-9) if idle else gap,
+                         statistics.median(issue[1:] or issue) * 1e-9,
+                         statistics.median(c.start_ns - c.enqueued_ns for c in gap_copies[1:]
+                                           or gap_copies) * 1e-9))
     finally:
         swap_streams.set_tracing(False)
         swap_streams.reset()
@@ -185,18 +214,15 @@ def measure_runtime_costs(link: Link | swap_streams.EmulatedLink, *, samples: in
             swap_streams.set_emulated_link(0.0)
         else:
             swap_streams.set_emulated_link(before.bandwidth, before.latency)
-    copies = [r for r in records if isinstance(r, swap_streams.CopyRecord)]
-    waits = [r for r in records if isinstance(r, swap_streams.WaitRecord)]
     paced_ns = link.latency * 1e9 + nbytes / link.bandwidth * 1e9
-    starts = [c.start_ns - c.enqueued_ns for c in copies]
     # The caller's wait on each copy, where it blocked (the one spanning the copy's end).
     resumes = [w.end_ns - c.end_ns for c in copies for w in waits
                if w.start_ns <= c.end_ns <= w.end_ns]
     return RuntimeCosts(
-        copy_issue=statistics.median(issue) * 1e-9,
-        sync=statistics.median(starts + resumes) * 1e-9,
+        copy_issue=wake[0][1], sync=statistics.median(resumes) * 1e-9 if resumes else 0.0,
         overshoot=max(0.0, statistics.median(c.end_ns - c.start_ns - paced_ns
-                                             for c in copies)) * 1e-9)
+                                             for c in copies)) * 1e-9,
+        wake=tuple(wake))
 
 
 def _compute_for(seconds: float) -> None:
@@ -225,7 +251,8 @@ class StandIn:
                 "compute_s": float(np.sum(self.op_times)),
                 "dispatch_overhead_us": self.dispatch_overhead * 1e6,
                 "copy_issue_us": self.costs.copy_issue * 1e6, "sync_us": self.costs.sync * 1e6,
-                "overshoot_us": self.costs.overshoot * 1e6}
+                "overshoot_us": self.costs.overshoot * 1e6,
+                "wake_us": [[round(x * 1e6, 1) for x in p] for p in self.costs.wake]}
 
 
 def stand_in(graph: DataflowGraph, timings: dict[str, KernelTiming], *,

@@ -64,9 +64,13 @@ _ASAP = -2  # swap-in issue position: as soon as the window is free
 Graph = namedtuple("Graph", ["need_ptr", "need_idx", "producer", "sizes", "durations",
                              "is_output", "stream_ptr", "stream_idx", "out_ptr", "out_idx",
                              "chunks", "writer", "end_on_host"])
-# Bytes/s and seconds; `issue`: compute-stream seconds per copy issued, `sync`: seconds from the
-# event a stalled stream waits for to its resuming (both 0 on a GPU; measured on the stand-in).
-Link = namedtuple("Link", ["h2d_bw", "h2d_lat", "d2h_bw", "d2h_lat", "issue", "sync"])
+# Bytes/s and seconds; `sync`: seconds from the event a stalled stream waits for to its
+# resuming. Handing a copy to a stream idle for `idle` seconds costs the compute stream
+# interp(idle, wake_idle, wake_issue) and the copy starts interp(idle, wake_idle, wake_start)
+# after the hand-over began (a worker asleep longer wakes slower). All 0 on a GPU; measured on
+# the stand-in.
+Link = namedtuple("Link", ["h2d_bw", "h2d_lat", "d2h_bw", "d2h_lat", "sync", "wake_idle",
+                           "wake_issue", "wake_start"])
 Policy = namedtuple("Policy", ["mode", "beta", "gamma", "delta"])
 # Size classes: tensor t takes an object of class obj_class[t] (-1: any window of the arena);
 # class c has `count[c]` objects of `size[c]` bytes laid out from offset `base[c]`.
@@ -1016,6 +1020,18 @@ def _after_wait(ready, wait, sync):
 
 
 @nb.njit(cache=True)
+def _hand_over(free, clock, link):
+    """A copy handed at `clock` to a stream free from `free`: (when the copy starts, when the
+    compute stream is free again). A busy stream takes it when done; an idle one wakes, the
+    slower the longer it was idle."""
+    if free > clock:
+        return free, clock
+    idle = clock - free
+    start = clock + np.interp(idle, link.wake_idle, link.wake_start)
+    return start, clock + np.interp(idle, link.wake_idle, link.wake_issue)
+
+
+@nb.njit(cache=True)
 def _d2h_span(e, s, d_free, d_p, d_bytes, d_stream, op_s, op_e, dur_pos, chunks_pos, link):
     """(start, end) of swap-out e, its stream free from `s`: a split op's output streams from
     its first chunk's end, one copy (and one latency) per chunk, and ends a chunk's copy after
@@ -1059,8 +1075,9 @@ def simulate(dur_pos, d_p, d_bytes, d_order, h_q, h_r, h_dep, h_bytes, h_order, 
     after its swap-ins and the d2h op_wait. Dependencies name d2h events by key.
     The compute stream issues the copies after the op they follow (swap-outs first, then
     swap-ins, as the pass emits them; those at the start before op 0): a copy to an idle
-    stream costs it `link.issue` (waking the stream), and a stream that stalls on another's
-    event resumes `link.sync` after it (`_after_wait`).
+    stream costs it time and starts after a delay, both growing with how long the stream
+    was idle (`_hand_over`); a stream that stalls on another's event resumes `link.sync` after it
+    (`_after_wait`).
     A split op (`chunks_pos` > 0) pipelines its streamed copies (a copy per chunk, each paying
     the link's latency) with its chunks: it starts once
     the first chunk of each input (`h_stream`) is in and ends no sooner than a chunk's compute
@@ -1088,9 +1105,7 @@ def simulate(dur_pos, d_p, d_bytes, d_order, h_q, h_r, h_dep, h_bytes, h_order, 
     for i in range(n + 1):
         while pd < nd and d_p[d_order[pd]] < i:
             e = d_order[pd]
-            if d_free <= clock:
-                clock += link.issue
-            s = _after_wait(d_free, clock, link.sync)
+            s, clock = _hand_over(d_free, clock, link)
             d_s[e], d_e[e] = _d2h_span(e, s, d_free, d_p, d_bytes, d_stream, op_s, op_e,
                                        dur_pos, chunks_pos, link)
             d_free = d_e[e]
@@ -1099,9 +1114,7 @@ def simulate(dur_pos, d_p, d_bytes, d_order, h_q, h_r, h_dep, h_bytes, h_order, 
             break
         while ph < h_order.shape[0] and h_q[h_order[ph]] < i:
             e = h_order[ph]
-            if h_free <= clock:
-                clock += link.issue
-            s = _after_wait(h_free, clock, link.sync)
+            s, clock = _hand_over(h_free, clock, link)
             if h_dep[e] >= 0:
                 s = _after_wait(s, d_e[h_dep[e] % big], link.sync)
             h_s[e] = s

@@ -82,6 +82,9 @@ class SwapProblem:
     op_splits: list[list[list]] | None = None
     copy_issue: float = 0.0  # compute-stream seconds per copy issued (`Hardware`)
     sync_latency: float = 0.0  # s from an event to the stream stalled on it resuming
+    # Measured hand-over of a copy to an idle stream by its idle time (`Hardware.copy_wake`);
+    # () : `copy_issue`, the copy starting `sync_latency` after it.
+    copy_wake: tuple = ()
     op_writes: list[list[int]] | None = None  # base tensors each op overwrites in place
     end_on_host: list[int] | None = None  # outputs copied to the host at the end
     # Compute-stream seconds each kernel call beyond an op's first costs (`Hardware`): what
@@ -93,6 +96,10 @@ class SwapProblem:
         self.sizes = np.asarray(self.sizes, dtype=np.int64)
         self.host_start = np.asarray(self.host_start, dtype=bool)
         self.pinned = np.asarray(self.pinned, dtype=bool)
+        self.copy_wake = tuple(sorted(tuple(float(x) for x in p) for p in self.copy_wake))
+        if any(len(p) != 3 or min(p) < 0 for p in self.copy_wake):
+            raise ValueError("copy_wake takes (idle s, issue s, start s) points, all >= 0, got "
+                             f"{self.copy_wake}")
         if self.order is None:
             self.order = list(range(self.num_ops))
         if self.op_writes is None:
@@ -164,6 +171,7 @@ class SwapProblem:
             op_splits=None if all(op.time_splits is None for op in graph.ops) else
             [op.time_splits or [] for op in graph.ops],
             copy_issue=hw.copy_issue_overhead, sync_latency=hw.sync_overhead,
+            copy_wake=hw.copy_wake,
             launch_overhead=hw.launch_overhead,
             op_writes=[graph.overwritten(op.id) for op in graph.ops],
             end_on_host=_returned_from_host(graph),

@@ -4,10 +4,11 @@ Compute runs the ops in schedule order, one at a time. Each copy stream runs its
 the plan's order (the order the pass issues them), one at a time; a copy takes
 latency + bytes / bandwidth. Two costs of the runtime that are 0 on the GPU presets and
 measured on the CPU stand-in (`tvm_ext.driver.measure_runtime_costs`): issuing a copy to an
-idle copy stream takes `copy_issue` seconds of the compute stream (it wakes the stream), and a
-stream that stalls on another's event (an op on its swap-in, a copy on the swap-out it must
-follow, an idle copy stream on the op that issues its copy) resumes `sync_latency` after the
-event. Dependencies:
+idle copy stream takes `copy_issue` seconds of the compute stream (it wakes the stream's worker)
+and the copy starts `sync_latency` after that, or, with a measured `copy_wake` curve, both
+depend on how long the stream was idle (a worker asleep longer wakes slower; the copy may start
+before the hand-over ends); a stream that stalls on another's event (an op on its swap-in, a
+copy on the swap-out it must follow) resumes `sync_latency` after the event. Dependencies:
   * a swap-out starts after the op it is issued after has finished;
   * a swap-in starts after the op it is issued after, and after the swap-out it waits for
     (the previous holder of its window, and its own data if it was swapped out before);
@@ -126,10 +127,21 @@ def makespan_of(problem: SwapProblem, tl) -> float:
 
 def link(problem: SwapProblem) -> _core.Link:
     """The problem's copy links, as the compiled core takes them."""
-    # Plain floats only: another argument type would compile another version of the core.
+    # Plain floats and float64 arrays only: other argument types would compile other versions
+    # of the core.
+    idle, issue, start = np.asarray(wake_curve(problem), dtype=np.float64).T.copy()
     return _core.Link(float(problem.h2d_bandwidth), float(problem.h2d_latency),
                       float(problem.d2h_bandwidth), float(problem.d2h_latency),
-                      float(problem.copy_issue), float(problem.sync_latency))
+                      float(problem.sync_latency), idle, issue, start)
+
+
+def wake_curve(problem: SwapProblem) -> tuple[tuple[float, float, float], ...]:
+    """(stream idle s, compute-stream s to hand it a copy, s from then to the copy's start),
+    by idle time: the problem's measured curve, or `copy_issue` and the copy starting
+    `sync_latency` after it whatever the idle time."""
+    if problem.copy_wake:
+        return problem.copy_wake
+    return ((0.0, problem.copy_issue, problem.copy_issue + problem.sync_latency),)
 
 
 def validate(problem: SwapProblem, plan: SwapPlan) -> None:
