@@ -10,7 +10,7 @@ the ratio of copy to compute time is an H100's. Per model:
 1. kernels timed alone (`measure_kernels`), the unswapped build timed (pooled allocator), the
    VM's per-kernel dispatch overhead from the difference (`cost.calibration.dispatch_overhead`);
 2. the link scaled from the preset, and the swap runtime's own costs measured with it (issuing
-   a copy to an idle stream, a stalled stream's resume delay, pacing overshoot:
+   a copy to a stream idle for a given time, a stalled caller's resume delay, pacing overshoot:
    `driver.measure_runtime_costs`); the planners plan with all of these (`driver.stand_in`);
 3. for each memory pressure (budget = no-swap peak / ratio) and planner (swapadvisor with
    recompute and splitting, swap_only, checkpoint, vdnn, lru): plan, build, run with the link
@@ -40,6 +40,11 @@ What was found and fixed where simulated and measured disagreed (see the README)
   ~25-45 us of the compute thread here (waking the stream's worker; a nested VM makes wake-ups
   expensive), a stalled stream resumes ~10-60 us after its event, and a paced copy ends
   ~25-60 us after its deadline; they are measured per run and simulated (0 on GPU presets);
+* handing a copy to an idle stream costs more the longer the stream slept (6-12 us after
+  10-100 us idle, 30-140 us after 0.5-4 ms: a halted core wakes slowly on this VM) and the
+  copy starts before the hand-over returns; measuring it at one idle time (0.5 ms) and
+  charging that to every copy made the tiny ViT's runs simulate 2-3x slower than measured. The
+  hand-over is measured at several idle times and simulated by each stream's idle time;
 * the naive allocator maps fresh pages at every call (a 1 MiB transpose took 0.25 ms in the VM,
   0.07 ms alone): timing runs use the pooled allocator, and the kernels' remaining dispatch
   overhead is calibrated from the unswapped run;
