@@ -114,16 +114,17 @@ def load(name: str, workdir: str):
 
 
 def calibrate(model, graph, target, preset: str, repeat: int):
-    """Kernel times, the unswapped run and the stand-in (link, runtime costs) of one model."""
+    """Kernel times, the unswapped build and its run, and the stand-in (link, runtime costs) of
+    one model."""
     from tvm_ext import driver
     from tvm_ext.ir.targets import vm_devices
 
     device, _ = vm_devices(target)
     timings = driver.measure_kernels(model, target, graph, number=5, repeat=5)
-    plain = driver.measure_run(driver.build(model, target), model.random_arguments(0), device,
-                               repeat=repeat)
+    plain_exe = driver.build(model, target)
+    plain = driver.measure_run(plain_exe, model.random_arguments(0), device, repeat=repeat)
     stand = driver.stand_in(graph, timings, preset=preset, iteration_s=plain.median_ms * 1e-3)
-    return plain, stand
+    return plain_exe, plain, stand
 
 
 def run_plan(model, graph, target, problem, plan, plain, repeat: int) -> dict:
@@ -164,13 +165,15 @@ def run_model(name: str, args, workdir: str) -> tuple[dict, list[dict]]:
     import tvm
 
     from tvm_ext import driver
+    from tvm_ext.ir.targets import vm_devices
     from tvm_ext.runtime import swap_streams
     from tvm_ext.swap import SwapProblem, plan_swaps
 
     target = tvm.target.Target("llvm")
+    device, _ = vm_devices(target)
     model = load(name, workdir)
     graph = driver.fused_graph(model, target)
-    plain, stand = calibrate(model, graph, target, args.preset, args.repeat)
+    plain_exe, plain, stand = calibrate(model, graph, target, args.preset, args.repeat)
     base = SwapProblem.from_graph(graph, 1 << 62, stand.hardware, op_times=stand.op_times,
                                   name=name)
     ideal_ms = float(np.sum(stand.op_times)) * 1e3
@@ -186,6 +189,7 @@ def run_model(name: str, args, workdir: str) -> tuple[dict, list[dict]]:
           f"{stand.costs.sync * 1e6:.0f} us, overshoot {stand.costs.overshoot * 1e6:.0f} us",
           flush=True)
     rows = []
+    before = plain.median_ms  # the unswapped run timed last
     swap_streams.set_emulated_link(stand.link.bandwidth, stand.link.latency)
     try:
         for ratio in args.ratios:
@@ -200,8 +204,10 @@ def run_model(name: str, args, workdir: str) -> tuple[dict, list[dict]]:
                 row = {"model": name, "ratio": ratio, "budget": problem.budget,
                        "planner": planner,
                        **run_plan(model, graph, target, problem, plan, plain, args.repeat)}
-                row["measured_pct_ideal"] = 100.0 * plain.median_ms / row["measured_ms"]
-                row["simulated_pct_ideal"] = 100.0 * ideal_ms / row["simulated_ms"]
+                after = driver.measure_run(plain_exe, model.random_arguments(0), device,
+                                           repeat=args.repeat).median_ms
+                beside(row, (before + after) / 2, plain.median_ms, ideal_ms)
+                before = after
                 rows.append(row)
                 print(format_row(row), flush=True)
                 if args.plots and planner == "swapadvisor" and ratio == args.plot_ratio:
@@ -218,6 +224,19 @@ def _wake_text(wake) -> str:
                      for i, c, s in wake)
 
 
+def beside(row: dict, base_ms: float, calibrated_ms: float, ideal_ms: float) -> None:
+    """Add to `row` the figures against the unswapped run timed beside it (`base_ms`: before
+    and after it, averaged): this machine's speed drifts by 10-20% within minutes (other
+    tenants of its host), and the simulator's durations are those of the calibration
+    (`calibrated_ms`). `error_rescaled` is the error of the simulated time rescaled by the drift
+    (base / calibrated); measured % of ideal is against the unswapped run beside it."""
+    row["base_ms"] = base_ms
+    row["speed"] = base_ms / calibrated_ms
+    row["error_rescaled"] = row["measured_ms"] / (row["simulated_ms"] * row["speed"]) - 1.0
+    row["measured_pct_ideal"] = 100.0 * base_ms / row["measured_ms"]
+    row["simulated_pct_ideal"] = 100.0 * ideal_ms / row["simulated_ms"]
+
+
 def plot(name: str, problem, plan, row: dict) -> None:
     from tvm_ext.swap.measured import simulated_lanes
     from tvm_ext.swap.timeline_plot import plot_plan, plot_timelines
@@ -232,15 +251,17 @@ def plot(name: str, problem, plan, row: dict) -> None:
 
 
 HEADER = (f"{'model':14} {'ratio':>5} {'planner':12} {'sim ms':>8} {'meas ms':>8} {'err':>7} "
-          f"{'sim %id':>7} {'meas %id':>8} {'hid sim':>7} {'hid meas':>8} {'copies':>6} "
-          f"{'ovs us':>6} exact")
+          f"{'base ms':>8} {'err*':>7} {'sim %id':>7} {'meas %id':>8} {'hid sim':>7} "
+          f"{'hid meas':>8} {'copies':>6} {'ovs us':>6} exact")
 
 
 def format_row(r: dict) -> str:
     if r.get("infeasible"):
         return f"{r['model']:14} {r['ratio']:5g} infeasible: budget below one op's working set"
+    base = f"{r['base_ms']:8.2f} {r['error_rescaled']:+7.1%}" if "base_ms" in r else \
+        f"{'-':>8} {'-':>7}"
     return (f"{r['model']:14} {r['ratio']:5g} {r['planner']:12} {r['simulated_ms']:8.2f} "
-            f"{r['measured_ms']:8.2f} {r['error']:+7.1%} {r['simulated_pct_ideal']:7.1f} "
+            f"{r['measured_ms']:8.2f} {r['error']:+7.1%} {base} {r['simulated_pct_ideal']:7.1f} "
             f"{r['measured_pct_ideal']:8.1f} {r['hidden_simulated']:7.2f} "
             f"{r['hidden_measured']:8.2f} {r['swap_outs'] + r['swap_ins']:6d} "
             f"{r['run']['mean_overshoot_us']:6.0f} {_agreement(r)}")
@@ -251,6 +272,11 @@ def _agreement(r: dict) -> str:
     return "yes" if r["exact"] else "tol" if r["agrees"] else "NO"
 
 
+def _slowdown(r: dict) -> float:
+    """A run's measured time, over the unswapped run beside it where there is one."""
+    return r["measured_ms"] / r["base_ms"] if "base_ms" in r else r["measured_ms"]
+
+
 def summarize(rows: list[dict]) -> list[str]:
     """The targets: error within 15%, planners ranked alike, SwapAdvisor vs the baselines."""
     runs = [r for r in rows if not r.get("infeasible")]
@@ -259,6 +285,14 @@ def summarize(rows: list[dict]) -> list[str]:
     within = sum(abs(r["error"]) <= 0.15 for r in runs)
     lines = [f"simulated vs measured within 15%: {within}/{len(runs)} "
              f"(largest error {max(abs(r['error']) for r in runs):.1%})"]
+    if all("error_rescaled" in r for r in runs):
+        lines.append(
+            f"the same, simulated times rescaled by the machine's speed as the unswapped run "
+            f"beside each measured it (err*): "
+            f"{sum(abs(r['error_rescaled']) <= 0.15 for r in runs)}/{len(runs)} (largest "
+            f"{max(abs(r['error_rescaled']) for r in runs):.1%}; speed "
+            f"{min(r['speed'] for r in runs):.2f}-{max(r['speed'] for r in runs):.2f}x the "
+            f"calibration's)")
     cases: dict[tuple, dict] = {}
     for r in runs:
         cases.setdefault((r["model"], r["ratio"]), {})[r["planner"]] = r
@@ -270,16 +304,16 @@ def summarize(rows: list[dict]) -> list[str]:
             sa, sb = case[a]["simulated_ms"], case[b]["simulated_ms"]
             if abs(sa - sb) > 0.05 * min(sa, sb):
                 pairs += 1
-                agree += (sa < sb) == (case[a]["measured_ms"] < case[b]["measured_ms"])
+                agree += (sa < sb) == (_slowdown(case[a]) < _slowdown(case[b]))
     lines.append(f"planners ranked alike measured and simulated: {agree}/{pairs} pairs the "
                  f"simulator tells apart by more than 5%")
     for (model, ratio), case in cases.items():
         sa = case.get("swapadvisor")
-        base = [case[p]["measured_ms"] for p in ("vdnn", "lru") if p in case]
+        base = [_slowdown(case[p]) for p in ("vdnn", "lru") if p in case]
         if sa and base and ratio in (4, 8):
             lines.append(f"{model} at {ratio:g}x: swapadvisor {sa['measured_pct_ideal']:.1f}% of "
                          f"ideal measured ({sa['simulated_pct_ideal']:.1f}% simulated), "
-                         f"{min(base) / sa['measured_ms']:.2f}x the best baseline measured")
+                         f"{min(base) / _slowdown(sa):.2f}x the best baseline measured")
     tol = sum(r["agrees"] and not r["exact"] for r in runs)
     lines.append(f"outputs exact: {sum(r['exact'] for r in runs)}/{len(runs)}, within float "
                  f"tolerance (ops run in chunks that round differently): {tol}, differing: "

@@ -51,3 +51,21 @@ def test_chunked_ops_agree_within_tolerance_not_exactly():
                          "round differently): 1, differing: 1")
     assert swap_measured.format_row(rows[0]).split()[-1] == "tol"
     assert swap_measured.format_row(rows[1]).split()[-1] == "NO"
+
+
+def test_rows_against_the_unswapped_run_beside_them():
+    """The machine ran 10% slower than at calibration when the row was measured: the error
+    rescaled by that drift, % of ideal against the run beside it, ranking by slowdown."""
+    a, b = _row("swapadvisor", 10, 11), _row("lru", 20, 21)
+    swap_measured.beside(a, base_ms=5.5, calibrated_ms=5.0, ideal_ms=5.0)
+    swap_measured.beside(b, base_ms=4.5, calibrated_ms=5.0, ideal_ms=5.0)
+    assert a["speed"] == 1.1 and a["error_rescaled"] == 0.0
+    assert a["measured_pct_ideal"] == 50.0 and a["simulated_pct_ideal"] == 50.0
+    assert b["error_rescaled"] == 21 / 18 - 1
+    lines = swap_measured.summarize([a, b])
+    assert lines[1] == ("the same, simulated times rescaled by the machine's speed as the "
+                        "unswapped run beside each measured it (err*): 1/2 (largest 16.7%; "
+                        "speed 0.90-1.10x the calibration's)")
+    # Slowdowns 2.0 and 4.67: ranked as simulated.
+    assert lines[2].startswith("planners ranked alike measured and simulated: 1/1 pairs")
+    assert swap_measured.format_row(a).split()[6:8] == ["5.50", "+0.0%"]
