@@ -15,9 +15,12 @@ the ratio of copy to compute time is an H100's. Per model:
 3. for each memory pressure (budget = no-swap peak / ratio) and planner (swapadvisor with
    recompute and splitting, swap_only, checkpoint, vdnn, lru): plan, build, run with the link
    on: measured time (median of --repeat), the simulated time of the same plan, the error,
-   measured and simulated % of ideal (ideal: the unswapped run, measured, or the simulator's
-   no-swap iteration), the fraction of copy time hidden under compute (measured: the runtime's
-   count; simulated: copy time outside compute stalls), and whether the outputs equal the
+   the unswapped build timed right before and after (`base ms`) and the error with the
+   simulated time rescaled by the machine's drift since the calibration (`err*`; this
+   machine's speed drifts by 10-20% within minutes), measured and simulated % of ideal (ideal:
+   the unswapped run beside it, or the simulator's no-swap iteration), the fraction of copy
+   time hidden under compute (measured: the runtime's count; simulated: copy time outside
+   compute stalls), and whether the outputs equal the
    unswapped build's (exactly, or within the float tolerance of their dtype where the plan runs
    ops in chunks that may round differently, kernels that reduce: `swap.exactness`). `ovs us`
    is how late the run's paced copies ended on average: far above the calibrated overshoot,
