@@ -60,7 +60,8 @@ def fixed_link(gbps: float, latency_us: float = 0.0) -> Link:
 @dataclasses.dataclass(frozen=True)
 class RuntimeCosts:
     """The swap runtime's own costs on this machine, in seconds (medians of a micro-benchmark):
-    issuing a copy to an idle stream (compute-stream time: waking its worker), a stalled
+    issuing a copy to a stream idle for the shortest time measured (compute-stream time: waking
+    its worker), a stalled
     stream's resume delay, how far past its deadline a paced copy ends, and `wake`: the
     hand-over by how long the stream was idle, (idle, issue, the copy's start after the
     hand-over began) points (`Hardware.copy_wake`; empty: `copy_issue` whatever the idle
