@@ -94,6 +94,7 @@
 #include "swap/cuda_driver.h"
 #include "swap/link_emulation.h"
 #include "swap/trace.h"
+#include "swap/worker_cpus.h"
 
 namespace tvm_ext {
 namespace swap {
@@ -312,7 +313,8 @@ class CopyStream : public std::enable_shared_from_this<CopyStream> {
   /*! \brief Start the worker or create the device stream (after construction, once shared). */
   void Start() {
     if (kind_ == StreamKind::kCpuWorker) {
-      std::thread([self = shared_from_this()] { self->WorkerLoop(); }).detach();
+      std::string name = "tvm_ext-copy" + std::to_string(stream_id_);
+      StartWorker(name.substr(0, 15).c_str(), [self = shared_from_this()] { self->WorkerLoop(); });
     } else if (kind_ == StreamKind::kCudaEvents) {
       const CudaDriver* cu = CudaDriver::Get();
       DeviceAPI::Get(dev_)->SetDevice(dev_);  // makes the primary context current

@@ -15,6 +15,7 @@ from .build import (
     resolve_target,
     swap_sidecar,
 )
+from .copy_cpu import dedicated_copy_cpu
 from .measure_kernels import measure_kernels
 from .measure_swap import (
     MeasuredRun,
@@ -42,6 +43,7 @@ __all__ = [
     "build_partitioned",
     "build_reference",
     "compare",
+    "dedicated_copy_cpu",
     "device_of",
     "export",
     "export_tuning_batch",

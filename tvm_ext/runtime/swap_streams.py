@@ -31,7 +31,7 @@ of copies on different streams that touch the same memory, poisoning on failure)
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import tvm
 
@@ -262,6 +262,27 @@ def emulated_link() -> EmulatedLink | None:
     memcpy speed. Raises ValueError naming a malformed environment variable."""
     bandwidth, latency = (float(v) for v in get_function("tvm_ext.swap.link")())
     return EmulatedLink(bandwidth, latency) if bandwidth > 0 else None
+
+
+COPY_WORKER_CPUS_ENV = "TVM_EXT_COPY_WORKER_CPUS"
+
+
+def set_copy_worker_cpus(cpus: Iterable[int]) -> None:
+    """Pin the CPU stand-in's copy workers (running and future) to `cpus`; empty: unpin them.
+
+    A GPU copies on its own engines while its cores compute; a copy worker sharing a core with
+    the compute waits behind the running kernel when woken (a millisecond and more), leaving its
+    stream idle. Give the workers a CPU the compute does not use (`tvm_ext.driver.
+    dedicated_copy_cpu` does both). An exported module run without this call takes the CPUs
+    from $TVM_EXT_COPY_WORKER_CPUS ("3", "2,3", "2-3"). Raises ValueError on a CPU this process
+    may not run on, RuntimeError off Linux."""
+    get_function("tvm_ext.swap.set_worker_cpus")([int(c) for c in cpus])
+
+
+def copy_worker_cpus() -> tuple[int, ...]:
+    """The CPUs the copy workers are pinned to; empty when unpinned. Raises ValueError naming a
+    malformed $TVM_EXT_COPY_WORKER_CPUS."""
+    return tuple(int(c) for c in get_function("tvm_ext.swap.worker_cpus")())
 
 
 def now_ns() -> int:
