@@ -113,26 +113,31 @@ def test_device_memory_run_check(tmp_path, capsys):
 def test_emulated_link_run_is_reported(tmp_path, capsys):
     """--link-gbps: the plan is made for the link, the swapped run's copies are paced to it (the
     report says so), outputs stay exact, and the sidecar names the environment to set."""
+    from tvm_ext.runtime import swap_streams
+
     report, module = tmp_path / "r.json", tmp_path / "m.so"
     argv = ["mlp", "--training", "--device-memory", "min", "--planner", "lru", "--link-gbps",
             "0.05", "--link-latency-us", "300", "--run", "--check", "--repeat", "1",
             "--report", str(report), "--output", str(module)]
+    cpus = sorted(os.sched_getaffinity(0))
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "link    emulated 0.05 GB/s, 300 us per copy (--link-gbps)" in out
     assert "copies were paced to an emulated link: 0.05 GB/s, 300 us per copy" in out
     assert "check   OK" in out
     data = json.loads(report.read_text())
+    process = swap_streams.process_cpus()
+    copy_cpu = max(process) if len(process) > 1 else None  # the copy workers' own CPU
     assert data["run"]["emulated_link"] == {"gbps": pytest.approx(0.05),
                                             "latency_us": pytest.approx(300),
-                                            "source": "--link-gbps"}
+                                            "source": "--link-gbps", "copy_cpu": copy_cpu}
     assert data["swap"]["emulated_link"]["link_gbps"] == pytest.approx(0.05)
     side = json.loads((tmp_path / "m.so.swap.json").read_text())
     assert side["emulated_link"]["environment"] == {"TVM_EXT_LINK_GBPS": "0.05",
                                                     "TVM_EXT_LINK_LATENCY_US": "300"}
-    from tvm_ext.runtime import swap_streams
-
     assert swap_streams.emulated_link() is None, "the link is off again after the run"
+    assert swap_streams.copy_worker_cpus() == (), "and the copy workers unpinned"
+    assert sorted(os.sched_getaffinity(0)) == cpus, "and this thread's CPUs restored"
 
 
 def test_device_memory_too_small_fails_before_compiling(capsys):

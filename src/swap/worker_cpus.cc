@@ -70,6 +70,17 @@ class WorkerPinning {
     return inst;
   }
 
+  /*! \brief The CPUs the process could use when the library was loaded. */
+  std::vector<int> Allowed() const {
+    std::vector<int> cpus;
+#ifdef __linux__
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &allowed_)) cpus.push_back(c);
+    }
+#endif
+    return cpus;
+  }
+
   std::vector<int> Get() {
     std::lock_guard<std::mutex> lock(mu_);
     InitLocked();
@@ -181,6 +192,11 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              }
              SetWorkerCpus(list);
            })
+      .def("tvm_ext.swap.process_cpus", []() {
+        tvm::ffi::Array<int64_t> cpus;
+        for (int c : WorkerPinning::Global()->Allowed()) cpus.push_back(c);
+        return cpus;
+      })
       .def("tvm_ext.swap.worker_cpus", []() {
         tvm::ffi::Array<int64_t> cpus;
         for (int c : WorkerCpus()) cpus.push_back(c);

@@ -75,15 +75,17 @@ def plan_swaps_for(args, model, graph, target):
 def emulated_link_for(args, model, graph, target) -> driver.StandIn:
     """--link-gbps: this CPU's kernel times and the link (fixed, or the --hardware preset's
     scaled to this CPU), with the swap runtime's costs measured on it."""
-    timings = driver.measure_kernels(model, target, graph)
     gbps = link_gbps(args)
-    if gbps is None:
-        stand = driver.stand_in(graph, timings, preset=args.hardware or "h100")
-        how = f"{stand.preset}'s link scaled by {stand.scale:.3g} (this CPU's compute time " \
-              f"/ the preset's)"
-    else:
-        stand = driver.stand_in(graph, timings, link=fixed_link(gbps, args.link_latency_us or 0))
-        how = "--link-gbps"
+    with copy_cpu_for(True):  # measured as the swapped run will run
+        timings = driver.measure_kernels(model, target, graph)
+        if gbps is None:
+            stand = driver.stand_in(graph, timings, preset=args.hardware or "h100")
+            how = f"{stand.preset}'s link scaled by {stand.scale:.3g} (this CPU's compute " \
+                  f"time / the preset's)"
+        else:
+            stand = driver.stand_in(graph, timings,
+                                    link=fixed_link(gbps, args.link_latency_us or 0))
+            how = "--link-gbps"
     print(f"link    emulated {stand.link.bandwidth / 1e9:.4g} GB/s, "
           f"{stand.link.latency * 1e6:.4g} us per copy ({how}); measured: kernels "
           f"{np.sum(stand.op_times) * 1e3:.3f} ms per iteration, copy issue "
@@ -101,6 +103,18 @@ def write_swap_sidecar(path: str, graph, plan, target, link=None) -> None:
             **link}
     with open(path, "w") as f:
         json.dump(data, f)
+
+
+@contextlib.contextmanager
+def copy_cpu_for(link):
+    """With an emulated link, the stand-in's copy workers on a CPU of their own and the
+    compute on the others (`driver.dedicated_copy_cpu`), as a GPU's copy engines are not its
+    cores; yields that CPU (None without a link, or with a single CPU)."""
+    if not link:
+        yield None
+        return
+    with driver.dedicated_copy_cpu() as cpu:
+        yield cpu
 
 
 @contextlib.contextmanager
@@ -125,12 +139,13 @@ def run_swapped(args, report, model, graph, plan, executable, target, arguments,
                                     executable, target, tune_db)
     device, host = vm_devices(target)
     link = report.get("swap", {}).get("emulated_link")
-    with emulated(link):
-        in_force = swap_streams.emulated_link()
-        swapped = driver.run(executable, arguments, device, repeat=args.repeat, host=host,
-                             arg_devices=argument_devices(graph, plan))
-    plain = driver.run(driver.build(model, target, tune_db=tune_db, library=args.library),
-                       arguments, device, repeat=args.repeat)
+    with copy_cpu_for(link) as copy_cpu:
+        with emulated(link):
+            in_force = swap_streams.emulated_link()
+            swapped = driver.run(executable, arguments, device, repeat=args.repeat, host=host,
+                                 arg_devices=argument_devices(graph, plan))
+        plain = driver.run(driver.build(model, target, tune_db=tune_db, library=args.library),
+                           arguments, device, repeat=args.repeat)
     constants = graph.bytes_of_kind("constant")  # loaded with the module, not by the VM
     measured = swapped.peak_bytes + constants
     budget = plan.budget
@@ -141,12 +156,13 @@ def run_swapped(args, report, model, graph, plan, executable, target, arguments,
         "host_peak_bytes": swapped.host_peak_bytes,
         "emulated_link": None if in_force is None else {
             "gbps": in_force.bandwidth / 1e9, "latency_us": in_force.latency * 1e6,
-            "source": "--link-gbps" if link else "environment"},
+            "source": "--link-gbps" if link else "environment", "copy_cpu": copy_cpu},
     }
     if in_force is not None:
         print(f"link    the swapped run's copies were paced to an emulated link: "
               f"{in_force.describe()}" + ("" if link else
-                                          f" (from ${swap_streams.LINK_ENV_GBPS})"))
+                                          f" (from ${swap_streams.LINK_ENV_GBPS})")
+              + ("" if copy_cpu is None else f", copy workers on CPU {copy_cpu}"))
     ratio = swapped.median_ms / plain.median_ms if plain.median_ms else float("nan")
     print(f"memory  planned peak {format_size(plan.predicted_peak)}, measured peak "
           f"{format_size(measured)} on {device} (budget {format_size(budget)}; no-swap build "

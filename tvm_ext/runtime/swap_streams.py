@@ -279,6 +279,13 @@ def set_copy_worker_cpus(cpus: Iterable[int]) -> None:
     get_function("tvm_ext.swap.set_worker_cpus")([int(c) for c in cpus])
 
 
+def process_cpus() -> tuple[int, ...]:
+    """The CPUs the process could run on when the runtime library was loaded (unpinned copy
+    workers run on these; a thread's own CPUs may be fewer since: TVM's thread pool binds the
+    calling thread to one core once it runs a parallel kernel). Empty off Linux."""
+    return tuple(int(c) for c in get_function("tvm_ext.swap.process_cpus")())
+
+
 def copy_worker_cpus() -> tuple[int, ...]:
     """The CPUs the copy workers are pinned to; empty when unpinned. Raises ValueError naming a
     malformed $TVM_EXT_COPY_WORKER_CPUS."""
