@@ -8,7 +8,9 @@ this CPU is slower than the H100 preset on the same graph (`tvm_ext.cost.emulati
 the ratio of copy to compute time is an H100's. Per model:
 
 1. kernels timed alone (`measure_kernels`), the unswapped build timed (pooled allocator), the
-   VM's per-kernel dispatch overhead from the difference (`cost.calibration.dispatch_overhead`);
+   VM's per-kernel dispatch overhead from the difference, or, where the run was faster than the
+   kernels timed alone (resnet: their inputs in cache in the run), the kernels scaled down to
+   it (`cost.calibration.fit_to_iteration`);
 2. the link scaled from the preset, and the swap runtime's own costs measured with it (issuing
    a copy to a stream idle for a given time, a stalled caller's resume delay, pacing overshoot:
    `driver.measure_runtime_costs`); the planners plan with all of these (`driver.stand_in`);
@@ -191,8 +193,10 @@ def run_model(name: str, args, workdir: str) -> tuple[dict, list[dict]]:
             "plain_cpu_share": plain.cpu_share,
             "ideal_simulated_ms": ideal_ms, "no_swap_peak": base.no_swap_peak(),
             "min_budget": base.min_budget()[0], **stand.summary()}
+    fit = (f"dispatch {stand.dispatch_overhead * 1e6:.0f} us per kernel"
+           if stand.kernel_scale == 1.0 else f"kernels x{stand.kernel_scale:.2f}")
     print(f"# {name}: {graph.num_ops} ops, unswapped {plain.median_ms:.2f} ms measured (on a "
-          f"core {plain.cpu_share:.0%} of it), {ideal_ms:.2f} ms simulated; link "
+          f"core {plain.cpu_share:.0%} of it), {ideal_ms:.2f} ms simulated ({fit}); link "
           f"{stand.link.bandwidth / 1e9:.3g} GB/s, "
           f"{stand.link.latency * 1e6:.0f} us ({args.preset} / {stand.scale:.1f}); hand-over "
           f"to a stream idle for {_wake_text(stand.costs.wake)}; resume "

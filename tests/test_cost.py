@@ -122,3 +122,22 @@ def test_dispatch_overhead_spreads_the_unexplained_time_over_kernels():
     assert with_dispatch_overhead(op_kernels(graph), times, overhead).sum() == pytest.approx(
         times.sum() + kernels * 2e-6)
     assert dispatch_overhead(op_kernels(graph), times, times.sum() / 2) == 0.0
+
+
+def test_op_times_fit_a_measured_run_faster_or_slower_than_their_sum():
+    """Slower: the difference is dispatch overhead on every kernel op; faster: the kernel ops
+    are scaled down to the run, the others kept; either way the sum is the run's."""
+    from tvm_ext.cost.calibration import fit_to_iteration
+
+    kernels = ["k0", None, "k1", "k2"]
+    times = np.array([4e-4, 1e-4, 2e-4, 2e-4])
+    slower, overhead, scale = fit_to_iteration(kernels, times, 1.2e-3)
+    assert (overhead, scale) == (pytest.approx(1e-4), 1.0)
+    np.testing.assert_allclose(slower, [5e-4, 1e-4, 3e-4, 3e-4])
+    faster, overhead, scale = fit_to_iteration(kernels, times, 5e-4)
+    assert (overhead, scale) == (0.0, pytest.approx(0.5))
+    np.testing.assert_allclose(faster, [2e-4, 1e-4, 1e-4, 1e-4])
+    assert faster.sum() == pytest.approx(5e-4)
+    same, overhead, scale = fit_to_iteration([None] * 4, times, 1e-4)  # no kernel to fit
+    assert (overhead, scale) == (0.0, 1.0)
+    np.testing.assert_array_equal(same, times)

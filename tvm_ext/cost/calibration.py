@@ -120,3 +120,20 @@ def with_dispatch_overhead(kernels: Sequence[str | None], op_times: np.ndarray,
     """`op_times` with `overhead` added to every kernel op (`kernels` as `dispatch_overhead`)."""
     kernel = np.array([k is not None for k in kernels], dtype=np.float64)
     return np.asarray(op_times, dtype=np.float64) + overhead * kernel
+
+
+def fit_to_iteration(kernels: Sequence[str | None], op_times: np.ndarray,
+                     iteration_s: float) -> tuple[np.ndarray, float, float]:
+    """Op durations that add up to a measured whole run: a run slower than the ops' sum adds
+    the difference to the kernel ops as dispatch overhead (`dispatch_overhead`); a run faster
+    (kernels timed alone, on their own buffers, ran slower than in the run, where a producer
+    leaves its output in cache) scales the kernel ops down to it. Returns (durations, overhead
+    s per kernel op, scale of the kernel ops); (`op_times`, 0, 1) without kernel ops."""
+    overhead = dispatch_overhead(kernels, op_times, iteration_s)
+    times = with_dispatch_overhead(kernels, op_times, overhead)
+    kernel = np.array([k is not None for k in kernels], dtype=bool)
+    in_kernels = float(np.sum(times[kernel])) if kernel.any() else 0.0
+    if in_kernels <= 0 or float(np.sum(times)) <= float(iteration_s):
+        return times, overhead, 1.0
+    scale = max(0.0, (float(iteration_s) - float(np.sum(times[~kernel]))) / in_kernels)
+    return np.where(kernel, times * scale, times), overhead, scale

@@ -30,13 +30,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..cost.calibration import (
-    KernelTiming,
-    dispatch_overhead,
-    op_kernels,
-    op_times_measured,
-    with_dispatch_overhead,
-)
+from ..cost.calibration import KernelTiming, fit_to_iteration, op_kernels, op_times_measured
 from ..cost.emulation import RuntimeCosts, scaled_link, stand_in_hardware, time_scale
 from ..cost.hardware import Hardware, Link, get_hardware
 from ..cost.roofline import op_times as roofline_op_times
@@ -244,12 +238,14 @@ class StandIn:
     scale: float | None = None  # this CPU's compute time / the preset's (scaled links)
     preset: str | None = None
     dispatch_overhead: float = 0.0
+    kernel_scale: float = 1.0  # < 1: the unswapped run was faster than its kernels timed alone
 
     def summary(self) -> dict:
         return {"link_gbps": self.link.bandwidth / 1e9, "link_latency_us": self.link.latency * 1e6,
                 "scale": self.scale, "preset": self.preset,
                 "compute_s": float(np.sum(self.op_times)),
                 "dispatch_overhead_us": self.dispatch_overhead * 1e6,
+                "kernel_scale": self.kernel_scale,
                 "copy_issue_us": self.costs.copy_issue * 1e6, "sync_us": self.costs.sync * 1e6,
                 "overshoot_us": self.costs.overshoot * 1e6,
                 "wake_us": [[round(x * 1e6, 1) for x in p] for p in self.costs.wake]}
@@ -261,13 +257,15 @@ def stand_in(graph: DataflowGraph, timings: dict[str, KernelTiming], *,
     """The stand-in for `graph` with kernels timed as `timings` (`measure_kernels`): with
     `preset`, the preset's host link scaled by this CPU's compute time over the preset's
     (`tvm_ext.cost.emulation`); with `link`, that link as it is. `iteration_s`, a measured
-    unswapped run, adds the VM's per-kernel dispatch overhead to the op durations."""
+    unswapped run, fits the op durations to it (`cost.calibration.fit_to_iteration`): the VM's
+    per-kernel dispatch overhead added, or the kernels scaled down where the run was faster."""
     if (preset is None) == (link is None):
         raise ValueError("stand_in takes a preset to scale or a link, not both or neither")
     times = op_times_measured(graph, timings)
     kernels = op_kernels(graph)
-    overhead = dispatch_overhead(kernels, times, iteration_s) if iteration_s else 0.0
-    times = with_dispatch_overhead(kernels, times, overhead)
+    overhead, kernel_scale = 0.0, 1.0
+    if iteration_s:
+        times, overhead, kernel_scale = fit_to_iteration(kernels, times, iteration_s)
     scale = name = None
     if preset is not None:
         hw = get_hardware(preset)
@@ -276,4 +274,4 @@ def stand_in(graph: DataflowGraph, timings: dict[str, KernelTiming], *,
         link = scaled_link(hw.host_to_device, scale)
     costs = measure_runtime_costs(link)
     return StandIn(times, link, costs, stand_in_hardware(link, costs=costs), scale, name,
-                   overhead)
+                   overhead, kernel_scale)

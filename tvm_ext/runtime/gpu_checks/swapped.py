@@ -139,13 +139,10 @@ def simulate_measured(problem_doc: dict, plan: dict, kernel_seconds: dict[str, f
     roofline's where a kernel was not timed) and the measured copy bandwidths. With the
     unswapped build's measured `iteration_s`, every kernel op also takes the dispatch overhead
     calibrated from it (launches and the VM between kernels: the iteration less the kernels'
-    sum, spread over the kernel ops), as `driver.stand_in` does on the CPU stand-in."""
+    sum, spread over the kernel ops; kernels scaled down where the run was faster than their
+    sum: `cost.calibration.fit_to_iteration`), as `driver.stand_in` does on the CPU stand-in."""
     try:
-        from ...cost.calibration import (
-            dispatch_overhead,
-            op_times_of_kernels,
-            with_dispatch_overhead,
-        )
+        from ...cost.calibration import fit_to_iteration, op_times_of_kernels
         from ...swap.plan import SwapPlan
         from ...swap.problem import SwapProblem
         from ...swap.simulator import simulate
@@ -162,12 +159,14 @@ def simulate_measured(problem_doc: dict, plan: dict, kernel_seconds: dict[str, f
         if k in untimed:
             seconds.setdefault(k, float(problem.durations[i]))
     durations = op_times_of_kernels(kernels, seconds)
-    overhead = dispatch_overhead(kernels, durations, iteration_s) if iteration_s else 0.0
-    changes = {"durations": with_dispatch_overhead(kernels, durations, overhead)}
+    overhead, scale = 0.0, 1.0
+    if iteration_s:
+        durations, overhead, scale = fit_to_iteration(kernels, durations, iteration_s)
+    changes = {"durations": durations}
     if bandwidth:
         changes.update(h2d_bandwidth=bandwidth["h2d"], d2h_bandwidth=bandwidth["d2h"])
     problem = dataclasses.replace(problem, **changes)
     makespan = simulate(problem, SwapPlan.from_dict(plan)).makespan
     return {"simulated_ms": makespan * 1e3, "simulated_untimed_kernels": untimed,
             "simulated_bandwidth": "measured" if bandwidth else "preset",
-            "dispatch_overhead_us": overhead * 1e6}
+            "dispatch_overhead_us": overhead * 1e6, "kernel_scale": scale}
