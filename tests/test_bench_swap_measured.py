@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import swap_measured
@@ -55,17 +57,33 @@ def test_chunked_ops_agree_within_tolerance_not_exactly():
 
 def test_rows_against_the_unswapped_run_beside_them():
     """The machine ran 10% slower than at calibration when the row was measured: the error
-    rescaled by that drift, % of ideal against the run beside it, ranking by slowdown."""
+    against the plan simulated at that speed, % of ideal against the run beside it, ranking by
+    slowdown."""
     a, b = _row("swapadvisor", 10, 11), _row("lru", 20, 21)
-    swap_measured.beside(a, base_ms=5.5, calibrated_ms=5.0, ideal_ms=5.0)
-    swap_measured.beside(b, base_ms=4.5, calibrated_ms=5.0, ideal_ms=5.0)
+    swap_measured.beside(a, base_ms=5.5, calibrated_ms=5.0, ideal_ms=5.0,
+                         simulated_at_speed_ms=11.0)
+    swap_measured.beside(b, base_ms=4.5, calibrated_ms=5.0, ideal_ms=5.0,
+                         simulated_at_speed_ms=18.0)
     assert a["speed"] == 1.1 and a["error_rescaled"] == 0.0
     assert a["measured_pct_ideal"] == 50.0 and a["simulated_pct_ideal"] == 50.0
     assert b["error_rescaled"] == 21 / 18 - 1
     lines = swap_measured.summarize([a, b])
-    assert lines[1] == ("the same, simulated times rescaled by the machine's speed as the "
-                        "unswapped run beside each measured it (err*): 1/2 (largest 16.7%; "
+    assert lines[1] == ("the same, simulated with the compute at the speed the unswapped run "
+                        "beside each measured (err*): 1/2 (largest 16.7%; "
                         "speed 0.90-1.10x the calibration's)")
     # Slowdowns 2.0 and 4.67: ranked as simulated.
     assert lines[2].startswith("planners ranked alike measured and simulated: 1/1 pairs")
     assert swap_measured.format_row(a).split()[6:8] == ["5.50", "+0.0%"]
+
+
+def test_a_plan_simulated_at_the_machines_speed_slows_its_compute_not_its_copies():
+    """Compute twice as slow (ops 2 s, copies still 1 s): op 1 still waits for the swap-out,
+    which now ends within op 0's time plus 1 s; the iteration gains the compute's 3 s."""
+    from swap_dags import hand_problem_and_plan
+
+    from tvm_ext.swap import simulate
+
+    problem, plan = hand_problem_and_plan()
+    assert simulate(problem, plan).makespan == pytest.approx(4.0)
+    assert swap_measured.at_speed(problem, plan, 2.0) == pytest.approx(7e3)
+    assert swap_measured.at_speed(problem, plan, 1.0) == pytest.approx(4e3)
