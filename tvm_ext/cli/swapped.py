@@ -76,7 +76,7 @@ def emulated_link_for(args, model, graph, target) -> driver.StandIn:
     """--link-gbps: this CPU's kernel times and the link (fixed, or the --hardware preset's
     scaled to this CPU), with the swap runtime's costs measured on it."""
     gbps = link_gbps(args)
-    with copy_cpu_for(True):  # measured as the swapped run will run
+    with driver.dedicated_copy_cpu():  # measured as the swapped run will run
         timings = driver.measure_kernels(model, target, graph)
         if gbps is None:
             stand = driver.stand_in(graph, timings, preset=args.hardware or "h100")
