@@ -2,6 +2,7 @@
 
 from .broadcast_constants import BroadcastConstants
 from .dispatch_library import DispatchLibraryKernels
+from .drop_unread_kernel_inputs import DropUnreadKernelInputs
 from .partition_operators import PartitionError, PartitionOperators
 from .return_loss_only import ReturnLossOnly
 from .swap_offload import SwapOffload, SwapOffloadError
@@ -10,6 +11,7 @@ from .update_arguments_in_place import UpdateArgumentsInPlace
 __all__ = [
     "BroadcastConstants",
     "DispatchLibraryKernels",
+    "DropUnreadKernelInputs",
     "PartitionError",
     "PartitionOperators",
     "ReturnLossOnly",

@@ -4,7 +4,8 @@ Phases, in order (each a list of passes, so a caller can rebuild the pipeline fr
 
 1. `library_dispatch_passes`  target-specific library dispatch (sort, sampling).
 2. `legalize_passes`          LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR,
-                              BroadcastConstants (constants at their distinct extent):
+                              BroadcastConstants (constants at their distinct extent),
+                              DropUnreadKernelInputs (arguments a kernel never reads):
                               `fuse` adds RewriteDataflowReshape: the module the graph
                               of every planner is read from (`tvm_ext.ir.graph_builder`).
 3. `partition_passes`         with `num_devices`: PartitionOperators (tvm_ext.passes) plans a
@@ -48,6 +49,7 @@ from tvm_ext.partition import PartitionPlan
 from tvm_ext.passes import (
     BroadcastConstants,
     DispatchLibraryKernels,
+    DropUnreadKernelInputs,
     PartitionOperators,
     ReturnLossOnly,
     SwapOffload,
@@ -77,6 +79,7 @@ def legalize_passes(target: tvm.target.Target) -> list:
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
         BroadcastConstants(),
+        DropUnreadKernelInputs(),
     ]
 
 
