@@ -141,3 +141,20 @@ def test_global_indices_through_a_chunk_argument():
                   chunk, res)
         np.testing.assert_allclose(res.numpy(), (full + np.arange(8))[:, chunk * 4:
                                                                     (chunk + 1) * 4])
+
+
+def test_a_resize_splits_its_rows_and_every_chunk_computes_its_whole_source():
+    """A resize reads its fused source at computed rows, so no chunk of the output rows reads
+    a chunk of the source: every chunk computes all of it (x read whole), then its rows. (A
+    source made in chunks and read across them stays invalid:
+    test_kernel_dims.test_fused_head_merge_keeps_the_head_split.)"""
+    from kernel_chunks import check_split
+
+    kd = _kernel(lambda x: relax.op.image.resize2d(relax.op.multiply(x, x), size=(16, 16)),
+                 (1, 4, 8, 8))
+    (rows,) = [d for d, dim in enumerate(kd.spec.dims) if dim.outputs == [2]]
+    dim = kd.spec.dims[rows]
+    assert dim.valid and dim.inputs == [None] and rows in kd.value_dims
+    assert lowering_obstacle(kd, rows) is None
+    for parts in (2, 4):
+        assert check_split(kd, {rows: parts}).error is None

@@ -453,8 +453,13 @@ class _KernelAnalysis:
                 nbytes = buffer_bytes(r.shapes[key], r.dtypes[key])
                 inner.append(InnerReduce(f"{block.name}:{r.names[key]}", block.combiner,
                                          nbytes, dims))
-        # Intermediates: read by the same chunks that computed them, or not by the dim at all.
+        # Intermediates: read by the same chunks that computed them, not by the dim at all, or
+        # computed whole by every chunk (their blocks have no variable of the dim: a resize's
+        # source, read at computed rows).
         for acc, wids in self._intermediate_reads():
+            if not any(self._touches(_Index(None, {v}), member_set) for b in r.blocks
+                       if any(k == acc.buffer for k, _ in b.stores) for v in b.var_ids):
+                continue
             for a, index in enumerate(acc.indices):
                 w = wids[a]
                 if w in self.derived:
