@@ -12,14 +12,15 @@ op times. Planners: `SA` (`swapadvisor`: the search over schedule, layout, swaps
 (`checkpoint`: sqrt(n) recompute, the rest swapped), vDNN, LRU. For each case: simulated
 iteration time of each planner and its % of ideal (`cls %`: the best plan the search found with
 SwapAdvisor's size-class layout, 0 when that layout cannot fit the budget; the plan returned is
-the best of both layouts), what the bytes freed between two uses came from (`rc %`: recompute's
-share, the rest swap), bytes swapped, planning time, and lower bounds. Transfer bound: the bytes
-above the budget at the no-swap peak must leave the device and come back, so time >= excess /
-link bandwidth. Phase bound (training): the bytes live across the forward/backward boundary
-beyond the budget must have left by the end of the forward pass (`phase_bound`). With recompute
-(`rc bound`) a byte may instead be dropped and made again, at the least its producer's time per
-byte (`recompute_bounds`): the bound falls where recomputing is cheaper than the link. `of lim %`
-is how close SA comes to the largest of ideal and the recompute bounds.
+the best of both layouts), what the device bytes saved came from (`rc %`: recompute's share,
+`sp %`: splitting in time's, the rest swap), bytes swapped, planning time, and lower bounds.
+Transfer bound: the bytes above the budget at the no-swap peak must leave the device and come
+back, so time >= excess / link bandwidth. Phase bound (training): the bytes live across the
+forward/backward boundary beyond the budget must have left by the end of the forward pass
+(`phase_bound`). With recompute (`rc bound`) a byte may instead be dropped and made again, at
+the least its producer's time per byte (`recompute_bounds`): the bound falls where recomputing
+is cheaper than the link. `of lim %` is how close SA comes to the largest of ideal and the
+recompute bounds.
 
 Targets (issue 13), printed PASS or MISS: SA never slower than swap-only; h100 at 12x: resnet
 >= 75% and gpt >= 93% of ideal; planning within 60 s for the 2k-op graphs.
@@ -154,8 +155,10 @@ def _phases(problem):
 
 
 def freed_shares(plan, problem) -> dict:
-    """Bytes freed between two uses, by how: swap (copied out, or an argument fetched again)
-    and recompute (made again)."""
+    """Device bytes saved, by how: swap (freed between two uses by a copy out, or an argument
+    fetched again), recompute (dropped and made again) and splitting in time (each split op's
+    streamed inputs and outputs, less its chunk buffers, need not be resident while it runs).
+    A tensor may count under two (swapped out before the split op that streams it in)."""
     fetched: dict[int, int] = {}
     refetched = 0
     for s in plan.swap_ins:
@@ -164,9 +167,12 @@ def freed_shares(plan, problem) -> dict:
             refetched += s.nbytes
     swapped = plan.bytes_swapped_out + refetched
     recomputed = int(plan.info.get("bytes_recomputed", 0))
-    total = swapped + recomputed
-    return {"swap_bytes": swapped, "recompute_bytes": recomputed, "split_bytes": 0,
-            "recompute_share": recomputed / total if total else 0.0}
+    split = sum(max(0, int(problem.sizes[[*sp.cut_inputs, *sp.cut_outputs]].sum()) - sp.nbytes)
+                for sp in plan.splits)
+    total = swapped + recomputed + split
+    return {"swap_bytes": swapped, "recompute_bytes": recomputed, "split_bytes": split,
+            "recompute_share": recomputed / total if total else 0.0,
+            "split_share": split / total if total else 0.0}
 
 
 def run_case(base, ratio: float, time_budget: float, seed: int) -> tuple[dict, dict]:
@@ -283,7 +289,7 @@ def main(argv=None) -> int:
     ratios = [float(r) for r in args.ratios.split(",")]
     results = []
     header = (f"{'model':10} {'hw':9} {'ratio':>5} {'ops':>5} {'ideal s':>8} {'lru %':>6} "
-              f"{'vdnn %':>6} {'ckpt %':>6} {'swap %':>6} {'SA %':>6} {'rc %':>5} "
+              f"{'vdnn %':>6} {'ckpt %':>6} {'swap %':>6} {'SA %':>6} {'rc %':>5} {'sp %':>5} "
               f"{'cls %':>6} {'SA/best':>7} {'SA GB':>7} {'plan s':>6} {'bound s':>7} "
               f"{'phase s':>7} {'rc bnd':>7} {'of lim %':>8}")
     lines = [header, "-" * len(header)]
@@ -308,6 +314,7 @@ def main(argv=None) -> int:
                         f"{p['vdnn']['pct_ideal']:6.1f} {p['checkpoint']['pct_ideal']:6.1f} "
                         f"{p['swap_only']['pct_ideal']:6.1f} {p['swapadvisor']['pct_ideal']:6.1f} "
                         f"{100 * p['swapadvisor']['recompute_share']:5.1f} "
+                        f"{100 * p['swapadvisor']['split_share']:5.1f} "
                         f"{row['size_classes_pct_ideal']:6.1f} "
                         f"{row['speedup_vs_best_baseline']:7.2f} "
                         f"{p['swapadvisor']['bytes_swapped'] / 1e9:7.1f} "
