@@ -55,6 +55,7 @@ class DropUnreadKernelInputs:
                 mutator.builder_.update_func(gv, mutator.visit_expr(func))
         return mutator.builder_.get()
 
+
 def _call_sites(mod: tvm.IRModule):
     """Per kernel name: how many `call_tir`s call it, their input counts, and how many times
     any Relax function names it."""

@@ -36,7 +36,8 @@ def unread_params(func: tirx.PrimFunc) -> list[int]:
         own = [v for e in (*p.ty.shape, *p.ty.strides, p.ty.elem_offset)
                for v in _vars(e)]
         # Its own symbolic offset is named once by its own type, above; more names mean a use.
-        if all(sum(u.same_as(v) for u in named) <= own.count(v) for v in own):
+        if all(sum(u.same_as(v) for u in named) <= sum(u.same_as(v) for u in own)
+               for v in own):
             out.append(i)
     return out
 
