@@ -47,10 +47,11 @@ from tvm_ext.errors import InputError
 from tvm_ext.ir.accumulating_kernels import accumulating_kernel, output_params
 from tvm_ext.ir.epilogue_kernels import reduction_epilogue
 from tvm_ext.ir.graph_builder import read_pass_input
+from tvm_ext.ir.halo_chunks import chunk_rows
 from tvm_ext.ir.inplace_kernels import InPlaceError, drop_unused, inplace_kernel
 from tvm_ext.ir.kernel_cost import buffer_bytes
 from tvm_ext.ir.kernel_dims import kernel_dims
-from tvm_ext.ir.local_kernels import LoweringError, chunk_params, local_kernel
+from tvm_ext.ir.local_kernels import LoweringError, chunk_params, has_halo, local_kernel
 from tvm_ext.ir.pass_records import (
     STATE_ATTR,
     SWAP_ARGS_ATTR,
@@ -422,17 +423,10 @@ class _Rewriter:
         cut_in, cut_out = set(sp.cut_inputs), set(sp.cut_outputs)
         offset = [sp.offset]
         axis = self._cut_axes(op, sp)
+        halos = self._halos(op, sp)
 
         def buffers(tid: int) -> list:
-            t = g.tensors[tid]
-            shape = _cut_shape(t.shape, axis[tid], sp.chunks)
-            pair = []
-            for _ in range(sp.buffers):
-                alloc = relax.op.memory.alloc_tensor(self.pools[sp.pool],
-                                                     relax.prim_value(offset[0]),
-                                                     relax.ShapeExpr(shape), t.dtype)
-                pair.append(self.emit(relax.op.memory.ensure_zero_offset(self.emit(alloc))))
-                offset[0] += chunk_bytes(self._chunked_bytes(tid), sp.chunks)
+            pair, offset[0] = self._chunk_buffers(sp, tid, axis[tid], halos.get(tid), offset[0])
             return pair
 
         # One pair per tensor, also where the op reads it twice; copied in the plan's stream
@@ -458,15 +452,19 @@ class _Rewriter:
         fields = value.args[1].fields if isinstance(value.args[1], relax.Tuple) \
             else [value.args[1]]
         nb = sp.buffers
+        if offset[0] - sp.offset > sp.nbytes:
+            raise SwapOffloadError(f"plan error: {op.name}'s chunk buffers take "
+                                   f"{offset[0] - sp.offset} bytes, the plan has {sp.nbytes}")
         for tid, pair in ins.items():
-            self._copy_chunk(tid, axis[tid], sp, 0, pair[0], H2D)
+            self._copy_chunk(tid, axis[tid], sp, 0, pair[0], H2D, halos.get(tid))
         for j in range(sp.chunks):
             b = j % nb
             for tid, pair in ins.items():
                 if j > 0 and nb == 1:  # the buffer is free again: the kernel has run
-                    self._copy_chunk(tid, axis[tid], sp, j, pair[0], H2D)
+                    self._copy_chunk(tid, axis[tid], sp, j, pair[0], H2D, halos.get(tid))
                 if j + 1 < sp.chunks and nb == 2:
-                    self._copy_chunk(tid, axis[tid], sp, j + 1, pair[1 - b], H2D)
+                    self._copy_chunk(tid, axis[tid], sp, j + 1, pair[1 - b], H2D,
+                                     halos.get(tid))
                 self.emit(swap_calls.wait_call(pair[b], H2D))
             if j >= nb:
                 for pair in outs:  # its previous chunk has left
@@ -572,18 +570,23 @@ class _Rewriter:
         return self.emit(relax.op.memory.ensure_zero_offset(view))
 
     def _copy_chunk(self, tid: int, axis: int, sp, j: int, buffer: relax.Var,
-                    stream: int) -> None:
+                    stream: int, halo: tuple[int, int] | None = None) -> None:
         """Chunk j of tensor `tid` (cut along `axis` as the op reads or writes it) from its
         base's host copy into `buffer` (H2D), or from `buffer` back (D2H); the runtime copies
-        it whole when every axis before `axis` is 1, else row by row (`copy_chunk_async`)."""
+        it whole when every axis before `axis` is 1, else row by row (`copy_chunk_async`). With
+        a `halo` (rows before, after), the chunk's input range in (`copy_window_async`)."""
         t = self.g.tensors[tid]
         host = self._host_copy_of(self.g.base(tid))
         if tid != self.g.base(tid):  # the base's bytes, shaped as the op reads them
             host = self.emit(relax.op.memory.view(host, relax.ShapeExpr(list(t.shape)), None,
                                                   relax.prim_value(0)))
+        name = self.g.tensors[self.g.base(tid)].name
+        if halo is not None:
+            start = j * (int(t.shape[axis]) // sp.chunks) - halo[0]
+            self.emit(swap_calls.copy_window_async_call(host, buffer, stream, axis, start, name))
+            return
         self.emit(swap_calls.copy_chunk_async_call(host, buffer, stream, axis, j,
-                                                   stream == H2D,
-                                                   self.g.tensors[self.g.base(tid)].name))
+                                                   stream == H2D, name))
 
     def _stream(self, src, dst, stream: int) -> None:
         self.emit(swap_calls.copy_async_call(src, dst, stream, ""))
@@ -631,6 +634,31 @@ class _Rewriter:
             axes.update(zip(op.outputs, dim.outputs, strict=True))
         return axes
 
+    def _chunk_buffers(self, sp, tid: int, axis: int, halo: tuple[int, int] | None,
+                       offset: int) -> tuple[list, int]:
+        """`sp.buffers` chunk buffers of tensor `tid` (cut along `axis`; with a `halo`, the
+        chunk's input range, halo rows included) in the split's window from `offset`; and the
+        offset after them."""
+        t = self.g.tensors[tid]
+        shape = _cut_shape(t.shape, axis, sp.chunks)
+        nbytes = chunk_bytes(self._chunked_bytes(tid), sp.chunks)
+        if halo is not None:
+            shape[axis] = chunk_rows(int(t.shape[axis]), sp.chunks, *halo)
+            nbytes = align(buffer_bytes(shape, t.dtype))
+        pair = []
+        for _ in range(sp.buffers):
+            alloc = relax.op.memory.alloc_tensor(self.pools[sp.pool], relax.prim_value(offset),
+                                                 relax.ShapeExpr(shape), t.dtype)
+            pair.append(self.emit(relax.op.memory.ensure_zero_offset(self.emit(alloc))))
+            offset += nbytes
+        return pair, offset
+
+    def _halos(self, op, sp) -> dict[int, tuple[int, int]]:
+        """The inputs split op `op` reads through windows: (halo rows before, after)."""
+        dim = self._kernel_dims(op).spec.dims[sp.dim]
+        return {tid: (c.halo_lo, c.halo_hi) for tid, c in zip(op.inputs, dim.inputs, strict=True)
+                if c is not None and c.halo}
+
     def _new_chunk_params(self, op, sp) -> int:
         """How many chunk indices the chunk kernel of `op` takes beyond those of the op's own
         kernel (a kernel partitioned across devices already takes its device's chunk, which
@@ -644,8 +672,9 @@ class _Rewriter:
         if key not in self.chunk_kernels:
             part = self._epilogue(op, sp).reduction if sp.epilogue else None
             try:
-                kernel = local_kernel(self._kernel_dims(op), {sp.dim: sp.chunks},
-                                      func=part.func if part else None,
+                kd = self._kernel_dims(op)
+                kernel = local_kernel(kd, {sp.dim: sp.chunks},
+                                      func=part.func if part else None, halo=has_halo(kd, sp.dim),
                                       num_outputs=len(part.outputs) if part else None)
             except LoweringError as err:
                 raise SwapOffloadError(f"{op.name}: cannot run in {sp.chunks} chunks: {err}") \

@@ -15,10 +15,12 @@ import numpy as np
 import tvm
 from tvm import tirx
 
+from tvm_ext.ir.halo_chunks import chunk_rows
 from tvm_ext.ir.kernel_dims import KernelDims
 from tvm_ext.ir.local_kernels import (
     KernelPart,
     chunk_params,
+    has_halo,
     inner_blocks,
     local_kernel,
     lowering_obstacle,
@@ -59,9 +61,26 @@ def _call(rt, args: Sequence[np.ndarray], scalars: Sequence[int], out_params) ->
     return [o.numpy() for o in outs]
 
 
-def _chunk(array: np.ndarray, axis: int, index: int, parts: int) -> np.ndarray:
+def _chunk(array: np.ndarray, axis: int, index: int, parts: int, _cut=None) -> np.ndarray:
     size = array.shape[axis] // parts
     return np.take(array, range(index * size, (index + 1) * size), axis=axis)
+
+
+def _window(array: np.ndarray, axis: int, index: int, parts: int, cut: AxisCut) -> np.ndarray:
+    """Chunk `index`'s input range along a windowed axis, halo rows included; rows outside the
+    array hold NaN (a kernel that read them would show it)."""
+    n = array.shape[axis]
+    rows = chunk_rows(n, parts, cut.halo_lo, cut.halo_hi)
+    start = index * (n // parts) - cut.halo_lo
+    out = np.full([*array.shape[:axis], rows, *array.shape[axis + 1:]], np.nan, array.dtype) \
+        if array.dtype.kind == "f" else np.zeros([*array.shape[:axis], rows,
+                                                  *array.shape[axis + 1:]], array.dtype)
+    lo, hi = max(start, 0), min(start + rows, n)
+    dst = [slice(None)] * array.ndim
+    src = [slice(None)] * array.ndim
+    dst[axis], src[axis] = slice(lo - start, hi - start), slice(lo, hi)
+    out[tuple(dst)] = array[tuple(src)]
+    return out
 
 
 def global_run(kd: KernelDims, seed: int = 0) -> tuple[list, list]:
@@ -108,14 +127,17 @@ def check_split(kd: KernelDims, factors: dict[int, int], run: tuple[list, list] 
         return total
 
     values: list[dict] = [{("in", i): x for i, x in enumerate(inputs)} for _ in chunks]
+    halo = any(has_halo(kd, d) for d in factors)
     for d, f in factors.items():  # inputs cut by a split dim: each device holds its chunk
         for i, cut in enumerate(dims[d].inputs):
             if isinstance(cut, AxisCut):
                 for c, idx in enumerate(chunks):
-                    values[c][("in", i)] = _chunk(values[c][("in", i)], cut.axis,
-                                                  idx[order.index(d)], f)
+                    take = _window if cut.halo else _chunk
+                    values[c][("in", i)] = take(values[c][("in", i)], cut.axis,
+                                                idx[order.index(d)], f, cut)
     for part in parts:
-        local = local_kernel(kd, factors, func=part.func, num_outputs=len(part.outputs))
+        local = local_kernel(kd, factors, func=part.func, num_outputs=len(part.outputs),
+                             halo=halo)
         rt = _compile(local)
         out_params = _buffers(local)[len(part.inputs):]
         results = []
@@ -167,8 +189,13 @@ def _mismatch(got: np.ndarray, want: np.ndarray) -> str | None:
 
 
 def lowerable_splits(kd: KernelDims, parts: int = 2,
-                     pairs: bool = True) -> list[dict[int, int]]:
-    """Every single dim (and pair of dims, each cut in `parts`) the lowering accepts."""
+                     pairs: bool = True, halo: bool = False) -> list[dict[int, int]]:
+    """Every single dim (and pair of dims, each cut in `parts`) the lowering accepts; with
+    `halo`, the single dims read through windows (what only a split in time runs)."""
+    if halo:
+        return [{d: parts} for d, dim in enumerate(kd.spec.dims)
+                if dim.splits(parts) and has_halo(kd, d) and
+                lowering_obstacle(kd, d, allow_halo=True) is None]
     ok = [d for d, dim in enumerate(kd.spec.dims)
           if dim.splits(parts) and lowering_obstacle(kd, d) is None]
     out = [{d: parts} for d in ok]

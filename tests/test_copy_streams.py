@@ -576,3 +576,33 @@ def test_chunk_copy_that_is_no_chunk_is_refused_naming_the_tensor(chunk_shape, a
     with pytest.raises(ValueError, match=f"'w'.*{reason}"):
         swap_streams.copy_chunk_async(whole, chunk, 3, axis, index, True, "w")
     swap_streams.reset()
+
+
+@pytest.mark.parametrize("start, rows", [(-3, 7), (5, 7), (14, 7), (-2, 20), (0, 16)])
+def test_window_copies_move_the_rows_inside_the_tensor_and_leave_the_rest(start, rows):
+    """A chunk's input range along a later axis (strided), starting before the tensor or
+    running past its end: the rows inside land at their place, the others keep their bytes."""
+    data = _random((2, 3, 16, 5), "float32")
+    whole = to_device(data, HOST)
+    fill = np.full((2, 3, rows, 5), 7.0, "float32")
+    chunk = to_device(fill, DEV)
+    swap_streams.copy_window_async(whole, chunk, 1, 2, start, "x")
+    swap_streams.wait(chunk, 1)
+    lo, hi = max(start, 0), min(start + rows, 16)
+    expected = fill.copy()
+    expected[:, :, lo - start:hi - start] = data[:, :, lo:hi]
+    np.testing.assert_array_equal(chunk.numpy(), expected)
+    assert swap_streams.stats(1).bytes == 2 * 3 * (hi - lo) * 5 * 4
+
+
+@pytest.mark.parametrize("chunk_shape, axis, start, reason", [
+    ((2, 4, 4), 1, 0, "does not match"),
+    ((2, 4, 5), 1, 8, "hold no row"),
+    ((2, 4, 5), 1, -4, "hold no row"),
+])
+def test_window_copy_outside_the_tensor_is_refused_naming_it(chunk_shape, axis, start, reason):
+    whole = to_device(_random((2, 8, 5), "float32"), HOST)
+    chunk = empty(chunk_shape, "float32", DEV)
+    with pytest.raises(ValueError, match=f"'w'.*{reason}"):
+        swap_streams.copy_window_async(whole, chunk, 3, axis, start, "w")
+    swap_streams.reset()

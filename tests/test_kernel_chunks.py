@@ -35,11 +35,11 @@ def _kernels(name: str, tmp_path_factory):
     return seen
 
 
-def _check(name: str, tmp_path_factory, pairs: bool) -> None:
+def _check(name: str, tmp_path_factory, pairs: bool, halo: bool = False) -> None:
     failures, checked = [], 0
     for kernel, (func, num_outputs) in _kernels(name, tmp_path_factory).items():
         kd = kernel_dims(func, num_outputs, kernel)
-        splits = lowerable_splits(kd, pairs=pairs)
+        splits = lowerable_splits(kd, pairs=pairs, halo=halo)
         run = global_run(kd) if splits else None
         for factors in splits:
             result = check_split(kd, factors, run, kernel)
@@ -54,6 +54,14 @@ def _check(name: str, tmp_path_factory, pairs: bool) -> None:
 @pytest.mark.parametrize("name", MODELS)
 def test_every_lowerable_split_equals_the_global_kernel(name, tmp_path_factory):
     _check(name, tmp_path_factory, pairs=False)
+
+
+@pytest.mark.parametrize("name", ["resnet", "convnext", "segformer", "wav2vec2"])
+def test_every_split_read_through_windows_equals_the_global_kernel(name, tmp_path_factory):
+    """Dims read through windows (a convolution's or a pooling's rows, the taps of its
+    window): each chunk from its input range, halo rows included (rows outside the input hold
+    NaN), as a split in time runs it."""
+    _check(name, tmp_path_factory, pairs=False, halo=True)
 
 
 @pytest.mark.sweep

@@ -51,11 +51,30 @@ def test_convolution_splits_along_the_batch_or_adds_up_its_input_channels():
                               (4, 8, 16, 16), (16, 8, 3, 3))
     x, w = (t.id for t in graph.tensors if t.arg_index is not None)
     options = [o for k in kernels for o in k]
-    spatial = [o for o in options if not o[7]]
+    plain = [o for o in options if not o[7] and not o[10]]
     # The batch (chunks of x) and the output channels (chunks of w, strided in the output).
-    assert sorted((o[1], o[2], o[3]) for o in spatial) == [(4, [x], [w]), (16, [w], [x])]
-    # The input channels, summed over: chunks of both x and w, the output whole.
-    assert [(o[1], o[2], o[3], o[4]) for o in options if o[7]] == [(8, [x, w], [], [])]
+    assert sorted((o[1], o[2], o[3]) for o in plain) == [(4, [x], [w]), (16, [w], [x])]
+    # The input channels, summed over: chunks of both x and w, the output whole; and the
+    # window's taps (its 3 rows, its 3 columns of w: x whole, each chunk padding other rows).
+    assert sorted((o[1], o[2], o[3], o[4]) for o in options if o[7] and not o[10]) == \
+        [(3, [w], [x], []), (3, [w], [x], []), (8, [x, w], [], [])]
+
+
+def test_convolution_rows_stream_their_input_range_with_the_halo_rows():
+    """The output rows (and columns): chunks of x's rows read through the 3x3 windows, one
+    halo row on each side (2 rows of 8 x 16 x 4 float32 per chunk beyond its own), strided
+    (the batch and channels come first), the output's rows cut; w whole."""
+    graph, kernels = _options(lambda x, w: relax.op.nn.conv2d(x, w, padding=1),
+                              (4, 8, 16, 16), (16, 8, 3, 3))
+    x, w = (t.id for t in graph.tensors if t.arg_index is not None)
+    out = graph.ops[-1].outputs[0]
+    options = [o for k in kernels for o in k]
+    windowed = [o for o in options if o[10] and not o[7]]
+    assert len(windowed) == 2  # rows and columns
+    for o in windowed:
+        assert (o[1], o[2], o[3], o[4]) == (16, [x], [w], [out])
+        assert o[10] == [[x, 2 * 4 * 8 * 16 * 4]] and x in o[6]  # halo bytes, strided
+
 
 
 def test_a_reduction_with_an_epilogue_in_its_kernel_finishes_once():

@@ -53,6 +53,10 @@
  *   _ = R.call_packed("tvm_ext.swap.copy_chunk_async", a_host, a_chunk, R.prim_value(S),
  *                     R.prim_value(k), R.prim_value(j), R.prim_value(1), R.str("a"),
  *                     ty_args=R.Tuple([]))
+ *   # a chunk's input range read through windows: rows r .. r + chunk rows of a along axis k
+ *   # (r may be negative, the range may pass the end: only a's rows are copied)
+ *   _ = R.call_packed("tvm_ext.swap.copy_window_async", a_host, a_win, R.prim_value(S),
+ *                     R.prim_value(k), R.prim_value(r), R.str("a"), ty_args=R.Tuple([]))
  *
  * `wait(t, S)` waits for every copy on S enqueued so far whose source or destination overlaps
  * t's bytes (any view of the memory works); it returns at once if there is none; S = -1 waits
@@ -839,6 +843,46 @@ void CopyChunkAsync(Tensor whole, Tensor chunk, int64_t stream_id, int64_t axis,
   Submit(std::move(job), stream_id, "tvm_ext.swap.copy_chunk_async", error);
 }
 
+void CopyWindowAsync(Tensor whole, Tensor chunk, int64_t stream_id, int64_t axis,
+                     int64_t start, const std::string& name) {
+  Job job;
+  job.src = whole;
+  job.dst = chunk;
+  job.name = name;
+  std::string error;
+  if (whole.defined() && chunk.defined()) {
+    const DLTensor* w = whole.GetDLTensorPtr();
+    const DLTensor* c = chunk.GetDLTensorPtr();
+    bool shapes = w->ndim == c->ndim && axis >= 0 && axis < w->ndim;
+    for (int i = 0; shapes && i < w->ndim; ++i) {
+      shapes = i == axis ? c->shape[i] > 0 : c->shape[i] == w->shape[i];
+    }
+    int64_t lo = std::max<int64_t>(start, 0);
+    int64_t hi = shapes ? std::min(start + c->shape[axis], w->shape[axis]) : 0;
+    if (!shapes) {
+      error = "window " + ShapeStr(c) + " does not match " + ShapeStr(w) + " but along axis " +
+              std::to_string(axis);
+    } else if (hi <= lo) {
+      error = "window rows " + std::to_string(start) + ".." +
+              std::to_string(start + c->shape[axis]) + " hold no row of the " +
+              std::to_string(w->shape[axis]) + " along axis " + std::to_string(axis);
+    } else {
+      int64_t inner = (c->dtype.bits * c->dtype.lanes + 7) / 8;
+      for (int i = axis + 1; i < c->ndim; ++i) inner *= c->shape[i];
+      job.chunked = true;
+      job.rows = 1;
+      for (int i = 0; i < axis; ++i) job.rows *= c->shape[i];
+      job.row_bytes = (hi - lo) * inner;
+      job.src_start = lo * inner;
+      job.dst_start = (lo - start) * inner;
+      job.src_pitch = w->shape[axis] * inner;
+      job.dst_pitch = c->shape[axis] * inner;
+      job.nbytes = job.rows * job.row_bytes;
+    }
+  }
+  Submit(std::move(job), stream_id, "tvm_ext.swap.copy_window_async", error);
+}
+
 void Wait(Tensor tensor, int64_t stream_id) {
   if (!tensor.defined()) TVM_FFI_THROW(ValueError) << "tvm_ext.swap.wait needs a tensor";
   Region region = Region::Of(tensor.GetDLTensorPtr());
@@ -886,6 +930,11 @@ TVM_FFI_STATIC_INIT_BLOCK() {
               int64_t to_chunk, String name) {
              CopyChunkAsync(whole, chunk, stream_id, axis, index, to_chunk != 0,
                             std::string(name));
+           })
+      .def("tvm_ext.swap.copy_window_async",
+           [](Tensor whole, Tensor chunk, int64_t stream_id, int64_t axis, int64_t start,
+              String name) {
+             CopyWindowAsync(whole, chunk, stream_id, axis, start, std::string(name));
            })
       .def("tvm_ext.swap.wait", [](Tensor t, int64_t stream_id) { Wait(t, stream_id); })
       .def("tvm_ext.swap.wait_all", [](int64_t stream_id) { WaitAll(stream_id); })

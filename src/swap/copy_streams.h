@@ -34,6 +34,16 @@ void CopyChunkAsync(tvm::ffi::Tensor whole, tvm::ffi::Tensor chunk, int64_t stre
                     int64_t axis, int64_t index, bool to_chunk, const std::string& name);
 
 /*!
+ * \brief Enqueue a copy of the rows `start` .. `start + chunk.shape[axis]` along `axis` of `whole`
+ * into `chunk` (whose shape is `whole`'s but along `axis`), clipped to the rows `whole` has: a
+ * chunk's input range with its halo rows, of a kernel split along its windows. Chunk rows
+ * outside `whole` are left as they are (the kernel never reads them). Otherwise as
+ * CopyChunkAsync.
+ */
+void CopyWindowAsync(tvm::ffi::Tensor whole, tvm::ffi::Tensor chunk, int64_t stream_id,
+                     int64_t axis, int64_t start, const std::string& name);
+
+/*!
  * \brief Make the caller (CPU: block; CUDA: the compute stream) wait until no copy enqueued on
  * `stream_id` before this call reads or writes the memory of `tensor`. Raises if the stream failed.
  */

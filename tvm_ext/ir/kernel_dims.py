@@ -565,6 +565,9 @@ class KernelDims:
     # dim flagged `global_index` but not here only feeds indices through loads of its own piece
     # (`x[i, labels[i]]`).
     value_dims: set[int] = dataclasses.field(default_factory=set)
+    # Window variable (block Var) -> its window over the other block Vars, `(coeffs, const)`:
+    # `pad_temp`'s row is `2 * yy + ry` (None where the window is not affine).
+    windows: dict = dataclasses.field(default_factory=dict)
 
 
 def kernel_dims(func: tirx.PrimFunc, num_outputs: int, kernel: str = "kernel") -> KernelDims:
@@ -628,7 +631,12 @@ def kernel_dims(func: tirx.PrimFunc, num_outputs: int, kernel: str = "kernel") -
                                   {d for u in form.coeffs if (d := dim_of(u)) >= 0})
             elif (d := dim_of(v)) >= 0:
                 value_dims.add(d)
-    return KernelDims(func, spec, var_dims, buffer_dims, window_dims, value_dims)
+    windows: dict = {}
+    for w in derived:
+        form = analysis.resolve(_Form({w: 1}))
+        windows[variables[w]] = None if form is None or form.den != 1 or form.mod else (
+            {variables[u]: c for u, c in form.coeffs.items()}, form.const)
+    return KernelDims(func, spec, var_dims, buffer_dims, window_dims, value_dims, windows)
 
 
 def _iter_blocks(func: tirx.PrimFunc) -> list:

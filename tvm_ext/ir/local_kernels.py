@@ -14,7 +14,10 @@ line up). This is exact only when nothing reads the dim's global position:
   arithmetic of the layout convention for the strided blocks of a dim split below a mesh level
   that does not split it (uses as indices of the axes it cuts stay local); a dim that only
   feeds a computed index (`x[i, labels[i]]`) needs nothing;
-* a dim read through a window (`x[yy + ry - 1]`: a convolution's halo) reads beyond its chunk;
+* a dim read through a window (`x[yy + ry - 1]`: a convolution's halo) reads beyond its chunk:
+  across devices that needs a halo exchange (not lowered); a split in time copies each chunk's
+  input range in, halo rows included, and `local_kernel(..., halo=True)` reads it there
+  (`halo_chunks`);
 * a dim reduced into an intermediate that the kernel reads again (softmax's max and sum, layer
   norm's mean, a matmul followed by its bias) needs an allreduce in the middle of the kernel:
   `split_kernel` cuts the kernel after each such block, so the allreduce runs between the parts;
@@ -35,6 +38,7 @@ from tvm import tirx
 from tvm.s_tir import SBlock, SBlockRealize
 
 from ..errors import InputError
+from .halo_chunks import HaloChunk, chunk_rows, halo_chunk, halo_obstacle
 from .kernel_dims import KernelDims
 
 
@@ -42,15 +46,22 @@ class LoweringError(InputError):
     """A kernel cannot run on a chunk of the dims asked for."""
 
 
-def lowering_obstacle(kdims: KernelDims, dim: int, allow_inner: bool = True) -> str | None:
-    """Why dim `dim` of a kernel cannot be split by this lowering (None: it can)."""
+def lowering_obstacle(kdims: KernelDims, dim: int, allow_inner: bool = True,
+                      allow_halo: bool = False) -> str | None:
+    """Why dim `dim` of a kernel cannot be split by this lowering (None: it can).
+    `allow_halo`: chunks may read their windows' input rows beyond the chunk (`halo_chunks`;
+    what a split in time copies in, not what a device holds)."""
     spec = kdims.spec.dims[dim]
     if not spec.valid:
         return spec.reason
-    if any(c is not None and c.halo for c in spec.inputs):
-        return "a window reads beyond the chunk (a halo exchange, not lowered)"
-    if dim in kdims.window_dims:
-        return "a window variable reads the dim at an offset (a halo exchange, not lowered)"
+    if has_halo(kdims, dim):
+        if not allow_halo:
+            if any(c is not None and c.halo for c in spec.inputs):
+                return "a window reads beyond the chunk (a halo exchange, not lowered)"
+            return "a window variable reads the dim at an offset (a halo exchange, not lowered)"
+        why = halo_obstacle(kdims, dim)
+        if why is not None:
+            return why
     if spec.inner:
         if not allow_inner:
             return "an allreduce inside the kernel (" + ", ".join(r.buffer for r in spec.inner) \
@@ -64,6 +75,12 @@ def lowering_obstacle(kdims: KernelDims, dim: int, allow_inner: bool = True) -> 
     except LoweringError as err:
         return str(err)
     return None
+
+
+def has_halo(kdims: KernelDims, dim: int) -> bool:
+    """Whether a chunk of `dim` reads input rows beyond the chunk (through windows)."""
+    return dim in kdims.window_dims or any(c is not None and c.halo
+                                           for c in kdims.spec.dims[dim].inputs)
 
 
 def inner_blocks(kdims: KernelDims, dims: Sequence[int]) -> set[str]:
@@ -125,6 +142,7 @@ def local_kernel(
     func: tirx.PrimFunc | None = None,
     num_outputs: int | None = None,
     levels: Mapping[int, Sequence[tuple[int, bool]]] | None = None,
+    halo: bool = False,
 ) -> tirx.PrimFunc:
     """The kernel of `kdims` with each dim d of `factors` cut to 1/factors[d] of its extent.
 
@@ -137,19 +155,33 @@ def local_kernel(
     levels from the outermost to the deepest one splitting d as `(parts, splits_d)`: the device
     then holds the blocks of the index convention of `tvm_ext.partition.layout` (strided when a
     level above a splitting one does not split d), and `chunk_<d>` is its coordinates at the
-    splitting levels as one mixed-radix number, outermost first.
+    splitting levels as one mixed-radix number, outermost first. With `halo`, one dim may be
+    read through windows (`halo_chunks`): its inputs along the windowed axis are the chunk's
+    input range, halo rows included, and the kernel takes its chunk index.
     """
     func = func if func is not None else kdims.func
     factors = {d: f for d, f in factors.items() if f > 1}
     for d in factors:
-        why = lowering_obstacle(kdims, d)
+        why = lowering_obstacle(kdims, d, allow_halo=halo)
         if why is not None:
             raise LoweringError(f"dim {kdims.spec.dims[d].name}: {why}")
+    halos = [halo_chunk(kdims, d, f) for d, f in factors.items() if has_halo(kdims, d)]
+    if len(halos) > 1 or (halos and levels):
+        raise LoweringError("chunks of more than one windowed dim, or across mesh levels, are "
+                            "not lowered")
     loops = _loop_factors(kdims, factors, func)
-    chunks = {d: tirx.Var(f"chunk_{d}", "int64") for d in factors if d in kdims.value_dims}
+    chunks = {d: tirx.Var(f"chunk_{d}", "int64") for d in factors
+              if d in kdims.value_dims or any(h.dim == d for h in halos)}
     shift = _global_shifts(kdims, func, factors, chunks, levels)
-    remap, shapes = _shrunk_buffers(kdims, func, factors, param_shapes)
-    out = _Shrink(kdims, factors, loops, remap, shapes, shift).mutate(func)
+    hc = halos[0] if halos else None
+    if hc is not None:
+        for var, step in hc.window_step.items():
+            shift[var] = var + tirx.IntImm(str(var.ty), step) * (
+                chunks[hc.dim] if str(var.ty) == "int64" else tirx.Cast(str(var.ty),
+                                                                        chunks[hc.dim]))
+    remap, shapes = _shrunk_buffers(kdims, func, factors, param_shapes, hc)
+    out = _Shrink(kdims, factors, loops, remap, shapes, shift, hc,
+                  _loop_extents(func, hc)).mutate(func)
     n_out = kdims.spec.num_outputs if num_outputs is None else num_outputs
     return _with_chunk_params(out, chunks, n_out)
 
@@ -169,23 +201,40 @@ def _global_shifts(kdims: KernelDims, func: tirx.PrimFunc, factors: Mapping[int,
 
 
 def _shrunk_buffers(kdims: KernelDims, func: tirx.PrimFunc, factors: Mapping[int, int],
-                    param_shapes: Mapping[int, Sequence[int]] | None) -> tuple[dict, dict]:
+                    param_shapes: Mapping[int, Sequence[int]] | None,
+                    hc: HaloChunk | None = None) -> tuple[dict, dict]:
     """(old buffer -> new buffer, new buffer -> (old shape, new shape)) for the buffers whose
-    shape changes: the axes of split dims cut, parameters in `param_shapes` as given."""
+    shape changes: the axes of split dims cut, parameters in `param_shapes` as given; with a
+    windowed dim `hc`, its inputs' windowed axes hold the chunk's input range and the buffers
+    window variables write hold their rows."""
     remap: dict = {}
     shapes: dict = {}
     params = [p for p in func.params if getattr(p, "shape", None) is not None]
     forced = dict(param_shapes or {})
+    windowed = _window_axes(func, hc) if hc is not None else {}
+    # Input positions of the whole kernel (`func` may be a part of it, with other positions).
+    kernel_inputs = [p for p in kdims.func.params
+                     if getattr(p, "shape", None) is not None][:kdims.spec.num_inputs]
     for buf, axes in kdims.buffer_dims.items():
         old = [_int(s) for s in buf.ty.shape]
         new = list(old)
+        pos = next((i for i, p in enumerate(params) if p.same_as(buf)), None)
+        kpos = next((i for i, p in enumerate(kernel_inputs) if p.same_as(buf)), None)
         for a, d in enumerate(axes):
-            if d in factors:
+            if hc is not None and kpos is not None and kpos in hc.input_halo and \
+                    hc.input_halo[kpos][0] == a:
+                _, lo, hi = hc.input_halo[kpos]
+                if new[a] % hc.factor:
+                    raise LoweringError(f"buffer {buf.name} axis {a} ({new[a]}) does not "
+                                        f"divide by {hc.factor}")
+                new[a] = chunk_rows(new[a], hc.factor, lo, hi)
+            elif (buf, a) in windowed:
+                new[a] = windowed[(buf, a)]
+            elif d in factors:
                 if new[a] % factors[d]:
                     raise LoweringError(f"buffer {buf.name} axis {a} ({new[a]}) does not divide "
                                         f"by {factors[d]}")
                 new[a] //= factors[d]
-        pos = next((i for i, p in enumerate(params) if p.same_as(buf)), None)
         if pos is not None and pos in forced:
             new = [int(s) for s in forced[pos]]
         if new != old:
@@ -193,6 +242,34 @@ def _shrunk_buffers(kdims: KernelDims, func: tirx.PrimFunc, factors: Mapping[int
             remap[buf] = nb
             shapes[nb] = (old, new)
     return remap, shapes
+
+
+def _window_axes(func: tirx.PrimFunc, hc: HaloChunk) -> dict:
+    """(buffer, axis) -> its extent in a chunk, for the axes window variables store at."""
+    out: dict = {}
+    for block in _blocks_in(func.body):
+        stores: list = []
+        tvm_ffi.structural_walk(block.body, [(tirx.BufferStore, stores.append)])
+        for st in stores:
+            for a, idx in enumerate(st.indices):
+                if isinstance(idx, tvm.ir.expr.Var) and idx in hc.window_extent:
+                    out[(st.buffer, a)] = hc.window_extent[idx]
+    return out
+
+
+def _loop_extents(func: tirx.PrimFunc, hc: HaloChunk | None) -> dict:
+    """Loop Var -> its extent in a chunk, for the loops binding window variables."""
+    if hc is None:
+        return {}
+    out: dict = {}
+    for r in _realizes(func):
+        for iv, value in zip(r.block.iter_vars, r.iter_values, strict=True):
+            if iv.var in hc.window_extent:
+                if not isinstance(value, tvm.ir.expr.Var):
+                    raise LoweringError(f"window variable {iv.var.name} is bound to `{value}`, "
+                                        "not to a loop")
+                out[value] = hc.window_extent[iv.var]
+    return out
 
 
 @dataclasses.dataclass
@@ -206,6 +283,20 @@ class _Shrink:
     remap: Mapping  # old buffer -> new buffer
     shapes: Mapping  # new buffer -> (old shape, new shape)
     shift: Mapping  # block variable -> its global value
+    halo: HaloChunk | None = None  # a dim read through windows (`halo_chunks`)
+    loop_extent: Mapping = dataclasses.field(default_factory=dict)  # loop Var -> its extent
+
+    def __post_init__(self):
+        # Window variables belong to the dim they window; input axes read with a halo.
+        self.var_dim = dict(self.kdims.var_dims)
+        self.halo_axes: dict = {}  # input buffer (old and new) -> (axis, halo rows before)
+        if self.halo is not None:
+            self.var_dim.update({v: self.halo.dim for v in self.halo.window_extent})
+            params = [p for p in self.kdims.func.params if getattr(p, "shape", None) is not None]
+            for pos, (axis, lo, _) in self.halo.input_halo.items():
+                for buf in (params[pos], self.remap.get(params[pos])):
+                    if buf is not None:
+                        self.halo_axes[buf] = (axis, lo)
 
     def mutate(self, func: tirx.PrimFunc) -> tirx.PrimFunc:
         """`func` with every rewrite applied."""
@@ -225,9 +316,12 @@ class _Shrink:
         """A loop binding a split variable, its extent cut."""
         loop = m.default_mutate(loop)
         f = self.loops.get(loop.loop_var)
-        if f is None:
+        if loop.loop_var in self.loop_extent:
+            extent = tirx.IntImm(str(loop.extent.ty), self.loop_extent[loop.loop_var])
+        elif f is None:
             return loop
-        extent = tirx.IntImm(str(loop.extent.ty), _int(loop.extent) // f)
+        else:
+            extent = tirx.IntImm(str(loop.extent.ty), _int(loop.extent) // f)
         return tirx.For(loop.loop_var, loop.min, extent, loop.kind, loop.body,
                         loop.thread_binding, loop.annotations)
 
@@ -236,9 +330,12 @@ class _Shrink:
         iv = m.default_mutate(iv)
         d = self.kdims.var_dims.get(iv.var, -1)
         f = self.factors.get(d, 1) if d >= 0 else 1
-        if f == 1:
+        if self.halo is not None and iv.var in self.halo.window_extent:
+            extent = tirx.IntImm(str(iv.dom.extent.ty), self.halo.window_extent[iv.var])
+        elif f == 1:
             return iv
-        extent = tirx.IntImm(str(iv.dom.extent.ty), _int(iv.dom.extent) // f)
+        else:
+            extent = tirx.IntImm(str(iv.dom.extent.ty), _int(iv.dom.extent) // f)
         return tirx.IterVar(tvm.ir.Range.from_min_extent(iv.dom.min, extent), iv.var,
                             iv.iter_type, iv.thread_tag)
 
@@ -248,10 +345,14 @@ class _Shrink:
         if region.source not in self.shapes:
             return region
         old, new = self.shapes[region.source]
+        halo = self.halo_axes.get(region.source)
         ranges = []
-        for r, o, n in zip(region.region, old, new, strict=True):
+        for a, (r, o, n) in enumerate(zip(region.region, old, new, strict=True)):
             if o != n and _is_const(r.min, 0) and _is_const(r.extent, o):
                 r = tvm.ir.Range.from_min_extent(r.min, tirx.IntImm(str(r.extent.ty), n))
+            elif halo is not None and halo[0] == a:  # the chunk's range starts halo rows early
+                r = tvm.ir.Range.from_min_extent(r.min + tirx.IntImm(str(r.min.ty), halo[1]),
+                                                 r.extent)
             ranges.append(r)
         return tvm.ir.expr.TensorRegion(region.source, ranges, region.ty)
 
@@ -264,12 +365,16 @@ class _Shrink:
         """Indices of an axis not cut by a split dim take that dim's global value."""
         kdims, shift = self.kdims, self.shift
         axes = kdims.buffer_dims.get(load.source)
+        halo = self.halo_axes.get(load.source)
         load = m.default_mutate(load)
         if not shift or axes is None:
             return load
         indices = [idx if axis_dim == -2 else _substitute_direct(idx, {
-            v: g for v, g in shift.items() if kdims.var_dims.get(v) != axis_dim})
+            v: g for v, g in shift.items() if self.var_dim.get(v) != axis_dim})
             for idx, axis_dim in zip(load.indices, axes, strict=True)]
+        if halo is not None:  # the chunk's input range starts halo rows before the chunk
+            a, lo = halo
+            indices[a] = indices[a] + tirx.IntImm(str(indices[a].ty), lo)
         return tirx.BufferLoad(load.source, indices)
 
     def on_store(self, store, m):

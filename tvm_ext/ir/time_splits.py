@@ -3,7 +3,7 @@
 
 A kernel dim qualifies when the lowering of PartitionOperators can cut it (`local_kernels`: the
 same chunk kernels run here one after another on one device) and it splits some inputs along
-one axis each, with no halo, and either every output along one axis with nothing reduced over
+one axis each, and either every output along one axis with nothing reduced over
 it (the chunks' outputs are independent) or no output, every output being reduced over it by
 one block with an init and a stated update (`accumulate`: the outputs stay whole and each chunk
 after the first adds to them, `accumulating_kernels`), or reduced over it into intermediates
@@ -15,7 +15,11 @@ too, when the view covers its base); cut along a later axis, its bytes are strid
 (`SplitOption.strided`: copied row by row). A dim whose index the kernel uses as a value
 (a causal mask, an iota) gets its chunk's index as an argument. A tensor read twice is read as the
 same chunk by both reads; a base read in chunks and whole, in chunks through two different
-views, or in chunks along two axes (x @ x split along the dim it reduces) is not cut.
+views, or in chunks along two axes (x @ x split along the dim it reduces) is not cut. A dim read
+through windows (a convolution's or a pooling's output rows) qualifies too: each chunk reads
+its input range with the halo rows of its windows (`halo_chunks`, `SplitOption.halo_bytes`),
+copied in whole rows at a time (never read in place), overlapping its neighbours'. (The swap
+simulator times a windowed input's stream at the tensor's bytes, without the halo rows.)
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ def time_split_options(mod: tvm.IRModule, graph: DataflowGraph) -> list[list[lis
 
 def _qualifies(kd, d: int, epilogue) -> bool:
     dim = kd.spec.dims[d]
-    if not dim.valid or lowering_obstacle(kd, d) is not None:
+    if not dim.valid or lowering_obstacle(kd, d, allow_halo=True) is not None:
         return False
     ins, outs = _params(kd)
     if len(outs) != len(dim.outputs):
@@ -69,7 +73,7 @@ def _qualifies(kd, d: int, epilogue) -> bool:
     elif not all(isinstance(o, int) and not isinstance(o, bool) for o in dim.outputs):
         return False
     return len(ins) == len(dim.inputs) and all(
-        c is None or (isinstance(c, AxisCut) and not c.halo) for c in dim.inputs)
+        c is None or isinstance(c, AxisCut) for c in dim.inputs)
 
 
 def _params(kd) -> tuple[list, list]:
@@ -106,7 +110,11 @@ def _options(graph: DataflowGraph, op, dims: list) -> list[list]:
             continue
         ins, outs = _params(kd)
         strided = {graph.base(t) for t, p, c in zip(op.inputs, ins, dim.inputs, strict=True)
-                   if c is not None and not _leading(p.shape, c.axis)}
+                   if c is not None and (c.halo or not _leading(p.shape, c.axis))}
+        halo = {graph.base(t): graph.tensors[graph.base(t)].nbytes // int(p.shape[c.axis])
+                * (c.halo_lo + c.halo_hi)
+                for t, p, c in zip(op.inputs, ins, dim.inputs, strict=True)
+                if c is not None and c.halo}
         accumulate = dim.reduction or epilogue is not None
         if accumulate:  # the outputs stay whole
             outputs = []
@@ -120,7 +128,8 @@ def _options(graph: DataflowGraph, op, dims: list) -> list[list]:
                                                    for t in sorted(set(cut))),
                                    strided=tuple(sorted(strided)), accumulate=accumulate,
                                    epilogue=epilogue is not None,
-                                   epilogue_bytes=_epilogue_bytes(epilogue)).to_list())
+                                   epilogue_bytes=_epilogue_bytes(epilogue),
+                                   halo_bytes=tuple(sorted(halo.items()))).to_list())
     return options
 
 

@@ -13,6 +13,7 @@ from .swap_streams import (
     ALL_STREAMS,
     COPY_ASYNC,
     COPY_CHUNK_ASYNC,
+    COPY_WINDOW_ASYNC,
     HOST_EMPTY,
     HOST_STORAGE,
     WAIT,
@@ -35,6 +36,16 @@ def copy_chunk_async_call(whole: relax.Expr, chunk: relax.Expr, stream: int, axi
         COPY_CHUNK_ASYNC, whole, chunk, R.prim_value(int(stream)), R.prim_value(int(axis)),
         R.prim_value(int(index)), R.prim_value(int(bool(to_chunk))), R.str(name),
         ty_args=R.Tuple([])
+    )
+
+
+def copy_window_async_call(whole: relax.Expr, chunk: relax.Expr, stream: int, axis: int,
+                           start: int, name: str) -> relax.Call:
+    """`R.call_packed("tvm_ext.swap.copy_window_async", whole, chunk, stream, axis, start,
+    name)`: a split op's chunk input range, halo rows included, in."""
+    return R.call_packed(
+        COPY_WINDOW_ASYNC, whole, chunk, R.prim_value(int(stream)), R.prim_value(int(axis)),
+        R.prim_value(int(start)), R.str(name), ty_args=R.Tuple([])
     )
 
 

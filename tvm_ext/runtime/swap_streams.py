@@ -39,6 +39,7 @@ from .library import get_function
 
 COPY_ASYNC = "tvm_ext.swap.copy_async"
 COPY_CHUNK_ASYNC = "tvm_ext.swap.copy_chunk_async"
+COPY_WINDOW_ASYNC = "tvm_ext.swap.copy_window_async"
 WAIT = "tvm_ext.swap.wait"
 WAIT_ALL = "tvm_ext.swap.wait_all"
 HOST_STORAGE = "tvm_ext.swap.host_storage"
@@ -73,6 +74,21 @@ def copy_chunk_async(
     Raises ValueError naming `name` (and poisons the stream) if `chunk` is not such a chunk.
     """
     get_function(COPY_CHUNK_ASYNC)(whole, chunk, stream, axis, index, int(bool(to_chunk)), name)
+
+
+def copy_window_async(
+    whole: tvm.runtime.Tensor, chunk: tvm.runtime.Tensor, stream: int, axis: int, start: int,
+    name: str = ""
+) -> None:
+    """Enqueue `chunk <- whole[..., start:start + chunk.shape[axis], ...]` along `axis`, clipped
+    to the rows `whole` has (`start` may be negative, the range may pass the end): a chunk's
+    input range read through windows, halo rows included. Chunk rows outside `whole` are left as
+    they are.
+
+    Raises ValueError naming `name` (and poisons the stream) if `chunk` differs from `whole`
+    along another axis or the range holds no row of `whole`.
+    """
+    get_function(COPY_WINDOW_ASYNC)(whole, chunk, stream, axis, start, name)
 
 
 def wait(tensor: tvm.runtime.Tensor, stream: int = 0) -> None:

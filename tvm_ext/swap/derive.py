@@ -512,7 +512,8 @@ class Evaluator:
                      int(res.offset[r] - base), int(ev.split.graph.sizes[res.tensor[r]]),
                      list(option.cut_inputs), list(option.whole_inputs),
                      list(option.cut_outputs), wait, buffers, list(option.viewed_inputs),
-                     option.accumulate, option.epilogue, option.epilogue_bytes)
+                     option.accumulate, option.epilogue, option.epilogue_bytes,
+                     [list(pair) for pair in option.halo_bytes])
 
     def _pools(self, tensors: np.ndarray, counts: np.ndarray | None
                ) -> tuple[np.ndarray, np.ndarray]:

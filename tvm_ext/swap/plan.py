@@ -107,6 +107,16 @@ class Split:
     accumulate: bool = False  # a reduction dim: the outputs stay whole, each chunk adds to them
     epilogue: bool = False  # ... into intermediates, the outputs finished after the last chunk
     epilogue_bytes: int = 0  # the intermediates' bytes in the chunk window (0: in place)
+    # [cut input, bytes of its halo rows per chunk]: inputs read through windows
+    halo_bytes: list[list[int]] = dataclasses.field(default_factory=list)
+
+    def option(self, divisor: int = 0) -> SplitOption:
+        """The split option this split runs (`divisor` as given: plans do not keep it)."""
+        return SplitOption(self.dim, divisor, tuple(self.cut_inputs), tuple(self.whole_inputs),
+                           tuple(self.cut_outputs), tuple(self.viewed_inputs),
+                           accumulate=self.accumulate, epilogue=self.epilogue,
+                           epilogue_bytes=self.epilogue_bytes,
+                           halo_bytes=tuple((int(t), int(n)) for t, n in self.halo_bytes))
 
 
 @dataclasses.dataclass
@@ -270,13 +280,11 @@ class SwapPlan:
         pinned = np.zeros(problem.num_tensors, dtype=bool)
         pinned[self.pinned] = True
         for sp in self.splits:
-            given = SplitOption(sp.dim, 0, tuple(sp.cut_inputs), tuple(sp.whole_inputs),
-                                tuple(sp.cut_outputs), tuple(sp.viewed_inputs),
-                                accumulate=sp.accumulate, epilogue=sp.epilogue,
-                                epilogue_bytes=sp.epilogue_bytes)
+            given = sp.option()
             on_device = [o.on_device(pinned) for o in options[sp.op] if o.dim == sp.dim]
             match = [o for o in on_device
-                     if o is not None and dataclasses.replace(o, divisor=0) == given]
+                     if o is not None and dataclasses.replace(o, divisor=0) == given and
+                     o.halo_bytes == given.halo_bytes]
             if not match or sp.chunks not in chunk_counts(match[0], problem.sizes) or \
                     sp.buffers not in (1, 2):
                 raise PlanError(f"the split at {sp.position} is not one op "

@@ -30,7 +30,7 @@ import numpy as np
 from . import _core
 from .plan import PlanError, SwapPlan
 from .problem import SwapProblem
-from .split import SplitOption, added_seconds
+from .split import added_seconds
 
 
 @dataclasses.dataclass
@@ -95,10 +95,7 @@ def simulate(problem: SwapProblem, plan: SwapPlan) -> SimResult:
     streamed_out = set()
     for sp in plan.splits:
         chunks[sp.position] = sp.chunks
-        option = SplitOption(sp.dim, sp.chunks, tuple(sp.cut_inputs), tuple(sp.whole_inputs),
-                             tuple(sp.cut_outputs), accumulate=sp.accumulate,
-                             epilogue=sp.epilogue, epilogue_bytes=sp.epilogue_bytes)
-        dur[sp.position] += added_seconds(problem, option, sp.chunks, sp.buffers)
+        dur[sp.position] += added_seconds(problem, sp.option(sp.chunks), sp.chunks, sp.buffers)
         if sp.wait_swap_out >= 0:
             op_wait[sp.position] = max(op_wait[sp.position], key(sp.wait_swap_out))
         streamed_out |= {(t, sp.position) for t in sp.cut_outputs}

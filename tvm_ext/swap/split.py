@@ -62,6 +62,10 @@ class SplitOption:
     # device while the op runs (0: they are the outputs' own buffers, finished in place).
     epilogue: bool = False
     epilogue_bytes: int = 0
+    # (cut input, bytes of its halo rows): a dim read through windows (a convolution's rows)
+    # reads each chunk's input range with rows of its neighbours (`tvm_ext.ir.halo_chunks`);
+    # such inputs are streamed, never read in place.
+    halo_bytes: tuple[tuple[int, int], ...] = dataclasses.field(default=(), compare=False)
 
     def on_device(self, fixed) -> SplitOption | None:
         """This option where the `fixed` tensors stay on the device: its cut inputs among them
@@ -78,10 +82,11 @@ class SplitOption:
 
     def to_list(self) -> list:
         """[dim, divisor, cut inputs, whole inputs, cut outputs, [[cut input, bytes], ...],
-        strided, accumulate, epilogue, epilogue bytes]."""
+        strided, accumulate, epilogue, epilogue bytes, [[cut input, halo bytes], ...]]."""
         return [self.dim, self.divisor, list(self.cut_inputs), list(self.whole_inputs),
                 list(self.cut_outputs), [list(pair) for pair in self.cut_bytes],
-                list(self.strided), self.accumulate, self.epilogue, self.epilogue_bytes]
+                list(self.strided), self.accumulate, self.epilogue, self.epilogue_bytes,
+                [list(pair) for pair in self.halo_bytes]]
 
     @classmethod
     def from_list(cls, data) -> SplitOption:
@@ -91,9 +96,10 @@ class SplitOption:
         accumulate = bool(rest[2]) if len(rest) > 2 else False
         epilogue = bool(rest[3]) if len(rest) > 3 else False
         epilogue_bytes = int(rest[4]) if len(rest) > 4 else 0
+        halo = tuple((int(t), int(n)) for t, n in (rest[5] if len(rest) > 5 else ()))
         return cls(int(dim), int(divisor), tuple(cut_in), tuple(whole_in), tuple(cut_out),
                    cut_bytes=pairs, strided=strided, accumulate=accumulate,
-                   epilogue=epilogue, epilogue_bytes=epilogue_bytes)
+                   epilogue=epilogue, epilogue_bytes=epilogue_bytes, halo_bytes=halo)
 
 
 def chunk_kernel_name(kernel: str, chunks: int, dim: int, accumulating: bool = False,
@@ -112,10 +118,15 @@ def chunk_bytes(nbytes: int, chunks: int) -> int:
     return align(-(-int(nbytes) // chunks))
 
 
+def tensor_chunk_bytes(option: SplitOption, tensor: int, nbytes: int, chunks: int) -> int:
+    """Bytes of one chunk buffer of a cut tensor of `nbytes` (its halo rows included)."""
+    return align(-(-int(nbytes) // chunks) + dict(option.halo_bytes).get(tensor, 0))
+
+
 def scratch_bytes(sizes, option: SplitOption, chunks: int, buffers: int = 2) -> int:
     """The chunk buffers of a split, `buffers` per cut tensor, and its epilogue's
     intermediates."""
-    return sum(buffers * chunk_bytes(sizes[t], chunks)
+    return sum(buffers * tensor_chunk_bytes(option, t, sizes[t], chunks)
                for t in (*option.cut_inputs, *option.cut_outputs)) + option.epilogue_bytes
 
 
@@ -184,8 +195,9 @@ def choose_splits(problem, room: int, fixed) -> dict[int, tuple[SplitOption, int
 
 
 def _chunk_in_seconds(problem, option: SplitOption, chunks: int) -> float:
-    """A chunk of each streamed cut input copied in, one after another."""
-    return sum(problem.transfer_time(problem.sizes[t] / chunks, "h2d")
+    """A chunk of each streamed cut input copied in (its halo rows too), one after another."""
+    halo = dict(option.halo_bytes)
+    return sum(problem.transfer_time(problem.sizes[t] / chunks + halo.get(t, 0), "h2d")
                for t in option.cut_inputs)
 
 
@@ -227,7 +239,8 @@ def estimated_seconds(problem, op: int, option: SplitOption, chunks: int,
     first_in = _chunk_in_seconds(problem, option, chunks)
     last_out = _chunk_out_seconds(problem, option, chunks)
     if buffers > 1:
-        stream = sum(problem.transfer_time(problem.sizes[t], "h2d")
+        halo = dict(option.halo_bytes)
+        stream = sum(problem.transfer_time(problem.sizes[t] + chunks * halo.get(t, 0), "h2d")
                      + (chunks - 1) * problem.h2d_latency for t in option.cut_inputs)
         return max(first_in + work, stream + work / chunks) + last_out
     return first_in + work + last_out
