@@ -150,3 +150,31 @@ def test_a_tensor_read_along_two_axes_is_not_cut_by_its_reduction():
     stream of chunks cannot serve both (nor can a split of the rows, which reads x whole)."""
     _, (options,) = _options(lambda x: relax.op.matmul(x, x), (16, 16))
     assert not any(o[7] for o in options)
+
+
+def test_every_chunk_count_an_option_allows_lowers(zoo_cache):
+    """Each split option of a training step's kernels (the zoo resnet: convolutions, their
+    input and weight gradients, strided and windowed) lowers at every chunk count it allows:
+    the option's divisor covers every buffer the chunk kernel cuts (a strided convolution's
+    gradient has buffers shorter than the dim)."""
+    from tvm_ext.ir.epilogue_kernels import reduction_epilogue
+    from tvm_ext.ir.kernel_dims import kernel_dims
+    from tvm_ext.ir.local_kernels import has_halo, local_kernel
+    from tvm_ext.swap.split import SplitOption
+
+    model = zoo_cache("resnet", training=True)
+    mod = pipeline.fuse(model.mod, resolve_target("llvm"))
+    graph = build_graph(mod)
+    checked = 0
+    for op, options in zip(graph.ops, time_split_options(mod, graph), strict=True):
+        for data in options:
+            option = SplitOption.from_list(data)
+            kd = kernel_dims(mod[op.kernel], len(op.outputs), op.kernel)
+            part = reduction_epilogue(kd, option.dim).reduction if option.epilogue else None
+            for chunks in range(2, option.divisor + 1):
+                if option.divisor % chunks == 0:
+                    local_kernel(kd, {option.dim: chunks}, func=part.func if part else None,
+                                 num_outputs=len(part.outputs) if part else None,
+                                 halo=has_halo(kd, option.dim))
+                    checked += 1
+    assert checked > 100

@@ -24,6 +24,8 @@ simulator times a windowed input's stream at the tensor's bytes, without the hal
 
 from __future__ import annotations
 
+import math
+
 import tvm
 
 from ..partition.spec import AxisCut
@@ -122,7 +124,7 @@ def _options(graph: DataflowGraph, op, dims: list) -> list[list]:
             strided |= {graph.base(t) for t, p, a in zip(op.outputs, outs, dim.outputs,
                                                          strict=True)
                         if not _leading(p.shape, a)}
-        options.append(SplitOption(d, dim.divisor or dim.extent, tuple(sorted(set(cut))),
+        options.append(SplitOption(d, _divisor(kd, d), tuple(sorted(set(cut))),
                                    tuple(sorted(set(whole))), tuple(outputs),
                                    cut_bytes=tuple((t, graph.tensors[t].nbytes)
                                                    for t in sorted(set(cut))),
@@ -131,6 +133,17 @@ def _options(graph: DataflowGraph, op, dims: list) -> list[list]:
                                    epilogue_bytes=_epilogue_bytes(epilogue),
                                    halo_bytes=tuple(sorted(halo.items()))).to_list())
     return options
+
+
+def _divisor(kd, d: int) -> int:
+    """What chunk counts of dim `d` must divide: the dim's own divisor and the extent of every
+    buffer axis the chunk kernel cuts by it (a window's buffer may be shorter than the dim)."""
+    divisor = kd.spec.dims[d].divisor or kd.spec.dims[d].extent
+    for buf, axes in kd.buffer_dims.items():
+        for a, axis_dim in enumerate(axes):
+            if axis_dim == d:
+                divisor = math.gcd(divisor, int(buf.ty.shape[a]))
+    return divisor
 
 
 def _epilogue_bytes(epilogue) -> int:
