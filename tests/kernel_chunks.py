@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 import numpy as np
 import tvm
-from tvm import tirx
+from tvm import relax, tirx
 
 from tvm_ext.ir.halo_chunks import chunk_rows
-from tvm_ext.ir.kernel_dims import KernelDims
+from tvm_ext.ir.kernel_dims import KernelDims, kernel_dims
 from tvm_ext.ir.local_kernels import (
     KernelPart,
     chunk_params,
@@ -37,6 +37,22 @@ class ChunkCheck:
     kernel: str
     factors: dict  # dim name -> parts
     error: str | None  # None: every chunk equals the global kernel's
+
+
+def fused_kernel(build, *shapes) -> KernelDims:
+    """The analysis of the one fused PrimFunc of `build(*params)` (float32 parameters of
+    `shapes`) after LegalizeOps + fusion."""
+    bb = relax.BlockBuilder()
+    params = [relax.Var(f"x{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(build(*params))
+        bb.emit_func_output(out)
+    mod = tvm.transform.Sequential([
+        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FuseOps(), relax.transform.FuseTIR()])(bb.get())
+    (gv,) = [gv for gv in mod.functions if isinstance(mod[gv], tirx.PrimFunc)]
+    return kernel_dims(mod[gv], 1, gv.name_hint)
 
 
 def _compile(func: tirx.PrimFunc):

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from tvm import relax, tirx
+from kernel_chunks import fused_kernel
+from tvm import relax
 
 from tvm_ext.ir.kernel_dims import kernel_dims
 from tvm_ext.ir.local_kernels import (
@@ -22,19 +23,7 @@ from tvm_ext.ir.local_kernels import (
 LLVM = tvm.target.Target("llvm")
 
 
-def _kernel(build, *shapes):
-    """The one fused PrimFunc of `build(*params)` after LegalizeOps + fusion."""
-    bb = relax.BlockBuilder()
-    params = [relax.Var(f"x{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(build(*params))
-        bb.emit_func_output(out)
-    mod = tvm.transform.Sequential([
-        relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FuseOps(), relax.transform.FuseTIR()])(bb.get())
-    (gv,) = [gv for gv in mod.functions if isinstance(mod[gv], tirx.PrimFunc)]
-    return kernel_dims(mod[gv], 1, gv.name_hint)
+_kernel = fused_kernel  # the one fused PrimFunc of build(*params), analysed
 
 
 def _dim(kd, name: str) -> int:
