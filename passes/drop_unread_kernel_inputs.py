@@ -64,9 +64,8 @@ def _call_sites(mod: tvm.IRModule):
     refs: dict[str, int] = {}
 
     def on_call(call):
-        if isinstance(call.op, tvm.ir.Op) and call.op.name == _CALL_TIR and \
-                isinstance(call.args[0], tvm.ir.GlobalVar):
-            name = call.args[0].name_hint
+        name = _callee(call)
+        if name is not None:
             calls[name] = calls.get(name, 0) + 1
             inputs.setdefault(name, set()).add(len(_args(call)))
 
@@ -77,6 +76,14 @@ def _call_sites(mod: tvm.IRModule):
         if isinstance(func, relax.Function):
             tvm_ffi.structural_walk(func, [(relax.Call, on_call), (tvm.ir.GlobalVar, on_gv)])
     return calls, inputs, refs
+
+
+def _callee(call: relax.Call) -> str | None:
+    """The name of the kernel a `call_tir` calls, else None."""
+    if isinstance(call.op, tvm.ir.Op) and call.op.name == _CALL_TIR and \
+            isinstance(call.args[0], tvm.ir.GlobalVar):
+        return call.args[0].name_hint
+    return None
 
 
 def _args(call: relax.Call) -> list:
@@ -95,11 +102,9 @@ class _DropArguments(relax.expr_functor.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == _CALL_TIR and
-                isinstance(call.args[0], tvm.ir.GlobalVar) and
-                call.args[0].name_hint in self.drop):
+        name = _callee(call)
+        if name not in self.drop:
             return call
-        name = call.args[0].name_hint
         args = [a for i, a in enumerate(_args(call)) if i not in self.drop[name]]
         return relax.Call(call.op, [self.new_gv[name], relax.Tuple(args), *call.args[2:]],
                           call.attrs, call.ty_args)

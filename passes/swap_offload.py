@@ -66,7 +66,7 @@ from tvm_ext.swap import SwapPlan, plan_swaps, validate
 from tvm_ext.swap.alignment import align
 from tvm_ext.swap.placement import DEVICE, HOST, argument_devices
 from tvm_ext.swap.problem import problem_for_budget
-from tvm_ext.swap.split import chunk_bytes, chunk_kernel_name
+from tvm_ext.swap.split import chunk_kernel_name, tensor_chunk_bytes
 
 D2H, H2D = 0, 1  # copy stream ids
 
@@ -641,10 +641,11 @@ class _Rewriter:
         offset after them."""
         t = self.g.tensors[tid]
         shape = _cut_shape(t.shape, axis, sp.chunks)
-        nbytes = chunk_bytes(self._chunked_bytes(tid), sp.chunks)
         if halo is not None:
             shape[axis] = chunk_rows(int(t.shape[axis]), sp.chunks, *halo)
-            nbytes = align(buffer_bytes(shape, t.dtype))
+        # As the plan sized them (its halo rows included).
+        nbytes = tensor_chunk_bytes(sp.option(), self.g.base(tid), self._chunked_bytes(tid),
+                                    sp.chunks)
         pair = []
         for _ in range(sp.buffers):
             alloc = relax.op.memory.alloc_tensor(self.pools[sp.pool], relax.prim_value(offset),

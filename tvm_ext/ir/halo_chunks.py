@@ -19,11 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-import tvm_ffi
-from tvm import tirx
-from tvm.s_tir import SBlock
-
-from .kernel_dims import KernelDims
+from .kernel_dims import KernelDims, _int, _iter_blocks
 
 
 @dataclasses.dataclass
@@ -56,16 +52,16 @@ def halo_chunk(kdims: KernelDims, dim: int, factor: int) -> HaloChunk:
     spec = kdims.spec.dims[dim]
     s = spec.extent // factor
     extent = {}
-    for block in _blocks(kdims.func):
+    for block in _iter_blocks(kdims.func):
         for iv in block.iter_vars:
             extent[iv.var] = _int(iv.dom.extent)
     window_extent, window_step = {}, {}
     for var, (coeffs, const) in _windows_of(kdims, dim).items():
         span = const + 1
         for v, c in coeffs.items():
-            local = s if kdims.var_dims.get(v) == dim else extent[v]
-            span += c * (local - 1)
-            if kdims.var_dims.get(v) == dim:
+            mine = kdims.var_dims.get(v) == dim
+            span += c * ((s if mine else extent[v]) - 1)
+            if mine:
                 window_step[var] = c * s
         window_extent[var] = min(span, extent[var])
     input_halo = {i: (c.axis, c.halo_lo, c.halo_hi) for i, c in enumerate(spec.inputs)
@@ -90,12 +86,3 @@ def _windows_of(kdims: KernelDims, dim: int) -> dict:
             out[var] = window
     return out
 
-
-def _blocks(func: tirx.PrimFunc) -> list:
-    out: list = []
-    tvm_ffi.structural_walk(func.body, [(SBlock, out.append)])
-    return [b for b in out if b.iter_vars]
-
-
-def _int(x) -> int:
-    return int(x.value) if hasattr(x, "value") else int(x)

@@ -65,7 +65,7 @@ class SplitOption:
     # (cut input, bytes of its halo rows): a dim read through windows (a convolution's rows)
     # reads each chunk's input range with rows of its neighbours (`tvm_ext.ir.halo_chunks`);
     # such inputs are streamed, never read in place.
-    halo_bytes: tuple[tuple[int, int], ...] = dataclasses.field(default=(), compare=False)
+    halo_bytes: tuple[tuple[int, int], ...] = ()
 
     def on_device(self, fixed) -> SplitOption | None:
         """This option where the `fixed` tensors stay on the device: its cut inputs among them
