@@ -13,8 +13,11 @@ from swap_dags import random_problem
 
 from tvm_ext.swap import PlanError, SwapProblem, plan_swaps, simulate, validate
 from tvm_ext.swap.derive import Evaluator, Knobs
-from tvm_ext.swap.recompute import augment, candidates, cheapest_sets, checkpoint_set
-from tvm_ext.swap.search import SearchConfig
+from tvm_ext.swap.recompute import (augment, candidates, chain_links, cheapest_sets,
+                                    checkpoint_set)
+from tvm_ext.swap.search import GeneticSearch, SearchConfig
+
+FAST_SEARCH = SearchConfig(population=8, generations=10, patience=10)
 
 
 def _chain(kinds=None, phases=None, durations=None, link=1e3) -> SwapProblem:
@@ -71,6 +74,55 @@ def test_a_chosen_input_dropped_by_then_is_made_again_first():
     # The first copies of a and b are dropped, not copied out (a copy of the second a may be
     # copied out at this smallest budget: it is needed again, by f).
     assert not [s for s in plan.swap_outs if s.tensor in (1, 2) and s.after < 4]
+
+
+def _attention(budget: int = 2560) -> SwapProblem:
+    """w -> s (op0, scores) -> p (op1, softmax) -> x (op2); backward: x -> u (op3, big) -> y
+    (op4); z = op5(p, y) is returned. p's longest gap ends at op5; s is read by op1 only
+    (no gap of its own): a chain link. At op3 p (or s) cannot stay beside x and u."""
+    return SwapProblem(
+        op_names=["scores", "softmax", "f", "g", "h", "grad"], durations=[1.0] * 6,
+        op_deps=[[], [0], [1], [2], [3], [1, 4]],
+        op_inputs=[[0], [1], [2], [3], [4], [2, 5]],
+        op_outputs=[[1], [2], [3], [4], [5], [6]], op_scratch=[[]] * 6,
+        op_phases=["forward"] * 3 + ["backward"] * 3,
+        tensor_names=["w", "s", "p", "x", "u", "y", "z"],
+        sizes=[256, 1024, 1024, 256, 2048, 256, 256],
+        tensor_kinds=["parameter"] + ["activation"] * 6, producers=[-1, 0, 1, 2, 3, 4, 5],
+        host_start=[True] + [False] * 6, pinned=[False] * 7, outputs=[6], budget=budget,
+        h2d_bandwidth=256.0, h2d_latency=0.0, d2h_bandwidth=256.0, d2h_latency=0.0)
+
+
+def test_a_chain_link_is_made_again_only_before_the_run_that_reads_it():
+    p = _attention()
+    cands = candidates(p, p.order)
+    assert cands.tolist() == [1, 2]
+    assert chain_links(p, p.order, cands).tolist() == [True, False]
+    assert augment(p, p.order, [1]).tolist() == [0, 1, 2, 3, 4, 5]  # never on its own
+    assert augment(p, p.order, [2]).tolist() == [0, 1, 2, 3, 4, 1, 5]  # s kept for it
+    assert augment(p, p.order, [1, 2]).tolist() == [0, 1, 2, 3, 4, 0, 1, 5]
+    # The search never flips a link on its own, and a probability it turns on brings it.
+    search = GeneticSearch(p, FAST_SEARCH, seed=0)
+    assert search.links.tolist() == [True, False]
+    for _ in range(20):
+        mask = search._mutate_recompute(None)
+        assert not mask[0] or mask[1]
+        assert mask[0] == mask[1]
+
+
+def test_recomputing_through_a_chain_link_beats_swapping():
+    """p made again alone keeps s (as big) from op1 to its second run: s must be copied out
+    and back as p would be. With the chain, nothing but w moves."""
+    p = _attention()
+    swapped = plan_swaps(p, "swap_only", time_budget_s=5, config=FAST_SEARCH)
+    chained = plan_swaps(p, "swapadvisor", time_budget_s=5, config=FAST_SEARCH)
+    for plan in (swapped, chained):
+        validate(p, plan)
+    assert chained.schedule == [0, 1, 2, 3, 4, 0, 1, 5]
+    assert not chained.swap_outs and {s.tensor for s in chained.swap_ins} <= {0}
+    assert chained.predicted_time < swapped.predicted_time
+    alone = Evaluator(p).score(np.asarray(p.order), Knobs(), recompute=[2])
+    assert chained.predicted_time < alone
 
 
 def test_recompute_frees_memory_without_copies():

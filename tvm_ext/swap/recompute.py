@@ -14,7 +14,11 @@ Only one-output kernel ops are run again (`recomputable`): kernels are pure func
 inputs (Relax tensors are never written after they are made), so a second run makes the same
 bytes; views, packed calls (collectives, copies) and kernels of several outputs are never
 repeated. A tensor is a candidate when such an op makes it, it is neither an argument nor
-returned, and at least `MIN_GAP` positions separate two of its consecutive uses.
+returned, and at least `MIN_GAP` positions separate two of its consecutive uses; or when it is
+read by the producer of such a candidate (a chain link, e.g. attention scores read only by the
+softmax whose probabilities the backward pass reads): chosen, a chain link is never run again
+on its own, only before a second run that reads it, which would otherwise keep it (or swap it)
+from its first use to that run.
 
 Heuristic seeds of the search (`cheapest_sets`, `checkpoint_set`): the tensors that cost least
 compute per byte they free (and less than copying them out and back), up to a few fractions of
@@ -24,6 +28,7 @@ a backward pass reads and recomputing the others.
 
 from __future__ import annotations
 
+import heapq
 import math
 
 import numpy as np
@@ -59,21 +64,26 @@ def _drop_point(uses: list[int]) -> tuple[int, int]:
 
 
 def candidates(problem: SwapProblem, order) -> np.ndarray:
-    """Tensors that may be recomputed under `order` (see the module docstring)."""
+    """Tensors that may be recomputed under `order`, chain links included (see the module
+    docstring)."""
     order = np.asarray(order, dtype=np.int64)
     ok = recomputable(problem)
     returned = np.zeros(problem.num_tensors, dtype=bool)
     returned[problem.outputs] = True
     uses = _use_positions(problem, order)
-    out = []
-    for t in range(problem.num_tensors):
-        p = problem.producers[t]
-        if p < 0 or not ok[p] or returned[t] or problem.pinned[t] or problem.host_start[t] \
-                or problem.sizes[t] == 0 or len(uses[t]) < 2:
-            continue
-        if _drop_point(uses[t])[1] >= MIN_GAP:
-            out.append(t)
-    return np.asarray(out, dtype=np.int64)
+    eligible = [t for t in range(problem.num_tensors)
+                if problem.producers[t] >= 0 and ok[problem.producers[t]] and not returned[t]
+                and not problem.pinned[t] and not problem.host_start[t]
+                and problem.sizes[t] > 0 and len(uses[t]) >= 2]
+    gapped = {t for t in eligible if _drop_point(uses[t])[1] >= MIN_GAP}
+    read = {x for t in gapped for x in problem.op_inputs[problem.producers[t]]}
+    return np.asarray([t for t in eligible if t in gapped or t in read], dtype=np.int64)
+
+
+def chain_links(problem: SwapProblem, order, cands: np.ndarray) -> np.ndarray:
+    """Per candidate: whether it is a chain link only (no gap of its own to drop it in)."""
+    uses = _use_positions(problem, np.asarray(order, dtype=np.int64))
+    return np.array([_drop_point(uses[t])[1] < MIN_GAP for t in cands], dtype=bool)
 
 
 def augment(problem: SwapProblem, order, chosen) -> np.ndarray:
@@ -86,19 +96,29 @@ def augment(problem: SwapProblem, order, chosen) -> np.ndarray:
     uses = _use_positions(problem, order)
     at: dict[int, int] = {}  # tensor -> position its second run goes before
     for t in chosen:
-        j, _ = _drop_point(uses[t])
-        at[t] = uses[t][j]
+        j, gap = _drop_point(uses[t])
+        if gap >= MIN_GAP:  # a chain link runs again only before a run that reads it
+            at[t] = uses[t][j]
     position = np.empty(problem.num_ops, dtype=np.int64)
     position[order] = np.arange(len(order))
     # A chosen input of a second run is made again before it, unless it is still there (not
-    # yet dropped: its own drop point lies after that run); deepest first, MAX_CHAIN deep.
+    # yet dropped: its own drop point lies after that run); deepest first (a producer runs
+    # before its consumers), MAX_CHAIN deep.
+    chosen_set = set(chosen)
     depth = dict.fromkeys(at, 0)
-    for t in sorted(at, key=lambda t: -position[problem.producers[t]]):
+    heap = [(-int(position[problem.producers[t]]), t) for t in at]
+    heapq.heapify(heap)
+    while heap:
+        _, t = heapq.heappop(heap)
+        if depth[t] + 1 > MAX_CHAIN:
+            continue
         for x in problem.op_inputs[problem.producers[t]]:
-            if x in at and at[x] > at[t] and _dropped_before(uses[x], at[t]) \
-                    and depth[t] + 1 <= MAX_CHAIN:
+            if x in chosen_set and at.get(x, len(order)) > at[t] and \
+                    _dropped_before(uses[x], at[t]):
+                if x not in depth:
+                    heapq.heappush(heap, (-int(position[problem.producers[x]]), x))
                 at[x] = at[t]
-                depth[x] = max(depth[x], depth[t] + 1)
+                depth[x] = max(depth.get(x, 0), depth[t] + 1)
     runs: dict[int, list[int]] = {}
     for t, pos in at.items():
         runs.setdefault(pos, []).append(problem.producers[t])
@@ -112,9 +132,10 @@ def augment(problem: SwapProblem, order, chosen) -> np.ndarray:
 
 def _dropped_before(uses: list[int], pos: int) -> bool:
     """Whether a tensor with these uses is not used in the gap ending at `pos` (so a run at
-    `pos` finds it dropped): its longest gap ends at or after `pos`."""
-    j, _ = _drop_point(uses)
-    return uses[j - 1] < pos
+    `pos` finds it dropped): its longest gap ends at or after `pos` (a chain link: its last
+    use is before `pos`)."""
+    j, gap = _drop_point(uses)
+    return uses[j - 1] < pos if gap >= MIN_GAP else uses[-1] < pos
 
 
 def cheapest_sets(problem: SwapProblem, cands: np.ndarray,

@@ -43,7 +43,7 @@ import numpy as np
 from .derive import Evaluator, Knobs
 from .plan import SwapPlan
 from .problem import SwapProblem
-from .recompute import candidates, cheapest_sets, checkpoint_set
+from .recompute import MAX_CHAIN, candidates, chain_links, cheapest_sets, checkpoint_set
 
 _KEEP_CHOICES = (0.0, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 _KNOB_RANGE = {"beta": (0.0, 3.0), "gamma": (0.0, 10.0), "delta": (0.0, 3.0)}
@@ -160,10 +160,28 @@ class GeneticSearch:
         ir = np.asarray(problem.order, dtype=np.int64)
         self.candidates = candidates(problem, ir) if self.config.recompute else \
             np.zeros(0, dtype=np.int64)
+        # Chain links are chosen with the second runs that read them, never on their own.
+        self.links = chain_links(problem, ir, self.candidates)
         # Mutations favour candidates that free many bytes per second of recompute.
         value = problem.sizes[self.candidates] / np.maximum(
             problem.durations[np.asarray(problem.producers)[self.candidates]], 1e-12)
-        self.candidate_weights = value / value.sum() if len(value) else value
+        value[self.links] = 0.0
+        self.candidate_weights = value / value.sum() if value.sum() > 0 else value
+        # Per candidate, among its producer's inputs: its chain links (made again with it or
+        # kept for it), and the candidates at least half its size that are cheaper to make
+        # again than to copy in (a tensor made again from an input as big as itself that must
+        # be swapped in saves little link time; with that input made again too it does).
+        index = {int(t): k for k, t in enumerate(self.candidates)}
+        producers = np.asarray(problem.producers, dtype=np.int64)
+        inputs = [[index[x] for x in problem.op_inputs[producers[t]] if x in index]
+                  for t in self.candidates]
+        self.link_inputs = [[x for x in xs if self.links[x]] for xs in inputs]
+        cheap = problem.durations[producers[self.candidates]] < np.array(
+            [problem.transfer_time(b, "h2d") for b in problem.sizes[self.candidates]])
+        self.big_inputs = [
+            [x for x in xs if not self.links[x] and cheap[x] and
+             2 * problem.sizes[self.candidates[x]] >= problem.sizes[t]]
+            for t, xs in zip(self.candidates, inputs, strict=True)]
 
     def recomputed(self, ind: Individual) -> np.ndarray | None:
         """The tensors `ind` makes again."""
@@ -199,16 +217,33 @@ class GeneticSearch:
         return counts
 
     def _mutate_recompute(self, mask: np.ndarray | None) -> np.ndarray | None:
-        """Flip one to three candidates, half of the time drawn by the bytes they free per
-        second of recompute."""
-        if not len(self.candidates):
+        """Flip one to three candidates other than chain links, half of the time drawn by
+        the bytes they free per second of recompute; a candidate turned on brings its chain
+        (`close_chains`)."""
+        own = np.nonzero(~self.links)[0]
+        if not len(own):
             return mask
         mask = np.zeros(len(self.candidates), dtype=bool) if mask is None else mask.copy()
         flips = int(self.rng.integers(1, 4))
-        weights = self.candidate_weights if self.rng.random() < 0.5 else None
-        picks = self.rng.choice(len(mask), size=min(flips, len(mask)), replace=False,
-                                p=weights)
+        weights = self.candidate_weights[own] if self.rng.random() < 0.5 else None
+        picks = own[self.rng.choice(len(own), size=min(flips, len(own)), replace=False,
+                                    p=weights)]
         mask[picks] = ~mask[picks]
+        return self.close_chains(mask, picks[mask[picks]], self.rng.random() < 0.5)
+
+    def close_chains(self, mask: np.ndarray, roots=None, big: bool = False) -> np.ndarray:
+        """`mask` with the chain links of its chosen candidates (or of `roots` only) chosen
+        too, and with `big` their big cheap inputs (`big_inputs`), `MAX_CHAIN` levels deep."""
+        mask = mask.copy()
+        frontier = np.nonzero(mask)[0] if roots is None else np.asarray(roots, dtype=np.int64)
+        for _ in range(MAX_CHAIN):
+            grown = [x for k in frontier for x in (*self.link_inputs[k],
+                                                   *(self.big_inputs[k] if big else ()))
+                     if not mask[x]]
+            if not grown:
+                break
+            mask[grown] = True
+            frontier = np.unique(grown)
         return mask
 
     def _random_knobs(self) -> Knobs:
@@ -318,27 +353,32 @@ class GeneticSearch:
             if counts is not None:
                 pop.append(Individual(ir, k, counts))
         # Recompute: the cheapest tensors to make again, and sqrt(n) checkpointing.
-        for chosen in self._recompute_choices(ir):
-            pop.append(Individual(ir, grid[1], None, np.isin(self.candidates, chosen)))
+        for mask in self._recompute_masks(ir):
+            pop.append(Individual(ir, grid[1], None, mask))
         while len(pop) < self.config.population:
             pop.append(Individual(ir if len(pop) % 2 else mem, self._random_knobs()))
         return pop[: max(self.config.population, 2)]
 
-    def _recompute_choices(self, order: np.ndarray) -> list[np.ndarray]:
+    def _recompute_masks(self, order: np.ndarray) -> list[np.ndarray]:
         """Seed recompute choices: the cheapest tensors per byte freed up to a few fractions
-        of the compute time, and sqrt(n) checkpointing (nonempty ones only)."""
-        sets = [*cheapest_sets(self.problem, self.candidates),
-                checkpoint_set(self.problem, order, self.candidates)]
-        return [s for s in sets if len(s)]
+        of the compute time, and sqrt(n) checkpointing (nonempty ones only), with their chain
+        links; the cheapest also with their big cheap inputs."""
+        own = self.candidates[~self.links]
+        cheapest = [np.isin(self.candidates, s) for s in cheapest_sets(self.problem, own)]
+        linked = [self.close_chains(m) for m in cheapest]
+        masks = [*linked, self.close_chains(
+            np.isin(self.candidates, checkpoint_set(self.problem, order, own)))]
+        big = [self.close_chains(m, big=True) for m in cheapest]
+        masks += [b for b, m in zip(big, linked, strict=True) if (b != m).any()]
+        return [m for m in masks if m.any()]
 
     def recompute_seeds(self, population: list[Individual]) -> list[Individual]:
         """A swap-only search's final `population` (already scored), and its two best with
         each seed recompute choice added."""
         seeds = [dataclasses.replace(ind) for ind in population]
         for lead in sorted(population, key=lambda ind: ind.fitness)[:2]:
-            for chosen in self._recompute_choices(lead.order):
-                seeds.append(Individual(lead.order, lead.knobs, lead.counts,
-                                        np.isin(self.candidates, chosen)))
+            for mask in self._recompute_masks(lead.order):
+                seeds.append(Individual(lead.order, lead.knobs, lead.counts, mask))
         return seeds
 
     def run(self, seeds: list[Individual] | None = None) -> Individual:
