@@ -302,10 +302,11 @@ def test_zoo_under_budgets_exact_and_measured(name, overrides, training):
                                              ("resnet", {"blocks": (1, 1)})])
 def test_recomputed_tensors_are_made_again_exactly_within_budget(name, overrides):
     """A plan that recomputes every candidate: the producers run a second time in the emitted
-    function, the outputs equal the unswapped build's bit for bit, and the measured peak fits
-    the budget."""
+    function (every candidate with a gap of its own; chain links where a second run reads
+    them within the chain depth), the outputs equal the unswapped build's bit for bit, and the
+    measured peak fits the budget."""
     from tvm_ext.swap.derive import Evaluator, Knobs
-    from tvm_ext.swap.recompute import candidates
+    from tvm_ext.swap.recompute import augment, candidates, chain_links
 
     model = get_model(name, "tiny", training=True, **overrides)
     graph = driver.fused_graph(model, LLVM)
@@ -315,8 +316,11 @@ def test_recomputed_tensors_are_made_again_exactly_within_budget(name, overrides
     assert len(chosen)
     plan = Evaluator(problem).plan(order, Knobs(), "swapadvisor", recompute=chosen)
     validate(problem, plan)
-    assert plan.info["recomputed"] == len(chosen)
-    assert len(plan.schedule) == problem.num_ops + len(chosen)
+    assert plan.schedule == augment(problem, order, chosen).tolist()
+    again = {op for k, op in enumerate(plan.schedule) if op in plan.schedule[:k]}
+    own = chosen[~chain_links(problem, order, chosen)]
+    assert {problem.producers[t] for t in own} <= again
+    assert plan.info["recomputed"] == sum(problem.producers[t] in again for t in chosen)
     out = _run_swapped(model, graph, plan)
     driver.compare(out.outputs, _reference_outputs(model), rtol=0, atol=0)
     assert out.peak_bytes + graph.bytes_of_kind("constant") <= problem.budget

@@ -13,8 +13,7 @@ from swap_dags import random_problem
 
 from tvm_ext.swap import PlanError, SwapProblem, plan_swaps, simulate, validate
 from tvm_ext.swap.derive import Evaluator, Knobs
-from tvm_ext.swap.recompute import (augment, candidates, chain_links, cheapest_sets,
-                                    checkpoint_set)
+from tvm_ext.swap.recompute import augment, candidates, chain_links, cheapest_sets, checkpoint_set
 from tvm_ext.swap.search import GeneticSearch, SearchConfig
 
 FAST_SEARCH = SearchConfig(population=8, generations=10, patience=10)

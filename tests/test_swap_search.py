@@ -18,6 +18,7 @@ from tvm_ext.swap import (
     simulate,
     validate,
 )
+from tvm_ext.swap.derive import Evaluator, Knobs
 from tvm_ext.swap.search import as_late_as_possible_order, memory_aware_order
 
 FAST = SearchConfig(population=8, generations=6, patience=6)
@@ -171,3 +172,27 @@ def test_size_class_layout_plans_hold():
             assert r.offset % size == 0 and r.offset // size < count and r.nbytes <= size
         checked += 1
     assert checked >= 6
+
+
+def test_a_swap_in_takes_the_window_free_earliest():
+    """w -> t (op0, 8 KiB) -> u (op1) -> z (op2); out = op3(z, a), `a` a 4 KiB argument on the
+    host. At op3 the window t left at offset 256 (free from op1's end, in time by the walk's
+    estimate) and the one past u (free from the start) both cost nothing: `a` takes the one
+    free earliest and is fetched before op0, with three ops' slack instead of none."""
+    p = SwapProblem(
+        op_names=["op0", "op1", "op2", "op3"], durations=[1.0] * 4,
+        op_deps=[[], [0], [1], [2]], op_inputs=[[0], [1], [2], [3, 4]],
+        op_outputs=[[1], [2], [3], [5]], op_scratch=[[]] * 4,
+        op_phases=["forward"] * 4, tensor_names=["w", "t", "u", "z", "a", "out"],
+        sizes=[256, 8192, 256, 256, 4096, 256],
+        tensor_kinds=["parameter", "activation", "activation", "activation", "parameter",
+                      "activation"],
+        producers=[-1, 0, 1, 2, -1, 3], host_start=[True, False, False, False, True, False],
+        pinned=[False] * 6, outputs=[5], budget=8192 + 3 * 256 + 4096, h2d_bandwidth=4096.0,
+        h2d_latency=0.0, d2h_bandwidth=4096.0, d2h_latency=0.0)
+    plan = Evaluator(p).plan(np.asarray(p.order), Knobs(keep=0.0), "swapadvisor")
+    validate(p, plan)
+    fetch = next(s for s in plan.swap_ins if s.tensor == 4)
+    assert (fetch.after, fetch.before) == (-1, 3)
+    window = next(r for r in plan.residencies if r.tensor == 4)
+    assert window.offset >= 8192

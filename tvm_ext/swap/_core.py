@@ -19,7 +19,10 @@ A window's cost depends on the policy (`Policy.mode`):
     start because of this window (weight gamma): the window frees when its occupants' last
     ops end and their swap-outs finish, then the swap-in waits for the host-to-device link.
     Evicted tensors leave right after their last use; a swap-in is issued as soon as its
-    window is free (after the last use, and the swap-out, of everything that occupied it).
+    window is free (after the last use, and the swap-out, of everything that occupied it),
+    and of windows that cost the same it takes the one free earliest (adjacent free segments
+    keep their own free times: a window within one freed long ago is free before a window
+    across one freed just now).
   * LRU: evict the window whose occupants were least recently used; swaps happen on demand,
     right before the op that needs the tensor (no prefetch).
   * VDNN: LRU on demand, plus the vDNN policy: forward activations that the backward pass reads
@@ -195,25 +198,28 @@ def _seg_insert(seg, k, off, size, t, fp, dk, rt):
 @nb.njit(cache=True)
 def _seg_free(seg, k, fp, dk, rt):
     """Mark segment k free (after position fp, d2h key dk, estimated time rt) and merge free
-    neighbours."""
+    neighbours freed alike. Neighbours freed at other times stay apart: a window over them is
+    free when the last of them is (`_sweep`), one within the earlier one is free before."""
     tensor, size, free_after, wait_key, free_at = (seg.tensor, seg.size, seg.free_after,
                                                    seg.wait_key, seg.free_at)
     tensor[k] = _NONE
     free_after[k] = fp
     wait_key[k] = dk
     free_at[k] = rt
-    if k + 1 < seg.count and tensor[k + 1] == _NONE:
+    if k + 1 < seg.count and _freed_alike(seg, k, k + 1):
         size[k] += size[k + 1]
-        free_after[k] = max(free_after[k], free_after[k + 1])
-        wait_key[k] = max(wait_key[k], wait_key[k + 1])
-        free_at[k] = max(free_at[k], free_at[k + 1])
         _seg_remove(seg, k + 1, k + 1)
-    if k > 0 and tensor[k - 1] == _NONE:
+    if k > 0 and _freed_alike(seg, k - 1, k):
         size[k - 1] += size[k]
-        free_after[k - 1] = max(free_after[k - 1], free_after[k])
-        wait_key[k - 1] = max(wait_key[k - 1], wait_key[k])
-        free_at[k - 1] = max(free_at[k - 1], free_at[k])
         _seg_remove(seg, k, k)
+
+
+@nb.njit(cache=True)
+def _freed_alike(seg, a, b):
+    """Whether segments a and b are both free, after the same position and swap-out."""
+    return seg.tensor[a] == _NONE and seg.tensor[b] == _NONE and \
+        seg.free_after[a] == seg.free_after[b] and seg.wait_key[a] == seg.wait_key[b] and \
+        seg.free_at[a] == seg.free_at[b]
 
 
 @nb.njit(cache=True)
@@ -850,12 +856,16 @@ def _window_cost(target, s_vc, s_out, s_vb, ready, ready_dirty, last_use):
     ready = max(tg.own_ready, ready)
     if s_out > 0.0:
         ready = max(ready, max(tg.d2h_free, ready_dirty) + s_out)
+    # Tie-breaks: evict fewer bytes; then, for a swap-in, the window free earliest (the
+    # walk's times are estimates: a swap-in issued earlier has slack against a stream busier
+    # than they say).
     if tg.produced:
         late = ready - tg.now
+        early = 0.0
     else:
         late = max(ready, tg.h2d_free) + tg.xin - tg.now
-    # Tie-break: evict fewer bytes.
-    return s_vc + tg.gamma * max(0.0, late) + 1e-15 * s_vb
+        early = 1e-12 * max(0.0, ready)
+    return s_vc + tg.gamma * max(0.0, late) + 1e-15 * s_vb + early
 
 
 # ---------------------------------------------------------------- placing

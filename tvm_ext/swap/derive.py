@@ -83,7 +83,7 @@ class Evaluation:
     op_end: np.ndarray
     op_ready: np.ndarray  # when compute could have started each op, had it not waited
     runs: np.ndarray  # the op at each position: the order with its recompute runs
-    recomputed: np.ndarray  # tensors made again (recompute)
+    recomputed: np.ndarray  # tensors made again (recompute): their producers run twice
     split: SplitSetup  # ops split in time
 
 
@@ -360,6 +360,9 @@ class Evaluator:
             # would copy them out again and free nothing.
             recompute = recompute[~np.isin(self.producer[recompute], list(split.choice))]
         runs = augment(p, order, recompute)
+        if len(recompute):  # chain links no second run reads are not made again
+            ops, times = np.unique(runs, return_counts=True)
+            recompute = recompute[np.isin(self.producer[recompute], ops[times > 1])]
         if split.choice and counts is not None:
             raise ValueError("size classes cannot hold the chunk buffers of split ops")
         if counts is not None:
