@@ -15,7 +15,8 @@ the ratio of copy to compute time is an H100's. Per model:
    a copy to a stream idle for a given time, a stalled caller's resume delay, pacing overshoot:
    `driver.measure_runtime_costs`); the planners plan with all of these (`driver.stand_in`);
 3. for each memory pressure (budget = no-swap peak / ratio) and planner (swapadvisor with
-   recompute and splitting, swap_only, checkpoint, vdnn, lru): plan, build, run with the link
+   recompute and splitting, swap_only: the first phase of the same search, checkpoint, vdnn,
+   lru): plan, build, run with the link
    on: measured time (median of --repeat), the simulated time of the same plan, the error,
    the unswapped build timed right before and after (`base ms`) and the error against the
    plan simulated with the compute at the speed that run measured, the link unchanged (`err*`;
@@ -180,6 +181,7 @@ def run_model(name: str, args, workdir: str) -> tuple[dict, list[dict]]:
     from tvm_ext.ir.targets import vm_devices
     from tvm_ext.runtime import swap_streams
     from tvm_ext.swap import SwapProblem, plan_swaps
+    from tvm_ext.swap.search import swapadvisor_phases
 
     target = tvm.target.Target("llvm")
     device, _ = vm_devices(target)
@@ -213,8 +215,13 @@ def run_model(name: str, args, workdir: str) -> tuple[dict, list[dict]]:
                              "infeasible": True})
                 print(format_row(rows[-1]), flush=True)
                 continue
+            searched: dict = {}  # both phases of one search: swap-only, then recompute
             for planner in args.planners:
-                plan = plan_swaps(problem, planner, time_budget_s=args.search_s, seed=0)
+                if planner in ("swapadvisor", "swap_only") and not searched:
+                    searched = dict(zip(("swap_only", "swapadvisor"), swapadvisor_phases(
+                        problem, time_budget_s=args.search_s, seed=0), strict=True))
+                plan = searched.get(planner) or plan_swaps(problem, planner,
+                                                           time_budget_s=args.search_s, seed=0)
                 row = {"model": name, "ratio": ratio, "budget": problem.budget,
                        "planner": planner,
                        **run_plan(model, graph, target, problem, plan, plain, args.repeat)}

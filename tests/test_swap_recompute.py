@@ -14,7 +14,7 @@ from swap_dags import random_problem
 from tvm_ext.swap import PlanError, SwapProblem, plan_swaps, simulate, validate
 from tvm_ext.swap.derive import Evaluator, Knobs
 from tvm_ext.swap.recompute import augment, candidates, chain_links, cheapest_sets, checkpoint_set
-from tvm_ext.swap.search import GeneticSearch, SearchConfig
+from tvm_ext.swap.search import GeneticSearch, SearchConfig, swapadvisor_phases
 
 FAST_SEARCH = SearchConfig(population=8, generations=10, patience=10)
 
@@ -171,6 +171,15 @@ def test_search_with_recompute_is_never_slower_than_swap_only(seed):
     both = plan_swaps(p, "swapadvisor", seed=seed, config=config)
     validate(p, both)
     assert both.predicted_time <= swap_only.predicted_time * (1 + 1e-12)
+    # The phases of one search: the first is that swap-only search (same seed and generation
+    # limit), the second no slower than it.
+    first, second = swapadvisor_phases(p, seed=seed, config=config)
+    for plan in (first, second):
+        validate(p, plan)
+    assert (first.planner, second.planner) == ("swap_only", "swapadvisor")
+    assert first.predicted_time == pytest.approx(swap_only.predicted_time, rel=1e-12)
+    assert second.predicted_time == pytest.approx(both.predicted_time, rel=1e-12)
+    assert first.info["recompute_candidates"] == 0 and not first.info["recomputed"]
 
 
 def test_checkpoint_baseline_keeps_every_sqrt_nth_activation():

@@ -15,7 +15,8 @@ case; both are searched and the faster plan is returned.
 * Seeds: the IR's order, a memory-aware greedy order and an as-late-as-possible order, with a
   spread of knobs, and
   size-class counts in proportion to each class's peak demand; no recompute, the tensors
-  cheaper to recompute than to copy out and back, and sqrt(n) checkpointing.
+  cheaper to recompute than to copy out and back, and sqrt(n) checkpointing, with their
+  chain links (`recompute.py`).
 * Crossover: order-preserving on the schedule (a prefix of parent A, then the remaining ops in
   parent B's order: the child stays topological), uniform on the knobs and recompute choices.
 * Mutation: move an op to a legal slot (after its last producer, before its first consumer:
@@ -23,7 +24,8 @@ case; both are searched and the faster plan is returned.
   simulation (picked in proportion to its stall); perturb a knob multiplicatively, or
   redraw it; move objects from one size class to another (repaired to each class's minimum
   and to the budget); flip a few recompute choices (favouring the tensors that free most
-  bytes per second of recompute).
+  bytes per second of recompute); a tensor turned on brings its chain links, and half of the
+  time its inputs as big and cheaper to make again than to copy in.
 * Elitism keeps the best individuals; every generation a few mutations of the best are tried
   and kept when better (local search).
 * Stops at the generation limit, the time budget, or after `patience` generations without a
@@ -446,20 +448,39 @@ def swapadvisor(problem: SwapProblem, time_budget_s: float = 30.0, seed: int = 0
     `recompute`, a second search starts from the swap-only search's last population and
     chooses tensors to recompute too; elitism keeps its best, so it is never slower than the
     swap-only plan (the same search, seed and budget as `recompute=False`)."""
+    return swapadvisor_phases(problem, time_budget_s, seed, config, recompute, planner)[-1]
+
+
+def swapadvisor_phases(problem: SwapProblem, time_budget_s: float = 30.0, seed: int = 0,
+                       config: SearchConfig | None = None, recompute: bool = True,
+                       planner: str = "swapadvisor") -> list[SwapPlan]:
+    """The plan of each phase of one search: the swap-only plan (planner "swap_only"), and
+    with `recompute` the plan of the second phase (`planner`), which starts from the first's
+    last population and so is never slower. A time budget ends each phase, so two separate
+    searches differ run to run: compare the phases of one search."""
     config = dataclasses.replace(config or SearchConfig(), time_budget_s=time_budget_s)
     search = GeneticSearch(problem, dataclasses.replace(config, recompute=False), seed)
     best = search.run()
-    elapsed, generations = search.elapsed, search.generations
     by_layout = dict(search.best_by_layout)
-    if recompute:
-        more = GeneticSearch(problem, dataclasses.replace(config, recompute=True), seed,
-                             search.evaluator)
-        if len(more.candidates):
-            best = more.run(more.recompute_seeds(search.population))
-            elapsed, generations = elapsed + more.elapsed, generations + more.generations
-            for layout, t in more.best_by_layout.items():
-                by_layout[layout] = min(t, by_layout.get(layout, math.inf))
-            search = more
+    plans = [_plan(search, best, planner if not recompute else "swap_only", search.elapsed,
+                   search.generations, by_layout, seed)]
+    if not recompute:
+        return plans
+    more = GeneticSearch(problem, dataclasses.replace(config, recompute=True), seed,
+                         search.evaluator)
+    elapsed, generations = search.elapsed, search.generations
+    if len(more.candidates):
+        best = more.run(more.recompute_seeds(search.population))
+        elapsed, generations = elapsed + more.elapsed, generations + more.generations
+        for layout, t in more.best_by_layout.items():
+            by_layout[layout] = min(t, by_layout.get(layout, math.inf))
+        search = more
+    plans.append(_plan(search, best, planner, elapsed, generations, by_layout, seed))
+    return plans
+
+
+def _plan(search: GeneticSearch, best: Individual, planner: str, elapsed: float,
+          generations: int, by_layout: dict, seed: int) -> SwapPlan:
     return search.evaluator.plan(
         best.order, best.knobs, planner, planning_time=elapsed,
         info={"generations": generations,
@@ -471,4 +492,4 @@ def swapadvisor(problem: SwapProblem, time_budget_s: float = 30.0, seed: int = 0
 
 
 __all__ = ["GeneticSearch", "Individual", "SearchConfig", "as_late_as_possible_order",
-           "memory_aware_order", "swapadvisor"]
+           "memory_aware_order", "swapadvisor", "swapadvisor_phases"]
