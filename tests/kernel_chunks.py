@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import tvm
+from one_op import one_op_module
 from tvm import relax, tirx
 
 from tvm_ext.ir.halo_chunks import chunk_rows
@@ -42,15 +43,9 @@ class ChunkCheck:
 def fused_kernel(build, *shapes) -> KernelDims:
     """The analysis of the one fused PrimFunc of `build(*params)` (float32 parameters of
     `shapes`) after LegalizeOps + fusion."""
-    bb = relax.BlockBuilder()
-    params = [relax.Var(f"x{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(build(*params))
-        bb.emit_func_output(out)
     mod = tvm.transform.Sequential([
         relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FuseOps(), relax.transform.FuseTIR()])(bb.get())
+        relax.transform.FuseOps(), relax.transform.FuseTIR()])(one_op_module(build, *shapes))
     (gv,) = [gv for gv in mod.functions if isinstance(mod[gv], tirx.PrimFunc)]
     return kernel_dims(mod[gv], 1, gv.name_hint)
 

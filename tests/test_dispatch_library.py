@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from one_op import one_op_module
 from tvm import relax, tirx
 
 from tvm_ext import cli, driver, pipeline
@@ -177,13 +178,7 @@ def test_conv1d_calls_the_library_and_matches_generated_code(padding, strides, g
 def test_transposed_convolutions_call_the_library_and_match(build, shapes, llvm):
     rng = np.random.default_rng(0)
     args = [rng.standard_normal(s).astype("float32") for s in shapes]
-    bb = relax.BlockBuilder()
-    params = [relax.Var(f"x{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(build(*params))
-        bb.emit_func_output(out)
-    mod = bb.get()
+    mod = one_op_module(build, *shapes)
     assert CONV in set().union(*dispatched_kernels(mod, llvm).values())
     outputs = []
     for use_library in (True, False):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import tvm
+from one_op import one_op_module
 from tvm import relax, tirx
 
 from tvm_ext.driver import partition_problem
@@ -22,15 +23,7 @@ F32 = "float32"
 
 def legalized_spec(build, *shapes, dtypes=None):
     """The KernelSpec of the one PrimFunc `LegalizeOps` makes of `build(*params)`."""
-    dtypes = dtypes or [F32] * len(shapes)
-    bb = relax.BlockBuilder()
-    params = [relax.Var(f"x{i}", relax.TensorType(s, d))
-              for i, (s, d) in enumerate(zip(shapes, dtypes, strict=True))]
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(build(*params))
-        bb.emit_func_output(out)
-    mod = relax.transform.LegalizeOps()(bb.get())
+    mod = relax.transform.LegalizeOps()(one_op_module(build, *shapes, dtypes=dtypes))
     (gv,) = [gv for gv in mod.functions if isinstance(mod[gv], tirx.PrimFunc)]
     return kernel_spec(mod[gv], 1, gv.name_hint)
 

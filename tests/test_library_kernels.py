@@ -4,6 +4,7 @@ legalized, fused TIR, and nests that must not match."""
 from __future__ import annotations
 
 import pytest
+from one_op import one_op_module
 from tvm import relax, tirx
 from tvm.script import tirx as T
 
@@ -16,13 +17,8 @@ F32 = "float32"
 
 def fused_calls(build, *shapes, dtype=F32):
     """{kernel name: its library calls} of `build(*params)` fused as the pipeline does."""
-    bb = relax.BlockBuilder()
-    params = [relax.Var(f"x{i}", relax.TensorType(s, dtype)) for i, s in enumerate(shapes)]
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(build(*params))
-        bb.emit_func_output(out)
-    mod = pipeline.fuse(bb.get(), resolve_target("llvm"))
+    mod = pipeline.fuse(one_op_module(build, *shapes, dtypes=[dtype] * len(shapes)),
+                        resolve_target("llvm"))
     return {gv.name_hint: find_library_calls(f) for gv, f in mod.functions.items()
             if isinstance(f, tirx.PrimFunc)}
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from one_op import one_op_module
 from tvm import relax, tirx
 from tvm.script import tirx as T
 
@@ -25,13 +26,7 @@ R = relax.op
 
 
 def fused_kernels(build, *shapes) -> tvm.IRModule:
-    bb = relax.BlockBuilder()
-    params = [relax.Var(f"x{i}", relax.TensorType(s, F32)) for i, s in enumerate(shapes)]
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(build(*params))
-        bb.emit_func_output(out)
-    return pipeline.fuse(bb.get(), TARGET)
+    return pipeline.fuse(one_op_module(build, *shapes), TARGET)
 
 
 def prim_funcs(mod: tvm.IRModule) -> list[tirx.PrimFunc]:

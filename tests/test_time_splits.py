@@ -5,6 +5,7 @@ every output is reduced over by one block with an init, which cuts some inputs a
 
 from __future__ import annotations
 
+from one_op import one_op_module
 from tvm import relax
 
 from tvm_ext import pipeline
@@ -17,13 +18,7 @@ F32 = "float32"
 
 def _options(build, *shapes):
     """(graph, per kernel op: its options) of `build(*params)` fused as the pipeline does."""
-    bb = relax.BlockBuilder()
-    params = [relax.Var(f"x{i}", relax.TensorType(s, F32)) for i, s in enumerate(shapes)]
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(build(*params))
-        bb.emit_func_output(out)
-    mod = pipeline.fuse(bb.get(), resolve_target("llvm"))
+    mod = pipeline.fuse(one_op_module(build, *shapes), resolve_target("llvm"))
     graph = build_graph(mod)
     options = time_split_options(mod, graph)
     return graph, [o for op, o in zip(graph.ops, options, strict=True) if op.kind == "kernel"]
