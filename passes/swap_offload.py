@@ -449,6 +449,7 @@ class _Rewriter:
         gv = self._chunk_kernel(op, sp)
         gv_rest = self._accumulating_chunk_kernel(op, sp) if sp.accumulate else gv
         index_params = self._new_chunk_params(op, sp)
+        inner = sp.option().inner_chunks(sp.chunks)
         fields = value.args[1].fields if isinstance(value.args[1], relax.Tuple) \
             else [value.args[1]]
         nb = sp.buffers
@@ -473,7 +474,9 @@ class _Rewriter:
                                     viewed, axis)
             if epilogue is not None:  # the reduction part reads some of the inputs
                 args = [args[k[1]] for k in epilogue.reduction.inputs]
-            chunk = [relax.prim_value(tvm.tirx.IntImm("int64", j))
+            # The index of the chunk along the split dim (within its item, with an outer dim,
+            # whose index no kernel takes).
+            chunk = [relax.prim_value(tvm.tirx.IntImm("int64", j % inner))
                      for _ in range(index_params)]
             # Chunks after the first start from what the targets hold: passed as inputs.
             prev = targets if j > 0 else []
@@ -523,7 +526,8 @@ class _Rewriter:
         (`targets`) and the inputs it reads whole, in place or into the outputs."""
         key = (op.kernel, sp.dim, sp.chunks, "epilogue")
         if key not in self.chunk_kernels:
-            name = chunk_kernel_name(op.kernel, sp.chunks, sp.dim, epilogue=True)
+            name = chunk_kernel_name(op.kernel, sp.chunks, sp.dim, epilogue=True,
+                                     outer_dim=sp.outer_dim)
             kernel = epilogue.epilogue.func.with_attr("global_symbol", name)
             self.chunk_kernels[key] = (self.bb.add_func(kernel, name), kernel)
         # In place, the intermediate is the output's buffer: passed as both.
@@ -563,6 +567,9 @@ class _Rewriter:
         """Chunk j of a cut input kept on the device: a view of its bytes (its leading axis is
         cut, at an offset that is a multiple of the alignment, so a kernel may read it)."""
         t = self.g.tensors[tid]
+        if sp.outer_dim >= 0:
+            raise SwapOffloadError(f"plan error: {t.name} is read in place by a split with an "
+                                   "outer dim (its chunks are strided)")
         view = self.emit(relax.op.memory.view(
             self.value_of(tid), relax.ShapeExpr(_cut_shape(t.shape, axis, sp.chunks)), None,
             relax.prim_value(tvm.tirx.IntImm("int64",
@@ -574,15 +581,22 @@ class _Rewriter:
         """Chunk j of tensor `tid` (cut along `axis` as the op reads or writes it) from its
         base's host copy into `buffer` (H2D), or from `buffer` back (D2H); the runtime copies
         it whole when every axis before `axis` is 1, else row by row (`copy_chunk_async`). With
-        a `halo` (rows before, after), the chunk's input range in (`copy_window_async`)."""
+        a `halo` (rows before, after), the chunk's input range in (`copy_window_async`). With
+        an outer dim, the inner chunk of its item (`SplitOption.outer_dim`)."""
         t = self.g.tensors[tid]
         host = self._host_copy_of(self.g.base(tid))
-        if tid != self.g.base(tid):  # the base's bytes, shaped as the op reads them
-            host = self.emit(relax.op.memory.view(host, relax.ShapeExpr(list(t.shape)), None,
-                                                  relax.prim_value(0)))
+        item, j = divmod(j, sp.option().inner_chunks(sp.chunks))
+        if tid != self.g.base(tid) or sp.outer_dim >= 0:
+            # The base's bytes, shaped as the op reads them; of a split with an outer dim, those
+            # of the chunk's item (its axis 0 cut so), whose inner chunk j this copies.
+            shape = _cut_shape(t.shape, 0, sp.outer_chunks)
+            host = self.emit(relax.op.memory.view(
+                host, relax.ShapeExpr(shape), None,
+                relax.prim_value(item * self._chunked_bytes(tid) // sp.outer_chunks)))
+        inner = sp.option().inner_chunks(sp.chunks)
         name = self.g.tensors[self.g.base(tid)].name
         if halo is not None:
-            start = j * (int(t.shape[axis]) // sp.chunks) - halo[0]
+            start = j * (int(t.shape[axis]) // inner) - halo[0]
             self.emit(swap_calls.copy_window_async_call(host, buffer, stream, axis, start, name))
             return
         self.emit(swap_calls.copy_chunk_async_call(host, buffer, stream, axis, j,
@@ -615,7 +629,7 @@ class _Rewriter:
 
     @staticmethod
     def _chunk_key(op, sp, accumulating: bool = False) -> tuple:
-        return (op.kernel, sp.dim, sp.chunks, accumulating)
+        return (op.kernel, sp.dim, sp.outer_dim, sp.chunks, accumulating)
 
     def _kernel_dims(self, op):
         """The index analysis of `op`'s kernel (once per kernel)."""
@@ -640,9 +654,10 @@ class _Rewriter:
         chunk's input range, halo rows included) in the split's window from `offset`; and the
         offset after them."""
         t = self.g.tensors[tid]
-        shape = _cut_shape(t.shape, axis, sp.chunks)
+        inner = sp.option().inner_chunks(sp.chunks)
+        shape = _cut_shape(_cut_shape(t.shape, 0, sp.outer_chunks), axis, inner)
         if halo is not None:
-            shape[axis] = chunk_rows(int(t.shape[axis]), sp.chunks, *halo)
+            shape[axis] = chunk_rows(int(t.shape[axis]), inner, *halo)
         # As the plan sized them (its halo rows included).
         nbytes = tensor_chunk_bytes(sp.option(), self.g.base(tid), self._chunked_bytes(tid),
                                     sp.chunks)
@@ -674,13 +689,16 @@ class _Rewriter:
             part = self._epilogue(op, sp).reduction if sp.epilogue else None
             try:
                 kd = self._kernel_dims(op)
-                kernel = local_kernel(kd, {sp.dim: sp.chunks},
+                factors = {sp.dim: sp.option().inner_chunks(sp.chunks)}
+                if sp.outer_dim >= 0:
+                    factors[sp.outer_dim] = sp.outer_chunks
+                kernel = local_kernel(kd, factors,
                                       func=part.func if part else None, halo=has_halo(kd, sp.dim),
                                       num_outputs=len(part.outputs) if part else None)
             except LoweringError as err:
                 raise SwapOffloadError(f"{op.name}: cannot run in {sp.chunks} chunks: {err}") \
                     from err
-            name = chunk_kernel_name(op.kernel, sp.chunks, sp.dim)
+            name = chunk_kernel_name(op.kernel, sp.chunks, sp.dim, outer_dim=sp.outer_dim)
             kernel = kernel.with_attr("global_symbol", name)
             self.chunk_kernels[key] = (self.bb.add_func(kernel, name), kernel)
         return self.chunk_kernels[key][0]
@@ -699,7 +717,8 @@ class _Rewriter:
                 kernel = accumulating_kernel(first, output_params(first, n_out))
             except ValueError as err:
                 raise SwapOffloadError(f"{op.name}: cannot add its chunks up: {err}") from err
-            name = chunk_kernel_name(op.kernel, sp.chunks, sp.dim, accumulating=True)
+            name = chunk_kernel_name(op.kernel, sp.chunks, sp.dim, accumulating=True,
+                                     outer_dim=sp.outer_dim)
             kernel = kernel.with_attr("global_symbol", name)
             self.chunk_kernels[key] = (self.bb.add_func(kernel, name), kernel)
         return self.chunk_kernels[key][0]

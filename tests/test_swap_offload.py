@@ -642,19 +642,19 @@ def test_copy_failure_names_the_tensor():
     driver.run(ex, [np.zeros(64, "float32")], device, repeat=0, host=host, arg_devices=[0])
 
 
-def _image_conv_model() -> Model:
-    """One image (batch 1) through a 3x3 convolution (padding 1) and a ReLU: below what it needs
+def _image_conv_model(batch: int = 1) -> Model:
+    """`batch` images through a 3x3 convolution (padding 1) and a ReLU: below what it needs
     whole, only its output rows split it finely, each chunk reading its rows of the image and
     one halo row on each side."""
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 8, 64, 16), "float32"))
+    x = relax.Var("x", relax.TensorType((batch, 8, 64, 16), "float32"))
     w = relax.Var("w", relax.TensorType((8, 8, 3, 3), "float32"))
     with bb.function("main", [x, w], attrs={"num_input": 1}):
         with bb.dataflow():
             y = relax.op.nn.conv2d(relax.op.multiply(x, relax.const(2.0)), w, padding=1)
             out = bb.emit_output(relax.op.nn.relu(y))
         bb.emit_func_output(out)
-    specs = [TensorSpec("x", (1, 8, 64, 16), init="uniform", scale=1.0),
+    specs = [TensorSpec("x", (batch, 8, 64, 16), init="uniform", scale=1.0),
              TensorSpec("w", (8, 8, 3, 3), init="uniform", scale=0.1)]
     return Model("image", bb.get(), specs[:1], specs[1:])
 
@@ -678,3 +678,28 @@ def test_convolution_rows_split_in_time_read_their_halo_rows_within_budget(libra
     assert out.peak_bytes + graph.bytes_of_kind("constant") <= problem.budget
     # The rows split is what makes it this small: without it the convolution needs more.
     assert problem.min_budget()[0] < problem_for_budget(graph, "100%", "cpu").no_swap_peak() // 4
+
+
+def test_convolution_split_by_images_and_rows_at_once_within_budget():
+    """Four images: at the smallest budget the convolution runs each image in row chunks (a
+    split with an outer dim), a chunk reading one image's rows and halo rows; a split along the
+    rows alone (each chunk's rows of all four images) or the batch alone needs more than the
+    budget. Within float32 tolerance of the unswapped build, within the budget."""
+    from tvm_ext.swap.split import finest_working_set
+
+    model = _image_conv_model(batch=4)
+    graph = driver.fused_graph(model, LLVM)
+    problem = problem_for_budget(graph, "min", "cpu")
+    plan = plan_swaps(problem, "swapadvisor", time_budget_s=1.0, seed=0)
+    validate(problem, plan)
+    two = [sp for sp in plan.splits if sp.outer_dim >= 0]
+    assert all(sp.outer_chunks == 4 and sp.chunks % 4 == 0 for sp in two)
+    conv = [sp for sp in two if sp.halo_bytes]
+    assert conv
+    for sp in conv:
+        one_dim = [o for o in problem.split_options()[sp.op] if o.outer_dim < 0]
+        assert finest_working_set(problem.sizes, problem.needs(sp.op), problem.pinned,
+                                  one_dim) > problem.budget
+    out = _run_swapped(model, graph, plan)
+    _compare(graph, plan, out.outputs, _reference_outputs(model))
+    assert out.peak_bytes + graph.bytes_of_kind("constant") <= problem.budget

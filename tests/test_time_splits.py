@@ -64,11 +64,30 @@ def test_convolution_rows_stream_their_input_range_with_the_halo_rows():
     x, w = (t.id for t in graph.tensors if t.arg_index is not None)
     out = graph.ops[-1].outputs[0]
     options = [o for k in kernels for o in k]
-    windowed = [o for o in options if o[10] and not o[7]]
+    windowed = [o for o in options if o[10] and not o[7] and o[11] < 0]
     assert len(windowed) == 2  # rows and columns
     for o in windowed:
         assert (o[1], o[2], o[3], o[4]) == (16, [x], [w], [out])
         assert o[10] == [[x, 2 * 4 * 8 * 16 * 4]] and x in o[6]  # halo bytes, strided
+
+
+def test_convolution_rows_split_within_each_image_of_the_batch():
+    """The batch and the rows at once: each of the 4 images in row chunks, a chunk reading
+    one image's rows and halo rows (2 rows of 8 x 16 x 4 float32), every cut tensor strided; the
+    output channels do not combine with the batch (they cut w, which the batch reads whole),
+    nor do the summed input channels with the rows (one reduces, the other does not)."""
+    graph, kernels = _options(lambda x, w: relax.op.nn.conv2d(x, w, padding=1),
+                              (4, 8, 16, 16), (16, 8, 3, 3))
+    x, w = (t.id for t in graph.tensors if t.arg_index is not None)
+    out = graph.ops[-1].outputs[0]
+    options = [o for k in kernels for o in k]
+    two = [o for o in options if o[11] >= 0]
+    assert len(two) == 2  # the batch with the rows, with the columns
+    for o in two:
+        assert (o[1], o[2], o[3], o[4], o[12]) == (16, [x], [w], [out], 4)
+        assert o[10] == [[x, 2 * 8 * 16 * 4]] and sorted(o[6]) == sorted([x, out])
+        batch = next(b for b in options if b[11] < 0 and b[1] == 4 and b[2] == [x])
+        assert o[11] == batch[0]  # the outer dim is the batch's
 
 
 
@@ -105,9 +124,11 @@ def test_a_kernel_reading_one_tensor_twice_reads_the_same_chunk_twice():
     graph, (options,) = _options(lambda x: relax.op.multiply(x, x), (64, 32))
     (op,) = [o for o in graph.ops if o.kind == "kernel"]
     assert len(op.inputs) == 2 and len(set(op.inputs)) == 1
-    assert [(o[1], o[2], o[3], o[6]) for o in options] == [(64, [op.inputs[0]], [], []),
-                                                           (32, [op.inputs[0]], [],
-                                                            [op.inputs[0], op.outputs[0]])]
+    assert [(o[1], o[2], o[3], o[6], o[11]) for o in options] == [
+        (64, [op.inputs[0]], [], [], -1),
+        (32, [op.inputs[0]], [], [op.inputs[0], op.outputs[0]], -1),
+        # The columns of each row: strided chunks of both.
+        (32, [op.inputs[0]], [], [op.inputs[0], op.outputs[0]], options[0][0])]
 
 
 def test_a_kernel_reading_the_row_index_as_a_value_splits_along_rows():
@@ -160,16 +181,19 @@ def test_every_chunk_count_an_option_allows_lowers(zoo_cache):
     model = zoo_cache("resnet", training=True)
     mod = pipeline.fuse(model.mod, resolve_target("llvm"))
     graph = build_graph(mod)
-    checked = 0
+    checked = two_dims = 0
     for op, options in zip(graph.ops, time_split_options(mod, graph), strict=True):
         for data in options:
             option = SplitOption.from_list(data)
             kd = kernel_dims(mod[op.kernel], len(op.outputs), op.kernel)
             part = reduction_epilogue(kd, option.dim).reduction if option.epilogue else None
+            outer = {option.outer_dim: option.outer_chunks} if option.outer_dim >= 0 else {}
             for chunks in range(2, option.divisor + 1):
                 if option.divisor % chunks == 0:
-                    local_kernel(kd, {option.dim: chunks}, func=part.func if part else None,
+                    local_kernel(kd, {option.dim: chunks, **outer},
+                                 func=part.func if part else None,
                                  num_outputs=len(part.outputs) if part else None,
                                  halo=has_halo(kd, option.dim))
                     checked += 1
-    assert checked > 100
+                    two_dims += bool(outer)
+    assert checked > 100 and two_dims > 10

@@ -146,10 +146,12 @@ def timeline_of(run: MeasuredRun, graph: DataflowGraph,
     a run of `plan`, of the chunk kernels of its split ops (one call per chunk)."""
     kernels = {op.kernel for op in graph.ops if op.kind == "kernel"}
     if plan is not None:
-        kernels |= {chunk_kernel_name(graph.ops[sp.op].kernel, sp.chunks, sp.dim, acc)
+        kernels |= {chunk_kernel_name(graph.ops[sp.op].kernel, sp.chunks, sp.dim, acc,
+                                      outer_dim=sp.outer_dim)
                     for sp in plan.splits for acc in {False, sp.accumulate}}
         kernels |= {chunk_kernel_name(graph.ops[sp.op].kernel, sp.chunks, sp.dim,
-                                      epilogue=True) for sp in plan.splits if sp.epilogue}
+                                      epilogue=True, outer_dim=sp.outer_dim)
+                    for sp in plan.splits if sp.epilogue}
     return MeasuredTimeline.from_events(run.events, kernels)
 
 

@@ -19,11 +19,15 @@ views, or in chunks along two axes (x @ x split along the dim it reduces) is not
 through windows (a convolution's or a pooling's output rows) qualifies too: each chunk reads
 its input range with the halo rows of its windows (`halo_chunks`, `SplitOption.halo_bytes`),
 copied in whole rows at a time (never read in place), overlapping its neighbours'. (The swap
-simulator times a windowed input's stream at the tensor's bytes, without the halo rows.)
+simulator times a windowed input's stream at the tensor's bytes, without the halo rows.) Two
+such dims combine where one (a batch) cuts every cut tensor along axis 0 and the other along
+later axes: the split runs the second's chunks within each item of the first
+(`SplitOption.outer_dim`; a convolution by images and rows).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import tvm
@@ -36,13 +40,20 @@ from .epilogue_kernels import reduction_epilogue
 from .graph import DataflowGraph
 from .kernel_cost import buffer_bytes
 from .kernel_dims import kernel_dims
-from .local_kernels import lowering_obstacle
+from .local_kernels import (
+    LoweringError,
+    has_halo,
+    inner_blocks,
+    local_kernel,
+    lowering_obstacle,
+)
 
 
 def time_split_options(mod: tvm.IRModule, graph: DataflowGraph) -> list[list[list]]:
     """Per op of `graph` (the graph of `mod`'s function), its split options as
     `SplitOption.to_list()` (base tensor ids)."""
     cache: dict[str, list] = {}
+    lowers: dict[str, dict] = {}
     out = []
     for op in graph.ops:
         if op.kind != "kernel" or op.kernel not in [gv.name_hint for gv in mod.functions]:
@@ -53,7 +64,7 @@ def time_split_options(mod: tvm.IRModule, graph: DataflowGraph) -> list[list[lis
             dims = [(d, kd, reduction_epilogue(kd, d) if kd.spec.dims[d].inner else None)
                     for d in range(len(kd.spec.dims))]
             cache[op.kernel] = [(d, k, e) for d, k, e in dims if _qualifies(k, d, e)]
-        out.append(_options(graph, op, cache[op.kernel]))
+        out.append(_options(graph, op, cache[op.kernel], lowers))
     return out
 
 
@@ -89,7 +100,16 @@ def _leading(shape, axis: int) -> bool:
     return all(int(n) == 1 for n in shape[:axis])
 
 
-def _options(graph: DataflowGraph, op, dims: list) -> list[list]:
+def _options(graph: DataflowGraph, op, dims: list, lowers: dict) -> list[list]:
+    options = _one_dim_options(graph, op, dims)
+    kds = {d: (kd, epilogue) for d, kd, epilogue in dims}
+    lowers = lowers.setdefault(op.kernel, {})
+    pairs = [_two_dim_option(*kds[i.dim], o, i, lowers) for o in options for i in options
+             if o.dim != i.dim]
+    return [o.to_list() for o in options + [p for p in pairs if p is not None]]
+
+
+def _one_dim_options(graph: DataflowGraph, op, dims: list) -> list[SplitOption]:
     options = []
     for d, kd, epilogue in dims:
         dim = kd.spec.dims[d]
@@ -131,8 +151,47 @@ def _options(graph: DataflowGraph, op, dims: list) -> list[list]:
                                    strided=tuple(sorted(strided)), accumulate=accumulate,
                                    epilogue=epilogue is not None,
                                    epilogue_bytes=_epilogue_bytes(epilogue),
-                                   halo_bytes=tuple(sorted(halo.items()))).to_list())
+                                   halo_bytes=tuple(sorted(halo.items()))))
     return options
+
+
+def _two_dim_option(kd, epilogue, outer: SplitOption, inner: SplitOption,
+                    lowers: dict) -> SplitOption | None:
+    """`inner` run within each item of `outer` cut into its finest items, or None: `outer`
+    cuts every tensor `inner` cuts (and no other) along its axis 0, without a halo or its
+    index used as a value, and `inner` cuts them along other axes; both cut the outputs or
+    both reduce into them (by the same blocks, `epilogue` the inner's); and the kernel lowers
+    with both cut (`lowers`: what earlier ops of the kernel found, by (outer dim, inner
+    dim))."""
+    if outer.halo_bytes or outer.divisor < 2 or outer.dim in kd.value_dims or \
+            (outer.cut_inputs, outer.cut_outputs) != (inner.cut_inputs, inner.cut_outputs) or \
+            (outer.accumulate, outer.epilogue) != (inner.accumulate, inner.epilogue) or \
+            inner_blocks(kd, [outer.dim]) != inner_blocks(kd, [inner.dim]):
+        return None
+    o_dim, i_dim = kd.spec.dims[outer.dim], kd.spec.dims[inner.dim]
+    o_axes = [c.axis for c in o_dim.inputs if c is not None]
+    i_axes = [c.axis for c in i_dim.inputs if c is not None]
+    if not inner.accumulate:
+        o_axes, i_axes = o_axes + list(o_dim.outputs), i_axes + list(i_dim.outputs)
+    if any(a != 0 for a in o_axes) or any(a == 0 for a in i_axes):
+        return None
+    key = (outer.dim, inner.dim)
+    if key not in lowers:
+        part = epilogue.reduction if epilogue is not None else None
+        try:
+            local_kernel(kd, {outer.dim: outer.divisor, inner.dim: min(
+                c for c in range(2, inner.divisor + 1) if inner.divisor % c == 0)},
+                func=part.func if part else None, halo=has_halo(kd, inner.dim),
+                num_outputs=len(part.outputs) if part else None)
+            lowers[key] = True
+        except LoweringError:
+            lowers[key] = False
+    if not lowers[key]:
+        return None
+    return dataclasses.replace(
+        inner, strided=tuple(sorted({*inner.cut_inputs, *inner.cut_outputs})),
+        halo_bytes=tuple((t, n // outer.divisor) for t, n in inner.halo_bytes),
+        outer_dim=outer.dim, outer_chunks=outer.divisor)
 
 
 def _divisor(kd, d: int) -> int:

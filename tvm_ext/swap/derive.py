@@ -516,7 +516,8 @@ class Evaluator:
                      list(option.cut_inputs), list(option.whole_inputs),
                      list(option.cut_outputs), wait, buffers, list(option.viewed_inputs),
                      option.accumulate, option.epilogue, option.epilogue_bytes,
-                     [list(pair) for pair in option.halo_bytes])
+                     [list(pair) for pair in option.halo_bytes], option.outer_dim,
+                     option.outer_chunks)
 
     def _pools(self, tensors: np.ndarray, counts: np.ndarray | None
                ) -> tuple[np.ndarray, np.ndarray]:

@@ -109,6 +109,8 @@ class Split:
     epilogue_bytes: int = 0  # the intermediates' bytes in the chunk window (0: in place)
     # [cut input, bytes of its halo rows per chunk]: inputs read through windows
     halo_bytes: list[list[int]] = dataclasses.field(default_factory=list)
+    outer_dim: int = -1  # a second dim cut into `outer_chunks` items, each in chunks of `dim`
+    outer_chunks: int = 1
 
     def option(self, divisor: int = 0) -> SplitOption:
         """The split option this split runs (`divisor` as given: plans do not keep it)."""
@@ -116,7 +118,8 @@ class Split:
                            tuple(self.cut_outputs), tuple(self.viewed_inputs),
                            accumulate=self.accumulate, epilogue=self.epilogue,
                            epilogue_bytes=self.epilogue_bytes,
-                           halo_bytes=tuple((int(t), int(n)) for t, n in self.halo_bytes))
+                           halo_bytes=tuple((int(t), int(n)) for t, n in self.halo_bytes),
+                           outer_dim=self.outer_dim, outer_chunks=self.outer_chunks)
 
 
 @dataclasses.dataclass

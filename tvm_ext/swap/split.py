@@ -12,9 +12,13 @@ order where the kernel's schedule reorders it (the output within float tolerance
 that reduces into intermediates and computes its outputs from them (`epilogue`: a bias add, a
 mean's division) adds up the intermediates so and finishes once after the last chunk. Chunk j of
 a tensor cut along its leading axis is one contiguous byte range of it; along a later axis its
-bytes are strided (`strided`), copied in and out row by row. Chunk buffers sit at aligned
-offsets; a chunk of a cut input kept on the device is read in place, so only chunk counts that
-start its chunks at aligned offsets allow that.
+bytes are strided (`strided`), copied in and out row by row. A split may also cut a second,
+outer dim (`outer_dim`: a batch) into its finest items, each run in the inner dim's chunks (a
+convolution split by images and rows at once): chunk j is inner chunk j % inner of outer item
+j // inner, a chunk of a tensor an inner chunk of one item's bytes (strided: copied, not
+viewed), its halo rows one item's. Chunk buffers sit at aligned offsets; a chunk of a cut
+input kept on the device is read in place, so only chunk counts that start its chunks at
+aligned offsets allow that.
 
 A split op streams: its cut inputs come from their host copies (a tensor made on the device is
 copied out first, if it is not already on the host), chunk by chunk, into chunk buffers, and its
@@ -66,6 +70,14 @@ class SplitOption:
     # reads each chunk's input range with rows of its neighbours (`tvm_ext.ir.halo_chunks`);
     # such inputs are streamed, never read in place.
     halo_bytes: tuple[tuple[int, int], ...] = ()
+    # A second dim cut into `outer_chunks` items (every cut tensor along its axis 0), each run
+    # in chunks of `dim`: the chunk counts are multiples of `outer_chunks`. -1: none.
+    outer_dim: int = -1
+    outer_chunks: int = 1
+
+    def inner_chunks(self, chunks: int) -> int:
+        """The chunks of `dim` in each outer item of a split in `chunks` chunks."""
+        return chunks // self.outer_chunks
 
     def on_device(self, fixed) -> SplitOption | None:
         """This option where the `fixed` tensors stay on the device: its cut inputs among them
@@ -82,11 +94,12 @@ class SplitOption:
 
     def to_list(self) -> list:
         """[dim, divisor, cut inputs, whole inputs, cut outputs, [[cut input, bytes], ...],
-        strided, accumulate, epilogue, epilogue bytes, [[cut input, halo bytes], ...]]."""
+        strided, accumulate, epilogue, epilogue bytes, [[cut input, halo bytes], ...], outer dim,
+        outer chunks]."""
         return [self.dim, self.divisor, list(self.cut_inputs), list(self.whole_inputs),
                 list(self.cut_outputs), [list(pair) for pair in self.cut_bytes],
                 list(self.strided), self.accumulate, self.epilogue, self.epilogue_bytes,
-                [list(pair) for pair in self.halo_bytes]]
+                [list(pair) for pair in self.halo_bytes], self.outer_dim, self.outer_chunks]
 
     @classmethod
     def from_list(cls, data) -> SplitOption:
@@ -97,20 +110,25 @@ class SplitOption:
         epilogue = bool(rest[3]) if len(rest) > 3 else False
         epilogue_bytes = int(rest[4]) if len(rest) > 4 else 0
         halo = tuple((int(t), int(n)) for t, n in (rest[5] if len(rest) > 5 else ()))
+        outer_dim = int(rest[6]) if len(rest) > 6 else -1
+        outer_chunks = int(rest[7]) if len(rest) > 7 else 1
         return cls(int(dim), int(divisor), tuple(cut_in), tuple(whole_in), tuple(cut_out),
                    cut_bytes=pairs, strided=strided, accumulate=accumulate,
-                   epilogue=epilogue, epilogue_bytes=epilogue_bytes, halo_bytes=halo)
+                   epilogue=epilogue, epilogue_bytes=epilogue_bytes, halo_bytes=halo,
+                   outer_dim=outer_dim, outer_chunks=outer_chunks)
 
 
 def chunk_kernel_name(kernel: str, chunks: int, dim: int, accumulating: bool = False,
-                      epilogue: bool = False) -> str:
+                      epilogue: bool = False, outer_dim: int = -1) -> str:
     """The name of the kernel that computes one of `chunks` chunks of `kernel` split along its
-    dim `dim` (what a trace of the swapped module calls); `accumulating`: the kernel of the
-    chunks after the first of a split that accumulates, which adds to the outputs;
-    `epilogue`: the kernel that finishes such a split's outputs after its last chunk."""
+    dim `dim` (and its dim `outer_dim`, when that is not -1) (what a trace of the swapped
+    module calls); `accumulating`: the kernel of the chunks after the first of a split that
+    accumulates, which adds to the outputs; `epilogue`: the kernel that finishes such a split's
+    outputs after its last chunk."""
+    base = f"{kernel}_chunk{chunks}_d{dim}" + (f"_o{outer_dim}" if outer_dim >= 0 else "")
     if epilogue:
-        return f"{kernel}_chunk{chunks}_d{dim}_epilogue"
-    return f"{kernel}_chunk{chunks}_d{dim}" + ("_acc" if accumulating else "")
+        return base + "_epilogue"
+    return base + ("_acc" if accumulating else "")
 
 
 def chunk_bytes(nbytes: int, chunks: int) -> int:
@@ -133,8 +151,12 @@ def scratch_bytes(sizes, option: SplitOption, chunks: int, buffers: int = 2) -> 
 def chunk_counts(option: SplitOption, sizes) -> list[int]:
     """The chunk counts an option allows (more than one), fewest first: divisors of its
     divisor (chunks of whole rows of every cut tensor) whose chunks of the cut inputs kept on
-    the device start at aligned offsets (streamed chunks are copied from anywhere)."""
+    the device start at aligned offsets (streamed chunks are copied from anywhere); with an
+    outer dim, each such count times the outer items."""
     nbytes = dict(option.cut_bytes)
+    if option.outer_dim >= 0:  # its cut tensors are strided: never viewed
+        return [option.outer_chunks * c for c in range(2, option.divisor + 1)
+                if option.divisor % c == 0]
     return [c for c in range(2, option.divisor + 1) if option.divisor % c == 0
             and all(nbytes.get(t, int(sizes[t])) % (c * ALIGNMENT) == 0
                     for t in option.viewed_inputs)]
