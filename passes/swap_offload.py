@@ -51,6 +51,7 @@ from tvm_ext.ir.halo_chunks import chunk_rows
 from tvm_ext.ir.inplace_kernels import InPlaceError, drop_unused, inplace_kernel
 from tvm_ext.ir.kernel_cost import buffer_bytes
 from tvm_ext.ir.kernel_dims import kernel_dims
+from tvm_ext.ir.kernel_fission import fission_kernels, fission_to_fit
 from tvm_ext.ir.local_kernels import LoweringError, chunk_params, has_halo, local_kernel
 from tvm_ext.ir.pass_records import (
     STATE_ATTR,
@@ -125,10 +126,11 @@ class SwapOffload:
         if self.function in names and has_record(mod[self.function], SWAP_PLAN_ATTR):
             return mod  # already swapped
         given = mod
+        if self.plan is not None and self.plan.fissioned:
+            given = self._fission(given, self.plan.fissioned)
         mod, graph, bindings, constants = read_pass_input(
-            mod, self.function, "SwapOffload", SwapOffloadError, _check_form)
+            given, self.function, "SwapOffload", SwapOffloadError, _check_form)
         annotate_time_splits(mod, graph)
-        func = given[self.function]
         if self.plan is not None:
             budget = self.plan.budget if self.device_memory is None else self.device_memory
             # A plan's own budget is what it was planned under, the reserve already out.
@@ -141,10 +143,19 @@ class SwapOffload:
                 raise SwapOffloadError(f"the plan given does not fit this function: {err}") \
                     from err
         else:
-            problem = problem_for_budget(graph, self.device_memory, self.hardware, self.op_times,
-                                         self.reserved_bytes)
+            _, _, problem, fissioned = fission_to_fit(
+                mod, self.device_memory, self.hardware, self.op_times, self.reserved_bytes,
+                self.function, graph)
+            if fissioned:  # the problem of the graph of its parts, as rewritten
+                given = self._fission(given, fissioned)
+                mod, graph, bindings, constants = read_pass_input(
+                    given, self.function, "SwapOffload", SwapOffloadError, _check_form)
+                annotate_time_splits(mod, graph)
+                problem = problem_for_budget(graph, problem.budget, self.hardware)
             plan = plan_swaps(problem, self.planner, time_budget_s=self.time_budget_s,
                               seed=self.seed)
+            plan.fissioned = fissioned
+        func = given[self.function]
         target = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
         device = relax.VDevice(target, 0, "global")
         host = self.host or host_vdevice(target)
@@ -157,6 +168,14 @@ class SwapOffload:
             mod[gv] = kernel
         mod.update_global_info("vdevice", [device, host])
         return drop_unused(mod, [gv for gv, _ in rewriter.replaced])
+
+    def _fission(self, mod: tvm.IRModule, kernels: list[str]) -> tvm.IRModule:
+        """`mod` with the named kernels run as their parts (`kernel_fission`)."""
+        try:
+            return fission_kernels(mod, kernels, self.function)
+        except (LoweringError, KeyError, ValueError) as err:
+            raise SwapOffloadError(f"the plan runs kernels as their parts, which this module "
+                                   f"cannot: {err}") from err
 
 
 def _match_casts(func: relax.Function) -> dict:

@@ -45,7 +45,7 @@ def compile_model(args) -> int:
 
     plan = None
     if args.device_memory:
-        plan, swap_info = plan_swaps_for(args, model, graph, target)
+        plan, swap_info, graph = plan_swaps_for(args, model, graph, target)
         if plan is None:
             return 2
         report["swap"] = swap_info

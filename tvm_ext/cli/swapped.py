@@ -31,9 +31,12 @@ from .training import check_training, print_steps, step_report
 
 
 def plan_swaps_for(args, model, graph, target):
-    """Plan before any compilation, so that a budget too small costs nothing."""
+    """Plan before any compilation, so that a budget too small costs nothing. Returns (plan,
+    its report, the graph it runs: with kernels no split fits run as their parts, of those;
+    measured kernel times under an emulated link are of the fused kernels, so none are)."""
     hardware, op_times, link = default_hardware(args, target), None, None
     reserved = library_reserved_bytes(target, args.library)
+    fissioned: list[str] = []
     try:
         if args.link_gbps is not None:
             # A budget too small is refused before the kernels are measured.
@@ -41,13 +44,17 @@ def plan_swaps_for(args, model, graph, target):
                                ).check_feasible()
             link = emulated_link_for(args, model, graph, target)
             hardware, op_times = link.hardware, link.op_times
-        problem = problem_for_budget(graph, args.device_memory, hardware, op_times,
-                                     reserved=reserved)
+            problem = problem_for_budget(graph, args.device_memory, hardware, op_times,
+                                         reserved=reserved)
+        else:
+            graph, problem, fissioned = driver.swap_problem(model, target, args.device_memory,
+                                                            hardware, reserved=reserved)
         plan = plan_swaps(problem, args.planner, time_budget_s=args.swap_time_budget,
                           seed=args.seed)
+        plan.fissioned = fissioned
     except (InfeasibleBudgetError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
-        return None, None
+        return None, None, graph
     ideal = plan_swaps(problem, "ideal")
     name = hardware if isinstance(hardware, str) else hardware.name
     info = {**plan.summary(), "no_swap_peak": problem.no_swap_peak(),
@@ -59,6 +66,8 @@ def plan_swaps_for(args, model, graph, target):
         more += f", recomputes {plan.info['recomputed']} tensors"
     if plan.splits:
         more += f", splits {len(plan.splits)} ops in time"
+    if fissioned:
+        more += f", runs {len(fissioned)} fused kernels as their parts"
     print(f"swap    budget {format_size(problem.budget)} of no-swap peak "
           f"{format_size(problem.no_swap_peak())}: {plan.planner} plans "
           f"{format_size(plan.predicted_peak)}, swaps {format_size(plan.bytes_swapped)}{more}, "
@@ -69,7 +78,7 @@ def plan_swaps_for(args, model, graph, target):
             plot_plan(problem, plan, temp)
         info["plot"] = args.plot
         print(f"plot    {args.plot}")
-    return plan, info
+    return plan, info, graph
 
 
 def emulated_link_for(args, model, graph, target) -> driver.StandIn:

@@ -13,6 +13,7 @@ from .build import (
     fused_graph,
     partition_problem,
     resolve_target,
+    swap_problem,
     swap_sidecar,
 )
 from .copy_cpu import dedicated_copy_cpu
@@ -57,6 +58,7 @@ __all__ = [
     "run",
     "run_partitioned_build",
     "stand_in",
+    "swap_problem",
     "swap_sidecar",
     "timeline_of",
     "tune",

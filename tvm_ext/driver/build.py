@@ -5,6 +5,8 @@ Each step is a plain function so tests and benchmarks use the same code as the C
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import tvm
 from tvm import relax
 from tvm.target import codegen
@@ -13,6 +15,7 @@ from .. import pipeline
 from ..ir.graph import DataflowGraph
 from ..ir.graph_builder import build_graph
 from ..ir.kernel_dims import problem_from_module
+from ..ir.kernel_fission import fission_kernels, fission_to_fit
 from ..ir.targets import is_cpu
 from ..ir.time_splits import annotate_time_splits
 from ..models import Model
@@ -20,6 +23,7 @@ from ..partition import PartitionProblem
 from ..runtime.cuda import DEFAULT_ARCH, cuda_target, ensure_cuda_runtime
 from ..swap import SwapPlan
 from ..swap.placement import argument_devices
+from ..swap.problem import SwapProblem
 
 
 def resolve_target(name: str, arch: str = DEFAULT_ARCH) -> tvm.target.Target:
@@ -53,11 +57,24 @@ def device_of(target: tvm.target.Target, index: int = 0) -> tvm.runtime.Device:
     return tvm.device(target.kind.name, index)
 
 
-def fused_graph(model: Model | tvm.IRModule, target: tvm.target.Target) -> DataflowGraph:
+def fused_graph(model: Model | tvm.IRModule, target: tvm.target.Target,
+                fissioned: Sequence[str] = ()) -> DataflowGraph:
     """The DataflowGraph of the model as the pipeline fuses it for `target`, with the ops a
-    swap plan may split in time (as SwapOffload reads it)."""
-    fused = pipeline.fuse(_module(model), target)
+    swap plan may split in time (as SwapOffload reads it); `fissioned`: kernels run as their
+    parts (a plan's `fissioned`)."""
+    fused = fission_kernels(pipeline.fuse(_module(model), target), fissioned)
     return annotate_time_splits(fused, build_graph(fused))
+
+
+def swap_problem(model: Model | tvm.IRModule, target: tvm.target.Target, device_memory,
+                 hardware="h100", op_times=None, reserved: int = 0
+                 ) -> tuple[DataflowGraph, SwapProblem, list[str]]:
+    """(graph, swap problem, kernels to run as their parts) of the model under
+    `device_memory` (see `tvm_ext.ir.kernel_fission.fission_to_fit`): a plan of the problem
+    runs on the graph once its `fissioned` is the list returned."""
+    _, graph, problem, fissioned = fission_to_fit(pipeline.fuse(_module(model), target),
+                                                  device_memory, hardware, op_times, reserved)
+    return graph, problem, fissioned
 
 
 def partition_problem(model: Model | tvm.IRModule,

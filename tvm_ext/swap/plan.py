@@ -140,6 +140,9 @@ class SwapPlan:
     planning_time: float = 0.0
     info: dict = dataclasses.field(default_factory=dict)
     splits: list[Split] = dataclasses.field(default_factory=list)
+    # Fused kernels the plan runs as their unfused parts (`tvm_ext.ir.kernel_fission`): its
+    # graph is the fused module's with those kernels cut.
+    fissioned: list[str] = dataclasses.field(default_factory=list)
 
     def split_at(self) -> dict[int, Split]:
         """The splits by position."""
@@ -188,6 +191,7 @@ class SwapPlan:
             "bytes_swapped_out": self.bytes_swapped_out,
             "bytes_swapped_in": self.bytes_swapped_in,
             "planning_time": self.planning_time,
+            "fissioned_kernels": len(self.fissioned),
             **{k: v for k, v in self.info.items() if isinstance(v, (int, float, str, bool))},
         }
 
