@@ -21,12 +21,12 @@ from collections.abc import Iterable
 import tvm
 import tvm_ffi
 from tvm import relax, tirx
-from tvm.s_tir import SBlockRealize
+from tvm.s_tir import SBlock, SBlockRealize
 
 from ..swap.problem import SwapProblem, problem_for_budget
 from .graph import DataflowGraph
 from .graph_builder import build_graph
-from .local_kernels import LoweringError, _blocks_in, split_kernel
+from .local_kernels import LoweringError, split_kernel
 from .time_splits import annotate_time_splits
 
 _CALL_TIR = "relax.call_tir"
@@ -46,7 +46,8 @@ def kernel_parts(func: tirx.PrimFunc, num_outputs: int) -> list:
         raise LoweringError("the kernel is one loop nest")
     names = []
     for st in stmts[:-1]:
-        blocks = [b.name_hint for b in _blocks_in(st)]
+        blocks: list[str] = []
+        tvm_ffi.structural_walk(st, [(SBlock, lambda b, out=blocks: out.append(b.name_hint))])
         if len(blocks) != 1:
             raise LoweringError(f"a loop nest holds {len(blocks)} blocks")
         names.append(blocks[0])
@@ -135,7 +136,7 @@ def fission_to_fit(mod: tvm.IRModule, device_memory, hardware="h100",
             break
         try:
             trial = fission_kernels(mod, [*names, kernel], function)
-        except LoweringError:  # called with symbolic arguments
+        except LoweringError:  # not called by call_tir alone, or with symbolic arguments
             break
         trial_graph = _graph(trial, function)
         trial_problem = SwapProblem.from_graph(trial_graph, 1, hardware)
@@ -162,17 +163,22 @@ def _callee(call: relax.Call) -> str | None:
 
 
 def _num_outputs(func: relax.Function, kernel: str) -> int:
-    """How many outputs the calls of `kernel` in `func` have (one count for all)."""
+    """How many outputs the calls of `kernel` in `func` have (one count for all); raises
+    LoweringError where it is not called by `call_tir`, or called with symbolic arguments."""
     counts: set[int] = set()
+    symbolic = []
 
     def on_call(call):
         if _callee(call) == kernel:
             ty = call.ty
             counts.add(len(ty.fields) if isinstance(ty, relax.TupleType) else 1)
+            symbolic.append(len(call.args) > 2)
 
     tvm_ffi.structural_walk(func, [(relax.Call, on_call)])
     if len(counts) != 1:
         raise LoweringError(f"kernel {kernel} is not called by call_tir in the function")
+    if any(symbolic):
+        raise LoweringError(f"kernel {kernel} is called with symbolic arguments")
     return counts.pop()
 
 
@@ -194,8 +200,6 @@ class _Fission(relax.expr_functor.PyExprMutator):
         name = _callee(call)
         if name not in self.parts:
             return call
-        if len(call.args) > 2:
-            raise LoweringError(f"kernel {name} is called with symbolic arguments")
         packed = call.args[1]
         inputs = list(packed.fields) if isinstance(packed, relax.Tuple) else [packed]
         values: dict = {("in", i): a for i, a in enumerate(inputs)}
