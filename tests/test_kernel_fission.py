@@ -79,6 +79,10 @@ def test_a_budget_no_split_of_the_fused_kernel_fits_runs_its_parts_within_it():
         fused.with_budget(budget).check_feasible()
     graph, problem, fissioned = driver.swap_problem(model, LLVM, budget, "cpu")
     assert fissioned == [kernel] and problem.budget == budget
+    # The graph of a plan's fissioned kernels, as the driver reads it, is the problem's.
+    again = driver.fused_graph(model, LLVM, fissioned)
+    assert [(op.name, op.kernel) for op in again.ops] == [(op.name, op.kernel)
+                                                          for op in graph.ops]
     plan = plan_swaps(problem, "swapadvisor", time_budget_s=1.0, seed=0)
     plan.fissioned = fissioned
     validate(problem, plan)

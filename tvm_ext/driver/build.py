@@ -62,7 +62,9 @@ def fused_graph(model: Model | tvm.IRModule, target: tvm.target.Target,
     """The DataflowGraph of the model as the pipeline fuses it for `target`, with the ops a
     swap plan may split in time (as SwapOffload reads it); `fissioned`: kernels run as their
     parts (a plan's `fissioned`)."""
-    fused = fission_kernels(pipeline.fuse(_module(model), target), fissioned)
+    fused = pipeline.fuse(_module(model), target)
+    if fissioned:  # a part that only reshapes is a view, as SwapOffload reads it
+        fused = relax.transform.RewriteDataflowReshape()(fission_kernels(fused, fissioned))
     return annotate_time_splits(fused, build_graph(fused))
 
 

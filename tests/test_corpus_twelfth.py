@@ -1,0 +1,49 @@
+"""The corpus models that needed more than one dim split at once or a fused kernel run as its
+parts fit 1/12 of their no-swap peak (`benchmarks/swap_offload.py` runs every model): ResNet
+(its stem convolution by images and rows; as a training step also its weight gradient) and
+SegFormer inference (its decoder's resize-and-concatenate kernel as its parts). Measured device
+peak within the budget, outputs within float32 tolerance of the unswapped build (the plans
+split convolutions, which sum in another order in chunks)."""
+
+from __future__ import annotations
+
+import corpus
+import numpy as np
+import pytest
+import tvm
+
+from tvm_ext import driver
+from tvm_ext.ir.targets import vm_devices
+from tvm_ext.models import load_model
+from tvm_ext.models.reference import tolerance
+from tvm_ext.swap import plan_swaps, validate
+from tvm_ext.swap.placement import argument_devices
+from tvm_ext.swap.problem import problem_for_budget
+
+LLVM = tvm.target.Target("llvm")
+
+
+@pytest.mark.parametrize("name, training, needs", [
+    ("resnet", False, "outer"), ("resnet", True, "outer"), ("segformer", False, "fission")])
+def test_corpus_model_runs_at_a_twelfth_of_its_peak(tmp_path, name, training, needs):
+    path, _ = corpus.export(corpus.BY_NAME[name], str(tmp_path))
+    model = load_model(path, training=training)
+    whole = problem_for_budget(driver.fused_graph(model, LLVM), "8.33%", "cpu")
+    assert whole.min_budget()[0] > whole.budget or needs == "outer"
+    graph, problem, fissioned = driver.swap_problem(model, LLVM, "8.33%", "cpu")
+    assert problem.budget == whole.budget
+    plan = plan_swaps(problem, "swapadvisor", time_budget_s=2.0, seed=0)
+    plan.fissioned = fissioned
+    validate(problem, plan)
+    if needs == "fission":
+        assert fissioned
+    else:
+        assert any(sp.outer_dim >= 0 for sp in plan.splits)
+    args = model.random_arguments(0)
+    device, host = vm_devices(LLVM)
+    out = driver.run(driver.build(model, LLVM, swap_plan=plan), args, device, repeat=0,
+                     host=host, arg_devices=argument_devices(graph, plan))
+    reference = driver.run(driver.build(model, LLVM), args, tvm.cpu(0), repeat=0)
+    for a, b in zip(out.outputs, reference.outputs, strict=True):
+        np.testing.assert_allclose(a, b, *tolerance(a.dtype))
+    assert out.peak_bytes + graph.bytes_of_kind("constant") <= problem.budget
