@@ -16,9 +16,8 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
+from tvm_ext.ir.kernel_calls import call_tir_args, call_tir_kernel
 from tvm_ext.ir.unread_params import unread_params, without_params
-
-_CALL_TIR = "relax.call_tir"
 
 
 @tvm.transform.module_pass(opt_level=0, name="DropUnreadKernelInputs")
@@ -64,10 +63,10 @@ def _call_sites(mod: tvm.IRModule):
     refs: dict[str, int] = {}
 
     def on_call(call):
-        name = _callee(call)
+        name = call_tir_kernel(call)
         if name is not None:
             calls[name] = calls.get(name, 0) + 1
-            inputs.setdefault(name, set()).add(len(_args(call)))
+            inputs.setdefault(name, set()).add(len(call_tir_args(call)))
 
     def on_gv(gv):
         refs[gv.name_hint] = refs.get(gv.name_hint, 0) + 1
@@ -76,19 +75,6 @@ def _call_sites(mod: tvm.IRModule):
         if isinstance(func, relax.Function):
             tvm_ffi.structural_walk(func, [(relax.Call, on_call), (tvm.ir.GlobalVar, on_gv)])
     return calls, inputs, refs
-
-
-def _callee(call: relax.Call) -> str | None:
-    """The name of the kernel a `call_tir` calls, else None."""
-    if isinstance(call.op, tvm.ir.Op) and call.op.name == _CALL_TIR and \
-            isinstance(call.args[0], tvm.ir.GlobalVar):
-        return call.args[0].name_hint
-    return None
-
-
-def _args(call: relax.Call) -> list:
-    packed = call.args[1]
-    return list(packed.fields) if isinstance(packed, relax.Tuple) else [packed]
 
 
 @relax.expr_functor.mutator
@@ -102,9 +88,9 @@ class _DropArguments(relax.expr_functor.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        name = _callee(call)
+        name = call_tir_kernel(call)
         if name not in self.drop:
             return call
-        args = [a for i, a in enumerate(_args(call)) if i not in self.drop[name]]
+        args = [a for i, a in enumerate(call_tir_args(call)) if i not in self.drop[name]]
         return relax.Call(call.op, [self.new_gv[name], relax.Tuple(args), *call.args[2:]],
                           call.attrs, call.ty_args)

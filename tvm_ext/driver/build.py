@@ -15,7 +15,7 @@ from .. import pipeline
 from ..ir.graph import DataflowGraph
 from ..ir.graph_builder import build_graph
 from ..ir.kernel_dims import problem_from_module
-from ..ir.kernel_fission import fission_kernels, fission_to_fit
+from ..ir.kernel_fission import fission_kernels, fission_to_fit, swap_graph
 from ..ir.targets import is_cpu
 from ..ir.time_splits import annotate_time_splits
 from ..models import Model
@@ -64,7 +64,7 @@ def fused_graph(model: Model | tvm.IRModule, target: tvm.target.Target,
     parts (a plan's `fissioned`)."""
     fused = pipeline.fuse(_module(model), target)
     if fissioned:  # a part that only reshapes is a view, as SwapOffload reads it
-        fused = relax.transform.RewriteDataflowReshape()(fission_kernels(fused, fissioned))
+        return swap_graph(fission_kernels(fused, fissioned))
     return annotate_time_splits(fused, build_graph(fused))
 
 

@@ -26,10 +26,9 @@ from tvm.s_tir import SBlock, SBlockRealize
 from ..swap.problem import SwapProblem, problem_for_budget
 from .graph import DataflowGraph
 from .graph_builder import build_graph
+from .kernel_calls import call_tir_args, call_tir_kernel
 from .local_kernels import LoweringError, split_kernel
 from .time_splits import annotate_time_splits
-
-_CALL_TIR = "relax.call_tir"
 
 
 def kernel_parts(func: tirx.PrimFunc, num_outputs: int) -> list:
@@ -52,15 +51,6 @@ def kernel_parts(func: tirx.PrimFunc, num_outputs: int) -> list:
             raise LoweringError(f"a loop nest holds {len(blocks)} blocks")
         names.append(blocks[0])
     return split_kernel(func, num_outputs, set(names))
-
-
-def fissionable(func: tirx.PrimFunc, num_outputs: int) -> bool:
-    """Whether `kernel_parts` cuts the kernel."""
-    try:
-        kernel_parts(func, num_outputs)
-    except LoweringError:
-        return False
-    return True
 
 
 def fission_kernels(mod: tvm.IRModule, kernels: Iterable[str],
@@ -119,7 +109,7 @@ def fission_to_fit(mod: tvm.IRModule, device_memory, hardware="h100",
     budget ("min": the smallest budget is the fissioned graph's). Measured `op_times` are per
     op of the unfissioned graph: with them nothing is fissioned. `graph`: the module's, where
     the caller has it (with its split options)."""
-    graph = graph if graph is not None else _graph(mod, function)
+    graph = graph if graph is not None else swap_graph(mod, function)
     problem = problem_for_budget(graph, device_memory, hardware, op_times, reserved)
     text = device_memory.strip().lower() if isinstance(device_memory, str) else ""
     if op_times is not None:
@@ -131,14 +121,13 @@ def fission_to_fit(mod: tvm.IRModule, device_memory, hardware="h100",
         if op < 0 or (text != "min" and problem.budget >= minimum):
             break
         kernel = graph.ops[op].kernel
-        if graph.ops[op].kind != "kernel" or kernel in names or \
-                not fissionable(fissioned[kernel], len(graph.ops[op].outputs)):
+        if graph.ops[op].kind != "kernel" or kernel in names:
             break
         try:
             trial = fission_kernels(mod, [*names, kernel], function)
-        except LoweringError:  # not called by call_tir alone, or with symbolic arguments
+        except LoweringError:  # it does not cut, or it is not called by call_tir alone
             break
-        trial_graph = _graph(trial, function)
+        trial_graph = swap_graph(trial, function)
         trial_problem = SwapProblem.from_graph(trial_graph, 1, hardware)
         if trial_problem.min_budget()[0] >= minimum:
             break
@@ -149,17 +138,11 @@ def fission_to_fit(mod: tvm.IRModule, device_memory, hardware="h100",
     return fissioned, graph, problem, names
 
 
-def _graph(mod: tvm.IRModule, function: str) -> DataflowGraph:
-    """The graph SwapOffload reads (dataflow reshapes as views)."""
+def swap_graph(mod: tvm.IRModule, function: str = "main") -> DataflowGraph:
+    """The graph SwapOffload reads of a fused module (dataflow reshapes, and parts of a
+    fissioned kernel that only reshape, as views), with its split options."""
     mod = relax.transform.RewriteDataflowReshape()(mod)
     return annotate_time_splits(mod, build_graph(mod, function))
-
-
-def _callee(call: relax.Call) -> str | None:
-    if isinstance(call.op, tvm.ir.Op) and call.op.name == _CALL_TIR and \
-            isinstance(call.args[0], tvm.ir.GlobalVar):
-        return call.args[0].name_hint
-    return None
 
 
 def _num_outputs(func: relax.Function, kernel: str) -> int:
@@ -169,7 +152,7 @@ def _num_outputs(func: relax.Function, kernel: str) -> int:
     symbolic = []
 
     def on_call(call):
-        if _callee(call) == kernel:
+        if call_tir_kernel(call) == kernel:
             ty = call.ty
             counts.add(len(ty.fields) if isinstance(ty, relax.TupleType) else 1)
             symbolic.append(len(call.args) > 2)
@@ -197,12 +180,10 @@ class _Fission(relax.expr_functor.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        name = _callee(call)
+        name = call_tir_kernel(call)
         if name not in self.parts:
             return call
-        packed = call.args[1]
-        inputs = list(packed.fields) if isinstance(packed, relax.Tuple) else [packed]
-        values: dict = {("in", i): a for i, a in enumerate(inputs)}
+        values: dict = {("in", i): a for i, a in enumerate(call_tir_args(call))}
         for part, gv in zip(self.parts[name], self.part_gvs[name], strict=True):
             params = [p for p in part.func.params if getattr(p, "shape", None) is not None]
             out_bufs = params[len(part.inputs):]
