@@ -18,7 +18,8 @@ the ratio of copy to compute time is an H100's. Per model:
    recompute and splitting, swap_only: the first phase of the same search, checkpoint, vdnn,
    lru): plan, build, run with the link
    on: measured time (median of --repeat), the simulated time of the same plan, the error,
-   the unswapped build timed right before and after (`base ms`) and the error against the
+   the unswapped build timed beside it, call for call in alternation (`base ms`), and the
+   error against the
    plan simulated with the compute at the speed that run measured, the link unchanged (`err*`;
    this machine's speed drifts by 10-50% within minutes), measured and simulated % of ideal (ideal:
    the unswapped run beside it, or the simulator's no-swap iteration), the fraction of copy
@@ -127,8 +128,8 @@ def load(name: str, workdir: str):
 
 
 def calibrate(model, graph, target, preset: str, repeat: int):
-    """Kernel times, the unswapped build and its run, and the stand-in (link, runtime costs) of
-    one model."""
+    """Kernel times, a call of the unswapped build (timed beside every swapped run), its
+    measured run, and the stand-in (link, runtime costs) of one model."""
     from tvm_ext import driver
     from tvm_ext.ir.targets import vm_devices
 
@@ -137,10 +138,10 @@ def calibrate(model, graph, target, preset: str, repeat: int):
     plain_exe = driver.build(model, target)
     plain = driver.measure_run(plain_exe, model.random_arguments(0), device, repeat=repeat)
     stand = driver.stand_in(graph, timings, preset=preset, iteration_s=plain.median_ms * 1e-3)
-    return plain_exe, plain, stand
+    return driver.unswapped_call(plain_exe, model.random_arguments(0), device), plain, stand
 
 
-def run_plan(model, graph, target, problem, plan, plain, repeat: int) -> dict:
+def run_plan(model, graph, target, problem, plan, plain, plain_call, repeat: int) -> dict:
     """Build and run one plan with the link on; the simulated and measured figures."""
     from tvm_ext import driver
     from tvm_ext.ir.targets import vm_devices
@@ -153,7 +154,8 @@ def run_plan(model, graph, target, problem, plan, plain, repeat: int) -> dict:
     device, host = vm_devices(target)
     executable = driver.build(model, target, swap_plan=plan)
     run = driver.measure_run(executable, model.random_arguments(0), device, host=host,
-                             arg_devices=argument_devices(graph, plan), repeat=repeat)
+                             arg_devices=argument_devices(graph, plan), repeat=repeat,
+                             beside=plain_call)
     sim = simulate(problem, plan)
     timeline = driver.timeline_of(run, graph, plan)
     cmp = compare(problem, plan, sim, timeline)
@@ -170,7 +172,8 @@ def run_plan(model, graph, target, problem, plan, plain, repeat: int) -> dict:
             "agrees": agrees, "inexact_splits": inexact,
             "hidden_measured": run.hidden_fraction, "hidden_simulated": cmp["simulated_hidden"],
             "swap_outs": len(plan.swap_outs), "swap_ins": len(plan.swap_ins),
-            "bytes_swapped": plan.bytes_swapped, "run": run.summary(), "lanes": cmp,
+            "bytes_swapped": plan.bytes_swapped, "base_ms": run.beside_median_ms,
+            "run": run.summary(), "lanes": cmp,
             "_sim": sim, "_timeline": timeline}
 
 
@@ -178,16 +181,14 @@ def run_model(name: str, args, workdir: str) -> tuple[dict, list[dict]]:
     import tvm
 
     from tvm_ext import driver
-    from tvm_ext.ir.targets import vm_devices
     from tvm_ext.runtime import swap_streams
     from tvm_ext.swap import SwapProblem, plan_swaps
     from tvm_ext.swap.search import swapadvisor_phases
 
     target = tvm.target.Target("llvm")
-    device, _ = vm_devices(target)
     model = load(name, workdir)
     graph = driver.fused_graph(model, target)
-    plain_exe, plain, stand = calibrate(model, graph, target, args.preset, args.repeat)
+    plain_call, plain, stand = calibrate(model, graph, target, args.preset, args.repeat)
     base = SwapProblem.from_graph(graph, 1 << 62, stand.hardware, op_times=stand.op_times,
                                   name=name)
     ideal_ms = float(np.sum(stand.op_times)) * 1e3
@@ -205,7 +206,6 @@ def run_model(name: str, args, workdir: str) -> tuple[dict, list[dict]]:
           f"{stand.costs.sync * 1e6:.0f} us, overshoot {stand.costs.overshoot * 1e6:.0f} us",
           flush=True)
     rows = []
-    before = plain.median_ms  # the unswapped run timed last
     swap_streams.set_emulated_link(stand.link.bandwidth, stand.link.latency)
     try:
         for ratio in args.ratios:
@@ -224,13 +224,10 @@ def run_model(name: str, args, workdir: str) -> tuple[dict, list[dict]]:
                                                            time_budget_s=args.search_s, seed=0)
                 row = {"model": name, "ratio": ratio, "budget": problem.budget,
                        "planner": planner,
-                       **run_plan(model, graph, target, problem, plan, plain, args.repeat)}
-                after = driver.measure_run(plain_exe, model.random_arguments(0), device,
-                                           repeat=args.repeat).median_ms
-                base_ms = (before + after) / 2
-                beside(row, base_ms, plain.median_ms, ideal_ms,
-                       at_speed(problem, plan, base_ms / plain.median_ms))
-                before = after
+                       **run_plan(model, graph, target, problem, plan, plain, plain_call,
+                                  args.repeat)}
+                beside(row, plain.median_ms, ideal_ms,
+                       at_speed(problem, plan, row["base_ms"] / plain.median_ms))
                 rows.append(row)
                 print(format_row(row), flush=True)
                 if args.plots and planner == "swapadvisor" and ratio == args.plot_ratio:
@@ -258,15 +255,15 @@ def at_speed(problem, plan, speed: float) -> float:
     return simulate(slowed, plan).makespan * 1e3
 
 
-def beside(row: dict, base_ms: float, calibrated_ms: float, ideal_ms: float,
+def beside(row: dict, calibrated_ms: float, ideal_ms: float,
            simulated_at_speed_ms: float) -> None:
-    """Add to `row` the figures against the unswapped run timed beside it (`base_ms`: before
-    and after it, averaged): this machine's speed drifts by 10-50% within minutes (other
-    tenants of its host), and the simulator's durations are those of the calibration
+    """Add to `row` the figures against the unswapped run timed beside it (`base_ms`: its calls
+    alternate with the swapped run's): this machine's speed drifts by 10-50% within minutes
+    (other tenants of its host), and the simulator's durations are those of the calibration
     (`calibrated_ms`). `error_rescaled` is the error against the plan simulated with the
     compute at the speed the run beside it measured (`at_speed`); measured % of ideal is
     against the unswapped run beside it."""
-    row["base_ms"] = base_ms
+    base_ms = row["base_ms"]
     row["speed"] = base_ms / calibrated_ms
     row["simulated_at_speed_ms"] = simulated_at_speed_ms
     row["error_rescaled"] = row["measured_ms"] / simulated_at_speed_ms - 1.0

@@ -60,10 +60,9 @@ def test_rows_against_the_unswapped_run_beside_them():
     against the plan simulated at that speed, % of ideal against the run beside it, ranking by
     slowdown."""
     a, b = _row("swapadvisor", 10, 11), _row("lru", 20, 21)
-    swap_measured.beside(a, base_ms=5.5, calibrated_ms=5.0, ideal_ms=5.0,
-                         simulated_at_speed_ms=11.0)
-    swap_measured.beside(b, base_ms=4.5, calibrated_ms=5.0, ideal_ms=5.0,
-                         simulated_at_speed_ms=18.0)
+    a["base_ms"], b["base_ms"] = 5.5, 4.5
+    swap_measured.beside(a, calibrated_ms=5.0, ideal_ms=5.0, simulated_at_speed_ms=11.0)
+    swap_measured.beside(b, calibrated_ms=5.0, ideal_ms=5.0, simulated_at_speed_ms=18.0)
     assert a["speed"] == 1.1 and a["error_rescaled"] == 0.0
     assert a["measured_pct_ideal"] == 50.0 and a["simulated_pct_ideal"] == 50.0
     assert b["error_rescaled"] == 21 / 18 - 1

@@ -38,15 +38,24 @@ def swapped():
     assert plan.swap_ins and plan.swap_outs
     args = model.random_arguments(0)
     device, host = vm_devices(LLVM)
-    plain = driver.measure_run(driver.build(model, LLVM), args, device, repeat=1)
+    plain_exe = driver.build(model, LLVM)
+    plain = driver.measure_run(plain_exe, args, device, repeat=1)
+    plain_call = driver.unswapped_call(plain_exe, args, device)
+    copies_seen = []  # by each call of the unswapped module timed beside the swapped one
+
+    def beside():
+        copies_seen.append(sum(s.copies for s in swap_streams.stream_stats()))
+        return plain_call()
+
     swap_streams.reset()
     swap_streams.set_emulated_link(SLOW.bandwidth, SLOW.latency)
     try:
         run = driver.measure_run(driver.build(model, LLVM, swap_plan=plan), args, device,
                                  host=host, arg_devices=argument_devices(graph, plan),
-                                 repeat=REPEAT)
+                                 repeat=REPEAT, beside=beside)
     finally:
         swap_streams.set_emulated_link(0.0)
+    run.copies_seen = copies_seen
     return graph, problem, plan, plain, run
 
 
@@ -70,6 +79,17 @@ def test_swapped_run_stays_exact_with_the_emulated_link(swapped):
     assert min(run.latencies_ms) >= per_stream * 1e3
     assert 0.0 <= run.hidden_fraction <= 1.0
     assert 0.0 < run.cpu_share <= 1.05
+
+
+def test_unswapped_module_timed_in_alternation(swapped):
+    """`beside` runs before each timed call: the swapped calls' copies counted so far go up
+    by one call's worth between its calls, and its own calls copy nothing."""
+    _, _, plan, _, run = swapped
+    per_call = run.summary()["copies"] // REPEAT
+    assert per_call > 0
+    assert run.copies_seen == [i * per_call for i in range(REPEAT)]
+    assert len(run.beside_ms) == REPEAT and min(run.beside_ms) > 0.0
+    assert run.beside_median_ms < run.median_ms  # the link slows the swapped one
 
 
 def test_measured_timeline_has_every_kernel_and_copy_in_order(swapped):

@@ -25,6 +25,7 @@ from .measure_swap import (
     measure_runtime_costs,
     stand_in,
     timeline_of,
+    unswapped_call,
 )
 from .partitioned import PartitionedBuild, build_partitioned, run_partitioned_build
 from .run import CheckResult, RunResult, compare, flatten_outputs, run
@@ -62,4 +63,5 @@ __all__ = [
     "swap_sidecar",
     "timeline_of",
     "tune",
+    "unswapped_call",
 ]

@@ -3,7 +3,10 @@ and each copy ran), and the swap runtime's own costs on this machine.
 
 * `measure_run` runs `main` of a module (swapped or not) `repeat` times for time, then once more
   with the runtime library's trace on and its VM instrument installed (a C++ hook: the kernels'
-  times, the copies on their streams and the caller's waits, on one clock). Timing runs use
+  times, the copies on their streams and the caller's waits, on one clock). Given `beside` (a
+  call of another module, e.g. `unswapped_call`), each timed call follows one timed call of it:
+  on a machine whose speed drifts within seconds, two modules compare fairly only in
+  alternation. Timing runs use
   the pooled allocator: the naive one maps fresh pages at every call, whose first touch then
   costs the kernels time that neither a GPU's caching allocator nor the kernel measurements
   (`measure_kernels`) pay.
@@ -24,7 +27,7 @@ import dataclasses
 import itertools
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tvm
@@ -58,6 +61,11 @@ class MeasuredRun:
     # the core (a loaded machine's scheduler also favours a thread that often sleeps in waits,
     # so a swapped run is slowed less than an unswapped one).
     cpu_share: float = float("nan")
+    beside_ms: list[float] = dataclasses.field(default_factory=list)  # `beside`, alternated
+
+    @property
+    def beside_median_ms(self) -> float:
+        return float(np.median(self.beside_ms)) if self.beside_ms else float("nan")
 
     @property
     def median_ms(self) -> float:
@@ -74,6 +82,7 @@ class MeasuredRun:
         paced = sum(s.paced for s in self.streams)
         return {
             "median_ms": self.median_ms, "latencies_ms": self.latencies_ms,
+            "beside_ms": self.beside_ms,
             "traced_ms": self.traced_ms, "hidden_fraction": self.hidden_fraction,
             "cpu_share": self.cpu_share,
             "copies": sum(s.copies for s in self.streams),
@@ -96,10 +105,11 @@ def measure_run(
     repeat: int = 5,
     warmup: int = 1,
     allocator: str = "pooled",
+    beside: Callable[[], object] | None = None,
 ) -> MeasuredRun:
-    """Time `main` (`warmup` untimed calls, then `repeat` timed ones), then trace one call.
-    A swapped module runs on `[device, host]` with each argument where `arg_devices` says
-    (0: device, 1: host)."""
+    """Time `main` (`warmup` untimed calls, then `repeat` timed ones, each after a timed call
+    of `beside` if given), then trace one call. A swapped module runs on `[device, host]` with
+    each argument where `arg_devices` says (0: device, 1: host)."""
     devices = [device] if host is None else [device, host]
     arg_devices = list(arg_devices) if arg_devices is not None else [0] * len(arguments)
     if len(arg_devices) != len(arguments) or max(arg_devices, default=0) >= len(devices):
@@ -114,9 +124,14 @@ def measure_run(
         main(*args)
     device.sync()
     swap_streams.reset_stats()
-    cpu0 = time.thread_time()
-    latencies = time_calls(lambda: main(*args), device.sync, repeat)
-    cpu_share = (time.thread_time() - cpu0) * 1e3 / sum(latencies) if latencies else float("nan")
+    latencies, beside_ms, cpu_ms = [], [], 0.0
+    for _ in range(repeat):
+        if beside is not None:
+            beside_ms += time_calls(beside, device.sync, 1)
+        cpu0 = time.thread_time()
+        latencies += time_calls(lambda: main(*args), device.sync, 1)
+        cpu_ms += (time.thread_time() - cpu0) * 1e3
+    cpu_share = cpu_ms / sum(latencies) if latencies else float("nan")
     streams = swap_streams.stream_stats()
     swap_streams.record_vm_calls(vm)
     swap_streams.reset_stats()
@@ -128,7 +143,21 @@ def measure_run(
     events = [_event(r) for r in swap_streams.trace()]
     swap_streams.reset_stats()
     return MeasuredRun(outputs, latencies, traced, events, streams,
-                       swap_streams.emulated_link(), cpu_share)
+                       swap_streams.emulated_link(), cpu_share, beside_ms)
+
+
+def unswapped_call(executable: relax.VMExecutable, arguments: Sequence[np.ndarray],
+                   device: tvm.runtime.Device, *, allocator: str = "pooled",
+                   warmup: int = 1) -> Callable[[], object]:
+    """One call of `main` of an unswapped module, its VM and arguments made (and warmed up)
+    once: the `beside` of `measure_run`."""
+    vm = relax.VirtualMachine(executable, device, memory_cfg=allocator)
+    args = [place_argument(a, device, device) for a in arguments]
+    main = vm["main"]
+    for _ in range(warmup):
+        main(*args)
+    device.sync()
+    return lambda: main(*args)
 
 
 def _event(record) -> Event:
