@@ -8,9 +8,8 @@ schedules):
 
 1. **Inline** the injective stages a fused kernel computes into scratch buffers (a reshape,
    a transpose, a broadcast) into their consumers (`compute_inline`), except into a
-   contraction (its input is read once per output column: it stays materialised, in the
-   layout the contraction reads best), into a vendor library call, or, for a stage calling
-   `exp`/`tanh`/.., into more than one consumer (it would be recomputed).
+   contraction or a vendor library call, or, for a stage calling `exp`/`tanh`/.., into more
+   than one consumer (inline_stages.py).
 2. **Row groups** (softmax, layer norm: default_cpu_reduction.py): one parallel loop over rows,
    every stage of a row computed under it, row reductions accumulated in vector lanes.
 3. **Contractions** (matmul, convolution: default_cpu_contraction.py): register tiles over
@@ -42,20 +41,17 @@ from tvm.ir.transform import PassContext, module_pass
 from tvm.target import codegen
 
 from .default_cpu_analysis import (
-    buffer_id,
-    has_transcendental,
     is_leaf,
     is_library,
     is_reduction,
     loop_kinds,
-    read,
     root_blocks,
-    written,
 )
 from .default_cpu_contraction import is_contraction, schedule_contraction
 from .default_cpu_elementwise import schedule_elementwise
 from .default_cpu_math import vector_math as rewrite_vector_math
 from .default_cpu_reduction import schedule_reduction, schedule_row_group
+from .inline_stages import inline_injective, param_buffers
 
 SCHEDULED_ATTRS = ("tirx.is_scheduled", "tir.is_scheduled")
 
@@ -74,49 +70,6 @@ def _element_bits(sch: s_tir.Schedule, block) -> int:
     if not writes:
         return 32
     return max(8, int(tvm.runtime.DataType(str(writes[0].source.dtype)).bits))
-
-
-def _params(func: tirx.PrimFunc) -> set[int]:
-    """The kernel's parameter buffers (inlining never removes a store to them)."""
-    return {buffer_id(p) for p in func.params if getattr(p, "shape", None) is not None}
-
-
-def _library_inputs(sch: s_tir.Schedule) -> set[int]:
-    """Buffers a library block reads: their producers must stay blocks of their own."""
-    names: set[int] = set()
-    for block in root_blocks(sch):
-        if is_library(sch, block):
-            names |= read(sch, block)
-    return names
-
-
-def _inlinable(sch: s_tir.Schedule, block, params: set, protected: set) -> bool:
-    if is_library(sch, block) or is_reduction(sch, block) or not is_leaf(sch, block):
-        return False
-    out = written(sch, block)
-    if not out or out & params or out & protected:
-        return False
-    consumers = [c for c in root_blocks(sch) if read(sch, c) & out]
-    if any(is_library(sch, c) or is_contraction(sch, c) for c in consumers):
-        return False
-    return len(consumers) <= 1 or not has_transcendental(sch, block)
-
-
-def inline_injective(sch: s_tir.Schedule, params: set) -> None:
-    """Inline every injective scratch stage `_inlinable` allows, until none more can be."""
-    changed = True
-    while changed:
-        changed = False
-        protected = _library_inputs(sch)
-        for block in root_blocks(sch):
-            if not _inlinable(sch, block, params, protected):
-                continue
-            try:
-                sch.compute_inline(block)
-            except Exception:  # TVM refuses some inlines: the stage stays
-                continue
-            changed = True
-            break
 
 
 def _lanes(sch: s_tir.Schedule, block, target) -> int:
@@ -186,7 +139,7 @@ def schedule_kernel(func: tirx.PrimFunc, target: tvm.target.Target,
 def _schedule(func: tirx.PrimFunc, target, vector_math: bool) -> tirx.PrimFunc | None:
     sch = s_tir.Schedule(func)
     try:
-        inline_injective(sch, _params(func))
+        inline_injective(sch, param_buffers(func))
     except Exception:
         sch = s_tir.Schedule(func)
     inlined = sch.mod["main"]

@@ -10,7 +10,8 @@ single GPU thread per top-level loop nest: correct for any kernel, slow, and rep
 
 A kernel that calls a vendor library (`tvm_ext.passes.DispatchLibraryKernels`) keeps its library
 blocks in host code (cuBLAS launches its own kernels); each of its other loop nests (the
-epilogue after a GEMM) runs one GPU thread per output element (`_library_kernel`).
+epilogue after a GEMM, its injective stages inlined into one loop nest) runs one GPU thread per
+output element (`_library_kernel`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from tvm import s_tir, tirx
 from tvm.ir.transform import PassContext, module_pass
 
 from tvm_ext.ir.pass_records import LIBRARY_ATTR, LIBRARY_BLOCK_PREFIX
+
+from .inline_stages import inline_injective, param_buffers
 
 _THREADS = 256
 
@@ -70,9 +73,15 @@ def _single_thread(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 def _library_kernel(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """The loop nests of a kernel with library calls (those stay in host code) over GPU
-    threads: the outer spatial loops fused and split over blocks of `_THREADS` threads, the
-    rest (reduction loops) serial inside each thread."""
+    threads, its injective stages first inlined into their consumers (a GEMM's bias and GELU
+    epilogue: one GPU kernel, one pass over the product, not one per stage): the outer
+    spatial loops fused and split over blocks of `_THREADS` threads, the rest (reduction
+    loops) serial inside each thread."""
     sch = s_tir.Schedule(func)
+    try:
+        inline_injective(sch, param_buffers(func))
+    except Exception:  # a refused inline leaves stages materialised: slower, not wrong
+        sch = s_tir.Schedule(func)
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         if sch.get(block).name_hint.startswith(LIBRARY_BLOCK_PREFIX):
             continue

@@ -72,3 +72,43 @@ def test_cuda_kernels_compile_without_fast_math(monkeypatch, cuda_target):
     nvcc = [c for c in commands if c and c[0].endswith("nvcc")]
     assert nvcc, commands
     assert all("--use_fast_math" not in c for c in nvcc), nvcc
+
+
+def test_a_library_gemms_epilogue_is_one_loop_nest(cuda_target):
+    """A GEMM with a bias and GPT-2's GELU written out (pow, tanh, adds and products): cuBLAS's
+    product, then the whole epilogue in one loop nest over GPU threads (one pass over the
+    product), not a GPU kernel and a round trip through global memory per stage."""
+    import tvm_ffi
+    from tvm import relax, s_tir
+
+    from tvm_ext.ir.pass_records import LIBRARY_ATTR, LIBRARY_BLOCK_PREFIX
+    from tvm_ext.models.base import model_from_function
+
+    def const(v):
+        return relax.const(v, "float32")
+
+    op = relax.op
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, 128), "float32"))
+    w = relax.Var("w", relax.TensorType((128, 256), "float32"))
+    b = relax.Var("b", relax.TensorType((256,), "float32"))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            h = bb.emit(op.add(op.matmul(x, w), b))
+            inner = bb.emit(op.multiply(const(0.7978845608), op.add(
+                h, op.multiply(const(0.044715), op.power(h, const(3.0))))))
+            y = bb.emit_output(op.multiply(op.multiply(const(0.5), h),
+                                           op.add(const(1.0), op.tanh(inner))))
+        bb.emit_func_output(y)
+    model = model_from_function("gemm_gelu", bb.get()["main"], 1)
+    scheduled = P.scheduled_module(model.mod, cuda_target, None)
+    library = [f for f in scheduled.functions.values()
+               if isinstance(f, tirx.PrimFunc) and LIBRARY_ATTR in (f.attrs or {})]
+    assert len(library) == 1, "matmul, bias and GELU fuse into one kernel"
+    blocks: list = []
+    tvm_ffi.structural_walk(library[0].body, [(s_tir.SBlock, blocks.append)])
+    names = [bl.name_hint for bl in blocks]
+    assert sum(n.startswith(LIBRARY_BLOCK_PREFIX) for n in names) == 1, names
+    rest = [n for n in names if n != "root" and not n.startswith(LIBRARY_BLOCK_PREFIX)]
+    assert len(rest) == 1, rest
+    driver.build(model, cuda_target)
