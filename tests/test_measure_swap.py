@@ -84,7 +84,7 @@ def test_swapped_run_stays_exact_with_the_emulated_link(swapped):
 def test_unswapped_module_timed_in_alternation(swapped):
     """`beside` runs before each timed call: the swapped calls' copies counted so far go up
     by one call's worth between its calls, and its own calls copy nothing."""
-    _, _, plan, _, run = swapped
+    *_, run = swapped
     per_call = run.summary()["copies"] // REPEAT
     assert per_call > 0
     assert run.copies_seen == [i * per_call for i in range(REPEAT)]
