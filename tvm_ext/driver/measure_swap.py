@@ -110,14 +110,7 @@ def measure_run(
     """Time `main` (`warmup` untimed calls, then `repeat` timed ones, each after a timed call
     of `beside` if given), then trace one call. A swapped module runs on `[device, host]` with
     each argument where `arg_devices` says (0: device, 1: host)."""
-    devices = [device] if host is None else [device, host]
-    arg_devices = list(arg_devices) if arg_devices is not None else [0] * len(arguments)
-    if len(arg_devices) != len(arguments) or max(arg_devices, default=0) >= len(devices):
-        raise ValueError("arg_devices must give a device index (into [device, host]) per "
-                         "argument")
-    vm = relax.VirtualMachine(executable, devices, memory_cfg=allocator)
-    args = [place_argument(a, devices[d], device)
-            for a, d in zip(arguments, arg_devices, strict=True)]
+    vm, args = _loaded(executable, arguments, device, host, arg_devices, allocator)
     main = vm["main"]
     outputs = flatten_outputs(main(*args))
     for _ in range(warmup):
@@ -151,13 +144,27 @@ def unswapped_call(executable: relax.VMExecutable, arguments: Sequence[np.ndarra
                    warmup: int = 1) -> Callable[[], object]:
     """One call of `main` of an unswapped module, its VM and arguments made (and warmed up)
     once: the `beside` of `measure_run`."""
-    vm = relax.VirtualMachine(executable, device, memory_cfg=allocator)
-    args = [place_argument(a, device, device) for a in arguments]
+    vm, args = _loaded(executable, arguments, device, None, None, allocator)
     main = vm["main"]
     for _ in range(warmup):
         main(*args)
     device.sync()
     return lambda: main(*args)
+
+
+def _loaded(executable: relax.VMExecutable, arguments: Sequence[np.ndarray],
+            device: tvm.runtime.Device, host: tvm.runtime.Device | None,
+            arg_devices: Sequence[int] | None, allocator: str) -> tuple:
+    """The VM of `executable` on `[device]` or `[device, host]`, and `arguments` placed where
+    `arg_devices` says (0: device, 1: host; default: all on the device)."""
+    devices = [device] if host is None else [device, host]
+    arg_devices = list(arg_devices) if arg_devices is not None else [0] * len(arguments)
+    if len(arg_devices) != len(arguments) or max(arg_devices, default=0) >= len(devices):
+        raise ValueError("arg_devices must give a device index (into [device, host]) per "
+                         "argument")
+    vm = relax.VirtualMachine(executable, devices, memory_cfg=allocator)
+    return vm, [place_argument(a, devices[d], device)
+                for a, d in zip(arguments, arg_devices, strict=True)]
 
 
 def _event(record) -> Event:
