@@ -21,8 +21,6 @@ import hashlib
 import json
 import logging
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable
 
@@ -38,6 +36,7 @@ from tvm_ext.runtime.cuda import has_gpu
 from .cost_model import load_cost_model, save_cost_model
 from .database import best_seconds, count_records, database_dir, open_database, target_key
 from .default_times import measure_default_times, record_loses, workload_key
+from .interrupt import Interruptible, StopOnSignal
 from .measure import PooledBuilder, UntimedRunner, timing_runner
 from .progress import ProgressCallback, TaskProgress
 from .tasks import TuningTask
@@ -169,9 +168,9 @@ def tune_tasks(
     builder = PooledBuilder(target.kind.name, max_workers=cpu_count(logical=True))
     runner = timing_runner(target.kind.name) if timed else UntimedRunner()
     try:
-        with _Interruptible():
+        with Interruptible() as interruptible:
             _scheduler_tune(tasks, tuning_target(target), db_dir, db, remaining, per_iter, seed,
-                            builder, runner, callback, cost_model)
+                            builder, runner, callback, StopOnSignal(interruptible), cost_model)
         _save_state(db_dir, state, fingerprint, trials)
     except BaseException as err:
         what = "interrupted" if isinstance(err, KeyboardInterrupt) else (
@@ -202,8 +201,10 @@ def _versus_defaults(tasks: list[TuningTask], defaults: dict[str, dict[str, floa
             "kernels; the others keep their default schedules")
 
 
-def _scheduler_tune(tasks, target, db_dir, db, trials, per_iter, seed, builder, runner, callback,
-                    cost_model) -> None:
+def _scheduler_tune(tasks, target, db_dir, db, trials, per_iter, seed, builder, runner,
+                    progress, stop, cost_model) -> None:
+    """Each step's measure callbacks: `progress`, MetaSchedule's own (which store the
+    records), then `stop`."""
     with _metaschedule_logs(db_dir, [t.name for t in tasks]) as loggers:
         contexts = [
             ms.TuneContext(mod=t.mod, target=target, space_generator="post-order-apply",
@@ -219,7 +220,8 @@ def _scheduler_tune(tasks, target, db_dir, db, trials, per_iter, seed, builder, 
             num_trials_per_iter=per_iter,
             builder=builder,
             runner=runner,
-            measure_callbacks=[callback, *ms.measure_callback.MeasureCallback.create("default")],
+            measure_callbacks=[progress, *ms.measure_callback.MeasureCallback.create("default"),
+                               stop],
             database=db,
             cost_model=cost_model,
         )
@@ -296,34 +298,3 @@ def _save_state(db_dir: str, state: dict[str, int], fingerprint: str, trials: in
     with open(tmp, "w") as f:
         json.dump({"completed_budgets": state}, f, indent=1)
     os.replace(tmp, os.path.join(db_dir, STATE_FILE))
-
-
-class _Interruptible:
-    """Ctrl-C (SIGINT) and SIGTERM stop tuning with a KeyboardInterrupt.
-
-    A KeyboardInterrupt raised inside MetaSchedule's Python callbacks crosses the C++ task
-    scheduler and comes back as a RuntimeError; the signal is noted so the caller still sees a
-    KeyboardInterrupt. (Records so far are on disk either way, even after SIGKILL.)
-    """
-
-    def __init__(self) -> None:
-        self.signal: int | None = None
-        self.previous: dict[int, object] = {}
-
-    def _handle(self, signum, frame):
-        self.signal = signum
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                if signal.getsignal(sig) is not signal.SIG_IGN:
-                    self.previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, kind, value, traceback) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-        if self.signal is not None and kind is not None and not issubclass(kind,
-                                                                           KeyboardInterrupt):
-            raise KeyboardInterrupt(f"signal {signal.Signals(self.signal).name}") from value
