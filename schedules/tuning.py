@@ -40,6 +40,7 @@ from .interrupt import Interruptible, StopOnSignal
 from .measure import PooledBuilder, UntimedRunner, timing_runner
 from .progress import ProgressCallback, TaskProgress
 from .tasks import TuningTask
+from .tensor_intrinsics import import_tensor_intrinsics
 
 STATE_FILE = "state.json"
 POPULATION = 128  # of the evolutionary search; see _search_strategy
@@ -205,6 +206,7 @@ def _scheduler_tune(tasks, target, db_dir, db, trials, per_iter, seed, builder, 
                     progress, stop, cost_model) -> None:
     """Each step's measure callbacks: `progress`, MetaSchedule's own (which store the
     records), then `stop`."""
+    import_tensor_intrinsics()  # what TuneContext imports, in seconds (see the module)
     with _metaschedule_logs(db_dir, [t.name for t in tasks]) as loggers:
         contexts = [
             ms.TuneContext(mod=t.mod, target=target, space_generator="post-order-apply",
