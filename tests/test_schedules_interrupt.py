@@ -11,6 +11,18 @@ from tvm.s_tir import meta_schedule as ms
 from tvm_ext.schedules.interrupt import Interruptible, StopOnSignal
 
 
+@pytest.fixture(autouse=True)
+def _default_handlers():
+    """A terminal's handlers: something earlier in a test process may leave SIGINT ignored,
+    which Interruptible keeps (a run under nohup must not stop on it)."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
 def _stop_step(stop: StopOnSignal) -> None:
     """Call `stop` as the task scheduler does after a step (through TVM's FFI)."""
     stop.apply(ms.task_scheduler.TaskScheduler.create("round-robin"), 0, [], [], [])

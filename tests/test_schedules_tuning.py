@@ -115,7 +115,9 @@ def test_apply_only_needs_an_existing_work_dir(tmp_path, capsys):
 
 
 _INTERRUPTED_RUN = textwrap.dedent("""
-    import sys
+    import signal, sys
+    # A terminal's SIGINT: the test process may ignore it, and a child inherits that.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from tvm_ext import driver, schedules
     from tvm_ext.models import get_model
     driver.tune(get_model("mlp", "tiny").mod, driver.resolve_target("llvm"), sys.argv[1],
