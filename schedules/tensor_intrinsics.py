@@ -7,7 +7,8 @@ file that does not exist) `inspect.getmodule` scans all of `sys.modules`. That i
 fresh process and over 100 s in one that has loaded torch under a deep stack (a test run).
 TVMScript reads only the frames themselves and the code context of the few frames nearest its
 caller, so during the import `inspect.stack` gives full frame records for those and bare ones
-(no source context) for the rest.
+(no source context) for the rest. The swap is process-wide for that one import (seconds, once
+per process): another thread's `inspect.stack` meanwhile gets the same frames, with less context.
 """
 
 from __future__ import annotations
