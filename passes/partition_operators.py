@@ -53,7 +53,7 @@ from tvm import relax
 
 from tvm_ext.cost import Hardware
 from tvm_ext.errors import InputError
-from tvm_ext.ir.graph import DataflowGraph
+from tvm_ext.graph import DataflowGraph
 from tvm_ext.ir.graph_builder import read_pass_input
 from tvm_ext.ir.kernel_dims import problem_from_module
 from tvm_ext.ir.local_kernels import LoweringError, chunk_params

@@ -23,7 +23,7 @@ lowered, destination-passing form the rest of the pipeline leaves alone:
 5. the function attribute `tvm_ext.swap_plan` records the plan summary (budget, planned peak,
    bytes swapped, predicted time) and `tvm_ext.swap_arguments` where each argument lives;
 6. an optimizer step's update (an op that overwrites an argument in place, see
-   `tvm_ext.ir.graph`) writes into the argument's current device copy (its pool window, or the
+   `tvm_ext.graph`) writes into the argument's current device copy (its pool window, or the
    argument itself when the plan keeps it on the device) through the in-place form of its
    kernel (`tvm_ext.ir.inplace_kernels`); the plan copies an argument kept on the host back
    into the argument's host buffer after it is overwritten, so each step starts where the last

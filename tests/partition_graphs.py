@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tvm_ext.ir.graph import DataflowGraph, Op, Tensor
+from tvm_ext.graph import DataflowGraph, Op, Tensor
 from tvm_ext.partition import AxisCut, DimSpec, KernelSpec, PartitionProblem
 
 

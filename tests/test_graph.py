@@ -9,7 +9,7 @@ from tvm import relax
 from tvm.script import relax as R
 
 from tvm_ext import driver, runtime
-from tvm_ext.ir.graph import DataflowGraph, GraphBuildError
+from tvm_ext.graph import DataflowGraph, GraphBuildError
 from tvm_ext.ir.graph_builder import build_graph
 from tvm_ext.ir.time_splits import annotate_time_splits
 from tvm_ext.models import Model, TensorSpec

@@ -20,7 +20,7 @@ PACKAGES = {"tvm_ext": ROOT / "tvm_ext", "tvm_ext.passes": ROOT / "passes",
 # Lowest first; a module may import its own layer and those below it, never one above.
 LAYERS = [
     ("tvm_ext.errors", "tvm_ext.units", "tvm_ext._layout"),
-    ("tvm_ext.ir.graph",),  # the planners' input: plain data
+    ("tvm_ext.graph",),  # the planners' input: plain data
     ("tvm_ext.cost",),
     ("tvm_ext.swap", "tvm_ext.partition"),
     ("tvm_ext.ir", "tvm_ext.runtime"),
@@ -31,7 +31,7 @@ LAYERS = [
     ("tvm_ext",),  # the package's __init__: loads the runtime library, registers the pipeline
 ]
 # No TVM here: plain data in, plans out.
-PLANNERS = ("tvm_ext.errors", "tvm_ext.units", "tvm_ext.ir.graph", "tvm_ext.cost",
+PLANNERS = ("tvm_ext.errors", "tvm_ext.units", "tvm_ext.graph", "tvm_ext.cost",
             "tvm_ext.swap", "tvm_ext.partition")
 
 
@@ -119,6 +119,28 @@ def test_no_upward_import():
     assert not upward, "\n".join(upward)
 
 
+def _folder(name: str) -> str:
+    """The folder a module lives in: `tvm_ext.swap.plan` -> `tvm_ext.swap`; a module at the
+    package's top level is its own folder."""
+    return ".".join(name.split(".")[:2])
+
+
+def test_every_folder_is_one_layer():
+    """A folder's modules share its layer, so that the folder list reads as the layers."""
+    mixed = {}
+    for name in MODULES:
+        mixed.setdefault(_folder(name), set()).add(_layer(name))
+    assert not {f: ls for f, ls in mixed.items() if len(ls) > 1}
+
+
+def test_no_folder_imports_a_folder_above_it():
+    edges = {(_folder(name), _folder(dep)) for name, deps in GRAPH.items() for dep in deps
+             if _folder(name) != _folder(dep)}
+    both_ways = sorted(f"{a} <-> {b}" for a, b in edges if (b, a) in edges and a < b)
+    upward = sorted(f"{a} imports {b}" for a, b in edges if _layer(b) > _layer(a))
+    assert not both_ways and not upward, "\n".join([*both_ways, *upward])
+
+
 def test_planners_import_no_tvm():
     offenders = []
     for name, path in MODULES.items():
@@ -134,7 +156,7 @@ def test_the_checker_sees_a_cycle_and_an_upward_import():
     pipeline; a planner importing the driver would be upward."""
     assert "tvm_ext.passes" in GRAPH["tvm_ext.pipeline"]
     assert _layer("tvm_ext.driver.build") > _layer("tvm_ext.swap.plan")
-    assert "tvm_ext.ir.graph" in GRAPH["tvm_ext.swap.problem"]
+    assert "tvm_ext.graph" in GRAPH["tvm_ext.swap.problem"]
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..ir.graph import DataflowGraph
+from ..graph import DataflowGraph
 from .hardware import Hardware, get_hardware
 from .roofline import op_time
 

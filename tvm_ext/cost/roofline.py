@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.graph import DataflowGraph
+from ..graph import DataflowGraph
 from .hardware import Hardware, get_hardware
 
 

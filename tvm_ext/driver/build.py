@@ -12,7 +12,7 @@ from tvm import relax
 from tvm.target import codegen
 
 from .. import pipeline
-from ..ir.graph import DataflowGraph
+from ..graph import DataflowGraph
 from ..ir.graph_builder import build_graph
 from ..ir.kernel_dims import problem_from_module
 from ..ir.kernel_fission import fission_kernels, fission_to_fit, swap_graph

@@ -14,7 +14,7 @@ from tvm import tirx
 
 from .. import pipeline
 from ..cost.calibration import KernelTiming
-from ..ir.graph import DataflowGraph
+from ..graph import DataflowGraph
 from ..ir.graph_builder import build_graph
 from ..ir.pass_records import LIBRARY_ATTR
 from ..runtime.kernel_timing import kernel_arguments, kernel_params, time_kernel

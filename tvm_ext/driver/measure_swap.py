@@ -37,7 +37,7 @@ from ..cost.calibration import KernelTiming, fit_to_iteration, op_kernels, op_ti
 from ..cost.emulation import RuntimeCosts, scaled_link, stand_in_hardware, time_scale
 from ..cost.hardware import Hardware, Link, get_hardware
 from ..cost.roofline import op_times as roofline_op_times
-from ..ir.graph import DataflowGraph
+from ..graph import DataflowGraph
 from ..runtime import swap_streams
 from ..runtime.timing import time_calls
 from ..swap.measured import Event, MeasuredTimeline

@@ -22,7 +22,7 @@ from tvm import relax
 from tvm_ext.passes import PartitionError, PartitionOperators
 
 from .. import pipeline
-from ..ir.graph import DataflowGraph
+from ..graph import DataflowGraph
 from ..ir.graph_builder import build_graph
 from ..ir.time_splits import annotate_time_splits
 from ..models import Model

@@ -8,7 +8,7 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 
-from .graph import DataflowGraph, GraphBuildError, Op, Tensor
+from ..graph import DataflowGraph, GraphBuildError, Op, Tensor
 from .kernel_cost import KernelCost, analyze_kernel, buffer_bytes
 from .pass_records import STATE_ATTR, argument_updates
 

@@ -23,8 +23,8 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.s_tir import SBlock, SBlockRealize
 
+from ..graph import DataflowGraph
 from ..swap.problem import SwapProblem, problem_for_budget
-from .graph import DataflowGraph
 from .graph_builder import build_graph
 from .kernel_calls import call_tir_args, call_tir_kernel
 from .local_kernels import LoweringError, split_kernel

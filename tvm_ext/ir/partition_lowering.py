@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import tvm
 from tvm import relax
 
+from ..graph import DataflowGraph
 from ..partition import PartitionPlan, PartitionProblem
-from .graph import DataflowGraph
 from .kernel_dims import kernel_dims
 from .local_kernels import (
     KernelPart,

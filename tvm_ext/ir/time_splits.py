@@ -32,12 +32,12 @@ import math
 
 import tvm
 
+from ..graph import DataflowGraph
 from ..partition.spec import AxisCut
 from ..swap.alignment import align
 from ..swap.split import SplitOption
 from .accumulating_kernels import adds_to_outputs
 from .epilogue_kernels import reduction_epilogue
-from .graph import DataflowGraph
 from .kernel_cost import buffer_bytes
 from .kernel_dims import kernel_dims
 from .local_kernels import (

@@ -16,7 +16,7 @@ those writes land in the argument's own buffer (`tvm_ext.passes.UpdateArgumentsI
 parameters or the state is ever allocated. Until then the function is pure and returns the new
 values, so every pass before (fusion, partitioning, swapping) sees plain data dependencies;
 the graph builder reads the attribute and makes each new value an in-place version of the
-argument (`tvm_ext.ir.graph`).
+argument (`tvm_ext.graph`).
 
 Semantics follow `torch.optim` (torch 2.x, single-tensor path, `maximize=False`,
 `amsgrad=False`), operation by operation in the parameter's dtype, scalars computed in double

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..ir.graph import TENSOR_KINDS, DataflowGraph
+from ..graph import TENSOR_KINDS, DataflowGraph
 from .layout import PARTIAL, REP, Step, conversion_sequence, local_shape
 from .model import PartitionModel
 from .search import State, objective

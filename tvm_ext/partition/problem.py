@@ -6,7 +6,7 @@ import dataclasses
 import json
 from collections.abc import Mapping
 
-from ..ir.graph import DataflowGraph
+from ..graph import DataflowGraph
 from .spec import KernelSpec, replicated_spec
 
 

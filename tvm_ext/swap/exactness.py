@@ -14,7 +14,7 @@ dtype, and says which ops made it so.
 
 from __future__ import annotations
 
-from ..ir.graph import DataflowGraph
+from ..graph import DataflowGraph
 from .plan import SwapPlan
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..ir.graph import DataflowGraph
+from ..graph import DataflowGraph
 from .plan import SwapPlan
 
 DEVICE, HOST = 0, 1  # positions in the device list of a VM running a swapped module

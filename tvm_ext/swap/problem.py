@@ -28,7 +28,7 @@ import numpy as np
 from ..cost.hardware import Hardware, get_hardware
 from ..cost.roofline import op_times as roofline_op_times
 from ..errors import InputError
-from ..ir.graph import DataflowGraph
+from ..graph import DataflowGraph
 from ..units import format_size, parse_size
 from .alignment import align
 from .split import SplitOption, finest_working_set

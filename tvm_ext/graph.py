@@ -32,7 +32,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..errors import InputError
+from .errors import InputError
 
 OP_KINDS = ("kernel", "view", "builtin")
 TENSOR_KINDS = ("parameter", "state", "input", "constant", "activation", "gradient",
