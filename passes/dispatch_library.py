@@ -5,7 +5,8 @@ the kernel, by a block that calls the runtime library (`T.call_packed` on the bu
 
 * on CPU targets `tvm_ext.blas.gemm` and `tvm_ext.blas.conv2d` (OpenBLAS, loaded at run time;
   a conv1d is a conv2d of unit height);
-* on CUDA `tvm_ext.cublas.gemm` (cuBLAS, loaded at run time; convolutions stay generated).
+* on CUDA `tvm_ext.cublas.gemm` (cuBLAS, loaded at run time), convolutions too: a loop nest
+  gathers the column matrix (im2col), one batched GEMM multiplies it (`tvm_ext.ir.conv_as_gemm`).
 
 The kernel keeps its signature and its other loop nests (a bias add, an activation, the padding
 before a convolution), which the schedule phase schedules as usual. So nothing before the
@@ -27,7 +28,13 @@ from tvm import tirx
 from tvm.s_tir import SBlock, SBlockRealize
 from tvm.tirx.buffer import buffer_data
 
-from tvm_ext.ir.library_kernels import LibraryCall, find_library_calls, root_statements
+from tvm_ext.ir.conv_as_gemm import GemmOperand, conv_as_gemm
+from tvm_ext.ir.library_kernels import (
+    LibraryCall,
+    conv_parts,
+    find_library_calls,
+    root_statements,
+)
 from tvm_ext.ir.pass_records import LIBRARY_ATTR, LIBRARY_BLOCK_PREFIX
 from tvm_ext.ir.targets import is_cpu, is_gpu
 from tvm_ext.runtime import blas
@@ -43,15 +50,24 @@ def packed_function(call: LibraryCall, target: tvm.target.Target) -> str | None:
         if a == b == c and a in _FLOAT:
             return "tvm_ext.blas.gemm" if call.kind == "gemm" else "tvm_ext.blas.conv2d"
         return None
-    if target.kind.name == "cuda" and call.kind == "gemm":
-        if a == b and a in _GPU_INPUTS and c in ("float32", a):
-            return "tvm_ext.cublas.gemm"
+    if target.kind.name == "cuda" and a == b and a in _GPU_INPUTS and c in ("float32", a):
+        return "tvm_ext.cublas.gemm"  # a convolution as a GEMM over its column matrix
     return None
 
 
 def _full_region(buf):
     ranges = [tvm.ir.Range.from_min_extent(0, e) for e in buf.ty.shape]
     return tvm.ir.expr.TensorRegion(buf, ranges, tirx.BufferRegionType())
+
+
+def _shaped_array(buf, shape: tuple[int, ...]):
+    """The DLTensor of `buf` with `shape` (same elements, row-major: axes split or merged)."""
+    make_shape = tvm.ir.Call("tirx.tvm_stack_make_shape", [tirx.IntImm("int64", s)
+                                                           for s in shape],
+                             ret_ty=tvm.ir.PointerType(tvm.ir.PrimType("int64")))
+    return tvm.ir.Call(tvm.ir.Op.get("tirx.tvm_stack_make_array"),
+                       [buffer_data(buf), make_shape, 0, len(shape),
+                        tvm.runtime.const(0, buf.ty.dtype), buf.ty.elem_offset], ret_ty="handle")
 
 
 def _array(buf, view: tuple[tuple[int, ...], ...] | None, unit_height: bool = False):
@@ -93,6 +109,30 @@ def _library_block(call: LibraryCall, function: str, operands: tuple) -> SBlockR
     return SBlockRealize([], True, block)
 
 
+def _gemm_block(name: str, function: str, operands: tuple[GemmOperand, ...]
+                ) -> SBlockRealize:
+    """The library call of a GEMM on views of its operands (explicit shapes and roles)."""
+    arrays, ints = [], []
+    for op in operands:
+        arrays.append(_shaped_array(op.buffer, op.shape))
+        ints += [len(op.roles), *op.roles]
+    body = tirx.Evaluate(tirx.call_packed(function, *arrays, *ints))
+    a, b, c = (op.buffer for op in operands)
+    block = SBlock([], [_full_region(a), _full_region(b)], [_full_region(c)],
+                   f"{LIBRARY_BLOCK_PREFIX}_{name}", body)
+    return SBlockRealize([], True, block)
+
+
+def _conv_on_gpu(func: tirx.PrimFunc, call: LibraryCall, function: str):
+    """(statement, scratch buffers) computing a convolution as a GEMM over its column
+    matrix (`tvm_ext.ir.conv_as_gemm`); None when its output cannot be one GEMM."""
+    gemm = conv_as_gemm(conv_parts(func, call), call.block)
+    if gemm is None:
+        return None
+    stmt = tirx.SeqStmt([*gemm.nests, _gemm_block(call.block, function, gemm.operands)])
+    return stmt, list(gemm.scratch)
+
+
 def _weight_copy(call: LibraryCall):
     """(buffer, nest) computing a weight read through index expressions into its canonical
     [F, C/g, K..] layout: `buffer[f, c, k..] = weight[indices(f, c, k..)]`."""
@@ -129,6 +169,14 @@ def dispatch_kernel(func: tirx.PrimFunc, target: tvm.target.Target,
         if function is None or (call.flops is not None and call.flops < min_flops):
             continue
         operands = call.operands
+        if call.kind != "gemm" and is_gpu(target):
+            on_gpu = _conv_on_gpu(func, call, function)
+            if on_gpu is None:
+                continue
+            stmts[call.stmt], more = on_gpu
+            scratch += more
+            chosen.append(function)
+            continue
         stmt = _library_block(call, function, operands)
         if call.weight_copy:
             weight, nest = _weight_copy(call)

@@ -214,7 +214,35 @@ def test_target_support():
     assert packed_function(call("gemm", "float16", "float16", "float16"), llvm) is None
     assert packed_function(call("gemm", "float16", "float16", "float32"), cuda) == \
         "tvm_ext.cublas.gemm"
-    assert packed_function(call("conv2d", *["float32"] * 3), cuda) is None
+    assert packed_function(call("conv2d", *["float32"] * 3), cuda) == "tvm_ext.cublas.gemm"
+    assert packed_function(call("conv2d", "float32", "float16", "float32"), cuda) is None
+
+
+@pytest.mark.parametrize("name", ["resnet_training", "conv1d_grouped", "conv2d_transpose"])
+def test_cuda_convolutions_are_gemms_over_their_column_matrix(name, zoo_cache):
+    """On CUDA a convolution is a gathered column matrix and one cuBLAS GEMM: run on the CPU
+    (the GEMM by the CPU library, same arguments), every dispatched kernel leaves its buffers
+    as the generated convolution does (forward, data and weight gradients, groups, 1-D,
+    transposed)."""
+    from gpu_emulation import differing
+
+    cuda = driver.resolve_target("cuda")
+    if name == "resnet_training":
+        mod = zoo_cache("resnet", training=True).mod
+    elif name == "conv1d_grouped":
+        mod = one_op_module(lambda x, w: relax.op.nn.conv1d(x, w, strides=2, padding=3,
+                                                            groups=4), (2, 8, 40), (16, 2, 5))
+    else:
+        mod = one_op_module(lambda x, w: relax.op.nn.conv2d_transpose(x, w, strides=2,
+                                                                      padding=1),
+                            (2, 4, 9, 9), (4, 6, 3, 3))
+    fused = pipeline.fuse(mod, cuda)
+    with cuda:
+        dispatched = DispatchLibraryKernels()(tvm.IRModule(dict(fused.functions_items())))
+    names = [gv.name_hint for gv, f in dispatched.functions_items()
+             if isinstance(f, tirx.PrimFunc) and "_col" in f.script()]
+    assert len(names) >= (10 if name == "resnet_training" else 1), names
+    assert differing(fused, dispatched, names, rtol=1e-4, atol=1e-5) == []
 
 
 def test_cuda_build_calls_cublas_from_host_code(zoo_cache):

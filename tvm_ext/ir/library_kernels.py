@@ -373,8 +373,45 @@ def _data_roles(data, n, f, c_candidates, others_out, reduce):
     return roles if "n_axis" in roles and "c" in roles else None
 
 
-def _match_conv(block, stmt: int) -> LibraryCall | None:  # long: one pattern, read in order
+@dataclasses.dataclass(frozen=True)
+class ConvParts:
+    """What each piece of a convolution nest is: the output store, the data and weight loads,
+    the block variables of each role, and the group structure."""
+
+    store: tirx.BufferStore
+    data: TensorLoad
+    weight: TensorLoad
+    n: tirx.Var  # image (the data's and the output's batch axis)
+    f: tirx.Var  # filter (output channel)
+    c: tirx.Var  # channel within a group (reduced)
+    # (data axis, output variable, window variable, stride, dilation), in data-axis order
+    windows: tuple
+    groups: int
+    fpg: int  # filters per group (0: ungrouped)
+    cpg: int  # channels per group (0: ungrouped)
+    domains: dict  # block variable -> its static extent
+
+    @property
+    def weight_order(self) -> list:
+        """The weight's canonical axis order: filter, channel, window variables."""
+        return [self.f, self.c, *(r for _, _, r, _, _ in self.windows)]
+
+
+def conv_parts(func: tirx.PrimFunc, call: LibraryCall) -> ConvParts:
+    """The `ConvParts` of the convolution `call` found in `func`."""
+    parts = _conv_parts(_perfect_nest(root_statements(func)[call.stmt]))
+    if parts is None:
+        raise ValueError(f"{call.block} is not a convolution nest")
+    return parts
+
+
+def _match_conv(block, stmt: int) -> LibraryCall | None:
     """A 2-D or 1-D convolution, its operands stored in any axis order (see ConvLayout)."""
+    parts = _conv_parts(block)
+    return None if parts is None else _conv_call(block, stmt, parts)
+
+
+def _conv_parts(block) -> ConvParts | None:
     acc = _accumulation(block)
     spatial = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
     reduce = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
@@ -392,7 +429,23 @@ def _match_conv(block, stmt: int) -> LibraryCall | None:  # long: one pattern, r
             break
     else:
         return None
-    return _conv_call(block, stmt, store, data, weight, roles, out_axes, dims)
+    domains = {iv.var: _static(iv.dom.extent) for iv in block.iter_vars}
+    dshape = _static_shape(data.source)
+    if dshape is None or any(d is None for d in domains.values()):
+        return None
+    c_axis, c, fpg, cpg = roles["c"]
+    if dshape[roles["n_axis"]] != domains[roles["n"]] or dshape[c_axis] % domains[c]:
+        return None
+    groups = dshape[c_axis] // domains[c]
+    if (groups == 1) != (fpg == 0) or (groups > 1 and (fpg * groups != domains[roles["f"]] or
+                                                       cpg != domains[c])):
+        return None
+    for axis, o, r, stride, dilation in roles["windows"]:
+        # The window must stay inside the data buffer (padding lives in it already).
+        if (domains[o] - 1) * stride + (domains[r] - 1) * dilation >= dshape[axis]:
+            return None
+    return ConvParts(store, data, weight, roles["n"], roles["f"], c, tuple(roles["windows"]),
+                     groups, fpg, cpg, domains)
 
 
 def _conv_roles(data, weight, spatial, reduce, dims) -> dict | None:
@@ -413,15 +466,11 @@ def _conv_roles(data, weight, spatial, reduce, dims) -> dict | None:
     return dict(roles, n=n, f=f)
 
 
-def _conv_call(block, stmt, store, data, weight, roles, out_axes, dims) -> LibraryCall | None:
-    domains = {iv.var: _static(iv.dom.extent) for iv in block.iter_vars}
-    dshape, oshape = _static_shape(data.source), _static_shape(store.buffer)
-    if dshape is None or oshape is None or any(d is None for d in domains.values()):
+def _conv_call(block, stmt, parts: ConvParts) -> LibraryCall | None:
+    domains, store, weight, windows = parts.domains, parts.store, parts.weight, parts.windows
+    if _static_shape(store.buffer) is None:
         return None
-    n, f = roles["n"], roles["f"]
-    c_axis, c, fpg, cpg = roles["c"]
-    windows = roles["windows"]
-    order = [f, c, *(r for _, _, r, _, _ in windows)]  # the weight's canonical order
+    order = parts.weight_order
     w_axes = _var_axes(weight.indices, set(order))
     wshape = _static_shape(weight.source)
     if w_axes is not None and len(w_axes) == len(order) and wshape is not None and \
@@ -429,28 +478,23 @@ def _conv_call(block, stmt, store, data, weight, roles, out_axes, dims) -> Libra
         w_view, copy = [w_axes[v] for v in order], ()
     else:  # computed through its index expressions into a [F, C/g, K..] buffer
         w_view, copy = list(range(len(order))), (tuple(order), tuple(weight.indices))
-    if dshape[roles["n_axis"]] != domains[n] or dshape[c_axis] % domains[c]:
-        return None
-    groups = dshape[c_axis] // domains[c]
-    if (groups == 1) != (fpg == 0) or (groups > 1 and (fpg * groups != domains[f] or
-                                                       cpg != domains[c])):
-        return None
-    for axis, o, r, stride, dilation in windows:
-        # The window must stay inside the data buffer (padding lives in it already).
-        if (domains[o] - 1) * stride + (domains[r] - 1) * dilation >= dshape[axis]:
-            return None
-    outs = [n, f, *(o for _, o, _, _, _ in windows)]
+    out_axes = _var_axes(store.indices, set(domains))
+    outs = [parts.n, parts.f, *(o for _, o, _, _, _ in windows)]
     y_view = [out_axes[v] for v in outs]
-    x_view = [roles["n_axis"], c_axis, *(axis for axis, _, _, _, _ in windows)]
+    n_axis = next(a for a, i in enumerate(parts.data.indices) if i.same_as(parts.n))
+    c_axis = next(a for a, i in enumerate(parts.data.indices)
+                  if not i.same_as(parts.n) and parts.c in _vars_in([i]))
+    x_view = [n_axis, c_axis, *(axis for axis, _, _, _, _ in windows)]
     params = [(stride, dilation) for _, _, _, stride, dilation in windows]
+    dims = len(windows)
     if dims == 1:  # a unit height, as a last axis of every operand's 4-D view
         x_view, w_view, y_view = ([v[0], v[1], 3, v[2]] for v in (x_view, w_view, y_view))
         params = [(1, 1), *params]
     (sh, dh), (sw, dw) = params
-    operands = (data.source, weight.source, store.buffer)
+    operands = (parts.data.source, weight.source, store.buffer)
     return LibraryCall(f"conv{dims}d", stmt, str(block.name_hint), operands,
-                       tuple(str(b.ty.dtype) for b in operands), conv=(sh, sw, dh, dw, groups),
-                       flops=_flops(block),
+                       tuple(str(b.ty.dtype) for b in operands),
+                       conv=(sh, sw, dh, dw, parts.groups), flops=_flops(block),
                        conv_axes=(tuple(x_view), tuple(w_view), tuple(y_view)),
                        weight_copy=copy + ((tuple(domains[v] for v in order),) if copy else ()))
 
