@@ -434,6 +434,10 @@ def _emit_loss(bb, loss, out, labels, out_shape):
         flat_labels = bb.emit(op.reshape(labels, (rows,))) if len(out_shape) != 2 else labels
         logp = bb.emit(op.nn.log_softmax(logits, axis=-1))
         return op.nn.nll_loss(logp, flat_labels, reduction="mean")
+    if str(out.ty.dtype) in ("float16", "bfloat16"):
+        # A mean over more than 65504 terms has no float16 divisor; sum in float32 (as torch's
+        # reduced-precision reductions accumulate), the loss float32 too.
+        out, labels = bb.emit(op.astype(out, "float32")), bb.emit(op.astype(labels, "float32"))
     diff = bb.emit(op.subtract(out, labels))
     return op.mean(op.multiply(diff, diff))
 

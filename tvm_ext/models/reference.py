@@ -78,7 +78,9 @@ def torch_training_step(
 
     outputs, weights = _run(path, inputs, params, param_names, requires_grad=gradients)
     out, target = outputs[0], _to_torch(labels)
-    if loss == "mse":
+    if loss == "mse":  # in float32 for reduced-precision outputs, as the compiled step
+        if out.dtype in (torch.float16, torch.bfloat16):
+            out, target = out.float(), target.float()
         value = ((out - target) ** 2).mean()
     elif loss == "cross_entropy":
         value = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]),
