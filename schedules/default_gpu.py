@@ -1,12 +1,19 @@
 """Default GPU schedules for every kernel, training graphs included.
 
 `dlight.ApplyDefaultSchedule` stops at the first rule that raises (GEMV asserts on a kernel
-without spatial loops, Matmul on a convolution whose epilogue it cannot inline), and leaves
-kernels no rule matches unscheduled, which CUDA code generation then rejects. Training graphs
-have both kinds (the loss gradient, `take_backward` of an embedding). This pass tries dlight's
-rules in order per kernel, moving on when one raises; a kernel no rule schedules is run on a
-single GPU thread per top-level loop nest: correct for any kernel, slow, and reported in
-`ApplyDefaultGPUSchedules.serial_kernels`.
+without spatial loops, Matmul on a convolution whose epilogue it cannot inline), takes a rule's
+schedule however much serial work it leaves each thread (its scalar reduction runs a loss over
+a whole batch on one thread), and leaves kernels no rule matches unscheduled, which CUDA code
+generation rejects. This pass tries the rules in order per kernel, moving on when one raises,
+and takes the first schedule that lowers and leaves no thread more than
+`MAX_SERIAL_ITERATIONS` serial iterations (`thread_work.py`), else the one that leaves the
+fewest. Its own rules beside dlight's: a reduction too long for one thread block in two
+stages (`gpu_split_reduction.py`), and kernels written as plain loop nests (an embedding's
+gradient) with one thread per iteration, accumulations as atomic adds (`gpu_loop_nests.py`).
+A kernel that updates an argument in place (an optimizer step) is scheduled as if out of place
+and checked before it is put back in place (`gpu_in_place.py`). A kernel no rule schedules
+runs on one GPU thread per loop nest (correct, slow); every kernel left over the bound is
+reported in `ApplyDefaultGPUSchedules.slow_kernels` and warned about.
 
 A kernel that calls a vendor library (`tvm_ext.passes.DispatchLibraryKernels`) keeps its library
 blocks in host code (cuBLAS launches its own kernels); each of its other loop nests (the
@@ -16,6 +23,7 @@ output element (`_library_kernel`).
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import tvm
@@ -25,16 +33,23 @@ from tvm.ir.transform import PassContext, module_pass
 
 from tvm_ext.ir.pass_records import LIBRARY_ATTR, LIBRARY_BLOCK_PREFIX
 
+from .gpu_in_place import in_place_buffers, schedule_in_place
+from .gpu_loop_nests import parallel_loop_nests
+from .gpu_split_reduction import SplitReduction
 from .inline_stages import inline_injective, param_buffers
+from .thread_work import serial_iterations
 
 _THREADS = 256
+# A schedule that leaves a GPU thread more serial loop iterations than this is taken only when
+# no rule gives one under it (a kernel that long on one thread takes milliseconds).
+MAX_SERIAL_ITERATIONS = 4096
 
 
 def _default_rules():
     from tvm.s_tir import dlight as dl
 
     return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
-            dl.gpu.Fallback()]
+            SplitReduction(), dl.gpu.Fallback()]
 
 
 def _lowers(func: tirx.PrimFunc) -> bool:
@@ -118,11 +133,12 @@ def _outer_spatial_loops(sch, block, loops) -> list:
 
 @module_pass(opt_level=0, name="ApplyDefaultGPUSchedules")
 class ApplyDefaultGPUSchedules:
-    """dlight's default GPU rules, robust to rules that fail (see the module docstring)."""
+    """Default GPU schedules for every kernel (see the module docstring)."""
 
     def __init__(self, rules=None):
         self.rules = list(rules) if rules is not None else _default_rules()
-        self.serial_kernels: list[str] = []
+        # Kernels no schedule spreads over threads: (name, serial iterations per thread).
+        self.slow_kernels: list[tuple[str, float]] = []
 
     def transform_module(self, mod: tvm.IRModule, _ctx: PassContext) -> tvm.IRModule:
         updated = {}
@@ -131,27 +147,53 @@ class ApplyDefaultGPUSchedules:
                 continue
             target = func.attrs.get("target") if func.attrs is not None else None
             target = target or tvm.target.Target.current(allow_none=False)
-            scheduled = None
-            if func.attrs is not None and LIBRARY_ATTR in func.attrs:
-                scheduled = _library_kernel(func)
-            for rule in [] if scheduled is not None else self.rules:
-                try:
-                    space = rule.apply(func, target, False)
-                except Exception:
-                    continue
-                if space is not None:
-                    sch = space[0] if isinstance(space, list) else space
-                    if _lowers(sch.mod["main"]):
-                        scheduled = sch.mod["main"]
-                        break
-            if scheduled is None:
-                scheduled = _single_thread(func)
-                self.serial_kernels.append(gv.name_hint)
+            scheduled = self._schedule(func, target)
+            work = serial_iterations(scheduled).iterations
+            if work > MAX_SERIAL_ITERATIONS:
+                self.slow_kernels.append((gv.name_hint, work))
             updated[gv] = scheduled.with_attr("tirx.is_scheduled", True)
         for gv, func in updated.items():
             mod[gv] = func
-        if self.serial_kernels:
-            warnings.warn(f"no default GPU schedule fits {', '.join(self.serial_kernels)}: "
-                          "they run on one GPU thread per loop nest (correct, slow); tune them "
-                          "(--tune-trials) for speed", stacklevel=1)
+        if self.slow_kernels:
+            names = ", ".join(f"{n} ({w:.3g})" for n, w in self.slow_kernels)
+            warnings.warn(f"no default GPU schedule spreads these kernels over GPU threads; "
+                          f"serial iterations per thread: {names}; tune them (--tune-trials) "
+                          "for speed", stacklevel=1)
         return mod
+
+    def _schedule(self, func: tirx.PrimFunc, target) -> tirx.PrimFunc:
+        if func.attrs is not None and LIBRARY_ATTR in func.attrs:
+            return _library_kernel(func)
+        if in_place_buffers(func):
+            scheduled = schedule_in_place(func, lambda f: self._by_rules(f, target))
+            return scheduled or schedule_in_place(func, _single_thread) or _single_thread(func)
+        return self._by_rules(func, target) or _single_thread(func)
+
+    def _by_rules(self, func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:
+        """The first rule's schedule that lowers and leaves no thread more than
+        `MAX_SERIAL_ITERATIONS` serial iterations, else the one that leaves the fewest."""
+        best, best_work = None, math.inf
+        for rule in [*self.rules, _LoopNests()]:
+            try:
+                space = rule.apply(func, target, False)
+            except Exception:
+                continue
+            if space is None:
+                continue
+            sch = space[0] if isinstance(space, list) else space
+            candidate = sch if isinstance(sch, tirx.PrimFunc) else sch.mod["main"]
+            if not _lowers(candidate):
+                continue
+            work = serial_iterations(candidate).iterations
+            if work <= MAX_SERIAL_ITERATIONS:
+                return candidate
+            if work < best_work:
+                best, best_work = candidate, work
+        return best
+
+
+class _LoopNests:
+    """`parallel_loop_nests` as a rule: kernels written as plain loop nests."""
+
+    def apply(self, func: tirx.PrimFunc, target, _tunable: bool) -> tirx.PrimFunc | None:
+        return parallel_loop_nests(func, target)

@@ -1,15 +1,23 @@
-"""Default GPU schedules for every kernel of the zoo's training graphs (CUDA code generation
-runs here with nvcc; nothing runs on a GPU)."""
+"""Default GPU schedules for every kernel of the zoo's training graphs and optimizer steps
+(CUDA code generation runs here with nvcc; nothing runs on a GPU): every kernel spread over GPU
+threads, and every schedule computing what its kernel computes (run on the CPU by
+tests/gpu_emulation.py)."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import tvm
-from tvm import tirx
+from gpu_emulation import differing
+from tvm import relax, tirx
 
 from tvm_ext import driver
 from tvm_ext import pipeline as P
-from tvm_ext.schedules.default_gpu import ApplyDefaultGPUSchedules
+from tvm_ext.ir.pass_records import LIBRARY_ATTR
+from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
+from tvm_ext.schedules.default_gpu import MAX_SERIAL_ITERATIONS, ApplyDefaultGPUSchedules
+from tvm_ext.schedules.thread_work import kernel_thread_work
 
 
 def _fused(model, target):
@@ -18,18 +26,113 @@ def _fused(model, target):
             P.library_dispatch_passes(target) + P.legalize_passes(target))(model.mod)
 
 
+def _copy(mod: tvm.IRModule) -> tvm.IRModule:
+    return tvm.IRModule({gv: f for gv, f in mod.functions_items()})
+
+
 def test_every_kernel_gets_a_thread_binding(zoo_cache, cuda_target):
-    """GEMV raises on the loss gradient and nothing matches take_backward: each kernel still
-    ends scheduled, the unmatched ones on one thread, and reported."""
+    """GEMV raises on the loss gradient; the embedding gradient (take_backward) is plain loop
+    nests no dlight rule reads: every kernel still ends spread over GPU threads, within the
+    bound of serial iterations per thread, with no warning."""
     target = cuda_target
     scheduler = ApplyDefaultGPUSchedules()
-    with target, pytest.warns(UserWarning, match="take_backward"):
+    with target, warnings.catch_warnings():
+        warnings.simplefilter("error")
         mod = scheduler(_fused(zoo_cache("gpt", training=True), target))
-    assert set(scheduler.serial_kernels) == {"take_backward", "take_backward1"}
+    assert scheduler.slow_kernels == []
     for gv, func in mod.functions_items():
         if isinstance(func, tirx.PrimFunc):
             assert int(func.attrs["tirx.is_scheduled"]) == 1, gv.name_hint
             assert "threadIdx.x" in func.script(), gv.name_hint
+    assert kernel_thread_work(mod)[0].iterations <= MAX_SERIAL_ITERATIONS
+
+
+def test_a_kernel_left_on_one_thread_is_reported(cuda_target):
+    """With no rule that fits, the serial fallback runs and says so, with its figure."""
+    step = _fused(_mean_model((4, 64, 1000)), cuda_target)
+    scheduler = ApplyDefaultGPUSchedules(rules=[])
+    with cuda_target, pytest.warns(UserWarning, match=r"mean \(2\.56e\+05\)"):
+        scheduler(step)
+    assert [name for name, _ in scheduler.slow_kernels] == ["mean"]
+
+
+def _mean_model(shape):
+    from tvm_ext.models.base import model_from_function
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.mean(x))
+        bb.emit_func_output(out)
+    return model_from_function("mean", bb.get()["main"], 1)
+
+
+@pytest.mark.parametrize("name", ["mlp_adamw", "gpt_embedding", "mean"])
+def test_every_default_schedule_computes_its_kernel(name, zoo_cache, cuda_target):
+    """Each kernel's GPU schedule, its thread loops run in order on the CPU, leaves every
+    buffer as the unscheduled kernel does: every kernel of an AdamW step (dlight's rules and
+    the in-place updates, scheduled out of place and put back), the embedding gradient's
+    atomic scatter-add, and a loss over a whole batch in two stages."""
+    if name == "mlp_adamw":
+        model = make_optimizer_step(zoo_cache("mlp", training=True), Optimizer("adamw"))
+    elif name == "gpt_embedding":
+        model = zoo_cache("gpt", training=True)
+    else:
+        model = _mean_model((4, 64, 1000))
+    unscheduled = P.run_phases(model.mod, cuda_target, through="library_kernels",
+                               inclusive=True)
+    with cuda_target:
+        scheduled = ApplyDefaultGPUSchedules()(_copy(unscheduled))
+    names = [gv.name_hint for gv, f in unscheduled.functions_items()
+             if isinstance(f, tirx.PrimFunc) and LIBRARY_ATTR not in (f.attrs or {})
+             and (name != "gpt_embedding" or gv.name_hint.startswith("take_backward"))]
+    assert len(names) >= {"mlp_adamw": 10, "gpt_embedding": 2, "mean": 1}[name]
+    assert differing(unscheduled, scheduled, names) == []
+
+
+@pytest.mark.parametrize("kind, dtype", [("sgd", "fp32"), ("momentum", "fp32"),
+                                         ("adam", "fp32"), ("adamw", "fp32"),
+                                         ("adamw", "bf16"), ("adamw", "fp16")])
+def test_optimizer_steps_get_gpu_threads(kind, dtype, zoo_cache, cuda_target):
+    """Every optimizer's in-place update kernels get GPU threads, in every precision (the
+    CUDA build of one follows)."""
+    from tvm_ext.models import get_model
+    from tvm_ext.models.mixed_precision import low_precision_step
+
+    step = zoo_cache("mlp", training=True) if dtype != "fp16" else \
+        get_model("mlp", training=True, loss_scale=True)
+    step = low_precision_step(step, dtype)
+    momentum = {"momentum": 0.9} if kind == "momentum" else {}
+    step = make_optimizer_step(step, Optimizer(kind, **momentum))
+    scheduler = ApplyDefaultGPUSchedules()
+    with cuda_target:
+        mod = scheduler(P.run_phases(step.mod, cuda_target, through="library_kernels",
+                                     inclusive=True))
+    assert scheduler.slow_kernels == []
+    updates = [f for gv, f in mod.functions_items() if gv.name_hint.endswith("_inplace")]
+    assert updates and all("threadIdx.x" in f.script() for f in updates)
+
+
+def test_an_optimizer_step_compiles_for_cuda(tmp_path, cuda_target):
+    from tvm_ext import cli
+
+    out = tmp_path / "step.so"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="no default GPU schedule")
+        assert cli.main(["mlp", "--training", "--optimizer", "adamw", "--dtype", "fp16",
+                         "--target", "cuda", "--output", str(out)]) == 0
+    assert b".nv.info" in out.read_bytes()
+
+
+@pytest.mark.parametrize("plan", [["--device-memory", "50%"], ["--devices", "2"]])
+def test_swapped_and_partitioned_optimizer_steps_compile_for_cuda(plan, tmp_path, cuda_target):
+    from tvm_ext import cli
+
+    out = tmp_path / "step.so"
+    assert cli.main(["mlp", "--training", "--optimizer", "adamw", "--target", "cuda",
+                     "--output", str(out), *plan]) == 0
+    assert out.exists()
 
 
 @pytest.mark.parametrize("name", ["mlp", "resnet"])

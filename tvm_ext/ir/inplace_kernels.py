@@ -2,19 +2,20 @@
 
 A kernel in destination-passing form takes its arguments, then its outputs. `inplace_kernel`
 returns the same kernel with some outputs written into argument buffers: the output's buffer
-variable becomes the argument's (and leaves the signature), or, for an argument the kernel
-does not read, moves into the argument list (the caller passes the buffer to overwrite there).
-TVM's `R.call_tir_inplace` calls such a kernel, and so does a destination-passing call that
-passes the argument and omits the output.
+variable becomes the argument's (and leaves the signature), or, for an argument the kernel does
+not read, moves into the argument list (the caller passes the buffer to overwrite there). TVM's
+`R.call_tir_inplace` calls such a kernel, and so does a destination-passing call that passes the
+argument and omits the output.
 
-Writing an output over an argument the kernel reads is exact only if no element is read after
-it is written. `inplace_obstacle` proves it on the kernel's TIR or says why it cannot: the
-output is stored by exactly one block, a spatial one whose store and every load of the argument
-in it are at the block's own variables (each iteration reads and writes the one element it
-owns); blocks before it may read the argument anywhere if they finish first (a different loop
-nest), blocks after it may not read it at all; and the argument appears nowhere else (no
-pointer to it escapes). Kernels are checked as fusion leaves them, before scheduling (each
-block in its own loop nest); the schedules after see the in-place buffer and keep its order.
+Writing an output over an argument the kernel reads is exact only if no element is read after it
+is written. `inplace_obstacle` proves it on the kernel's TIR or says why it cannot: the output
+is stored by exactly one block, a spatial one whose store and every load of the argument in it
+are at one index, made of the block's own variables (each iteration reads and writes the one
+element it owns); blocks before it may read the argument anywhere if they finish first (a
+different loop nest), blocks after it may not read it at all; and the argument appears nowhere
+else (no pointer to it escapes). Kernels are checked as fusion leaves them, before scheduling
+(each block in its own loop nest); the schedules after see the in-place buffer and keep its
+order.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class InPlaceError(InputError):
     """A kernel cannot be made to write an output over one of its arguments."""
 
 
-def _leaf_blocks(func: tirx.PrimFunc) -> list[tuple[int, SBlock]]:
+def leaf_blocks(func: tirx.PrimFunc) -> list[tuple[int, SBlock]]:
     """(index of the root's top-level statement holding it, block) for every block without
     nested blocks, in program order."""
     root = func.body.block
@@ -51,7 +52,7 @@ def _leaf_blocks(func: tirx.PrimFunc) -> list[tuple[int, SBlock]]:
     return out
 
 
-def _accesses(block: SBlock, buf) -> tuple[list, list]:
+def block_accesses(block: SBlock, buf) -> tuple[list, list]:
     """(indices of each load of `buf`, indices of each store into `buf`) in a block."""
     loads: list = []
     stores: list = []
@@ -83,18 +84,29 @@ def _escapes(func: tirx.PrimFunc, buf) -> bool:
     return counts["var"] != counts["known"]
 
 
-def _own_element(block: SBlock, indices: list) -> bool:
-    """Whether `indices` are the block's spatial variables, each once, in order (a variable of
-    extent 1 may be indexed by 0, and a scalar has no index)."""
+def _own_element(block: SBlock, indices: list, shape) -> bool:
+    """Whether `indices` pick a different element of a buffer of `shape` in every iteration of
+    the block: each index one of the block's spatial variables, every variable of extent
+    above 1 exactly once, or 0 on an axis of extent 1 (schedules drop unit variables: a
+    [512, 128, 1, 1] update is indexed [v0, v1, 0, 0]; a scalar has no index)."""
     ivs = list(block.iter_vars)
     if any(int(iv.iter_type) != 0 for iv in ivs):  # 0: data parallel
         return False
-    if not indices:
-        return all(_is_int(iv.dom.extent, 1) for iv in ivs)
-    return len(indices) == len(ivs) and all(
-        (isinstance(i, tvm.ir.expr.Var) and i.same_as(iv.var))
-        or (_is_int(i, 0) and _is_int(iv.dom.extent, 1))
-        for i, iv in zip(indices, ivs, strict=True))
+    used = []
+    for index, extent in zip(indices, shape, strict=True):
+        if _is_int(index, 0) and _is_int(extent, 1):
+            continue
+        var = next((iv.var for iv in ivs if index.same_as(iv.var)), None)
+        if var is None or any(var.same_as(u) for u in used):
+            return False
+        used.append(var)
+    return all(any(iv.var.same_as(u) for u in used) or _is_int(iv.dom.extent, 1)
+               for iv in ivs)
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(x.same_as(y) or (_is_int(x, 0) and _is_int(y, 0))
+                                    for x, y in zip(a, b, strict=True))
 
 
 def _is_int(x, value: int) -> bool:
@@ -106,13 +118,15 @@ def inplace_obstacle(func: tirx.PrimFunc, arg, out) -> str | None:
     docstring)."""
     if _escapes(func, arg) or _escapes(func, out):
         return "the buffer is used other than by loads and stores of blocks"
-    leaves = _leaf_blocks(func)
-    writers = [(k, b) for k, b in leaves if _accesses(b, out)[1]]
+    leaves = leaf_blocks(func)
+    writers = [(k, b) for k, b in leaves if block_accesses(b, out)[1]]
     if len(writers) != 1:
         return f"the output is written by {len(writers)} blocks, not one"
     w_stmt, writer = writers[0]
-    loads, stores = _accesses(writer, arg)[0], _accesses(writer, out)[1]
-    if not all(_own_element(writer, ix) for ix in [*stores, *loads]):
+    loads, stores = block_accesses(writer, arg)[0], block_accesses(writer, out)[1]
+    accesses = [*stores, *loads]
+    if not all(_own_element(writer, ix, out.ty.shape) for ix in accesses) or \
+            any(not _same(ix, accesses[0]) for ix in accesses):
         return (f"block {writer.name_hint} does not read and write each element at its own "
                 "position (a reduction, a broadcast or a shifted index)")
     seen_writer = False
@@ -120,7 +134,7 @@ def inplace_obstacle(func: tirx.PrimFunc, arg, out) -> str | None:
         if block.same_as(writer):
             seen_writer = True
             continue
-        if not _accesses(block, arg)[0]:
+        if not block_accesses(block, arg)[0]:
             continue
         if seen_writer:
             return f"block {block.name_hint} reads the argument after it is overwritten"
