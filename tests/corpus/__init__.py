@@ -69,73 +69,88 @@ class _Logits:
         return Wrapped().eval()
 
 
-def gpt2(attn: str, hidden: int = 32, layers: int = 2, seq: int = SEQ):
-    """(Larger `hidden`, `layers`, `seq`: the same architecture at the sizes of a benchmark.)"""
+def gpt2(attn: str, hidden: int = 32, layers: int = 2, seq: int = SEQ, vocab: int = VOCAB,
+         batch: int = BATCH):
+    """(Larger `hidden`, `layers`, `seq`: the same architecture at the sizes of a benchmark;
+    4 heads, or one per 64 of `hidden` when that is more.)"""
     def build():
         torch = _seed()
         import transformers as tf
 
-        cfg = tf.GPT2Config(vocab_size=VOCAB, n_positions=seq, n_embd=hidden, n_layer=layers,
-                            n_head=4, attn_implementation=attn)
-        return _Logits.wrap(tf.GPT2LMHeadModel(cfg).eval()), (_ids(torch, seq=seq),)
+        cfg = tf.GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=hidden, n_layer=layers,
+                            n_head=max(4, hidden // 64), attn_implementation=attn)
+        return (_Logits.wrap(tf.GPT2LMHeadModel(cfg).eval()),
+                (_ids(torch, vocab, batch, seq),))
     return build
 
 
-def llama(attn: str):
-    """RoPE, RMSNorm, SiLU gates, grouped-query attention (2 KV heads for 4 heads)."""
+def llama(attn: str, hidden: int = 32, layers: int = 2, seq: int = SEQ, vocab: int = VOCAB,
+          batch: int = BATCH):
+    """RoPE, RMSNorm, SiLU gates, grouped-query attention (a third of the heads as KV heads,
+    rounded up; 2 for 4 heads at the tiny size)."""
     def build():
         torch = _seed()
         import transformers as tf
 
-        cfg = tf.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
-                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                             max_position_embeddings=SEQ, attn_implementation=attn)
-        return _Logits.wrap(tf.LlamaForCausalLM(cfg).eval()), (_ids(torch),)
+        heads = max(4, hidden // 64)
+        cfg = tf.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                             num_hidden_layers=layers, num_attention_heads=heads,
+                             num_key_value_heads=max(2, heads // 3),
+                             max_position_embeddings=seq, attn_implementation=attn)
+        return (_Logits.wrap(tf.LlamaForCausalLM(cfg).eval()),
+                (_ids(torch, vocab, batch, seq),))
     return build
 
 
-def bert(attn: str, hidden: int = 32, layers: int = 2, seq: int = SEQ):
+def bert(attn: str, hidden: int = 32, layers: int = 2, seq: int = SEQ, vocab: int = VOCAB,
+         batch: int = BATCH):
     """An encoder with a padding mask (larger sizes as for `gpt2`)."""
     def build():
         torch = _seed()
         import transformers as tf
 
-        cfg = tf.BertConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers,
-                            num_attention_heads=4, intermediate_size=2 * hidden,
-                            max_position_embeddings=seq, attn_implementation=attn)
+        cfg = tf.BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                            num_attention_heads=max(4, hidden // 64),
+                            intermediate_size=2 * hidden, max_position_embeddings=seq,
+                            attn_implementation=attn)
         model = _Logits.wrap(tf.BertModel(cfg, add_pooling_layer=False).eval(),
                              "last_hidden_state")
-        return model, (_ids(torch, seq=seq), _padding_mask(torch, seq=seq))
+        return model, (_ids(torch, vocab, batch, seq), _padding_mask(torch, batch, seq))
     return build
 
 
-def t5(attn: str):
-    """Encoder-decoder with relative position bias."""
+def t5(attn: str, hidden: int = 32, seq: int = SEQ, vocab: int = VOCAB, batch: int = BATCH):
+    """Encoder-decoder with relative position bias, one layer each."""
     def build():
         torch = _seed()
         import transformers as tf
 
-        cfg = tf.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1,
-                          num_decoder_layers=1, num_heads=4, relative_attention_num_buckets=8,
+        heads = max(4, hidden // 64)
+        cfg = tf.T5Config(vocab_size=vocab, d_model=hidden, d_kv=hidden // heads,
+                          d_ff=2 * hidden, num_layers=1, num_decoder_layers=1, num_heads=heads,
+                          relative_attention_num_buckets=8 if hidden < 64 else 32,
                           decoder_start_token_id=0, attn_implementation=attn)
+        ids = _ids(torch, vocab, batch, seq)
         return (_Logits.wrap(tf.T5ForConditionalGeneration(cfg).eval()),
-                (_ids(torch), _padding_mask(torch), _ids(torch)))
+                (ids, _padding_mask(torch, batch, seq), ids))
     return build
 
 
-def vit(hidden: int = 32, layers: int = 2, image: int = 16):
+def vit(hidden: int = 32, layers: int = 2, image: int = 16, patch: int = 4,
+        batch: int = BATCH):
     """(Larger `hidden`, `layers`, `image`: the same architecture at the sizes of a
     benchmark.)"""
     def build():
         torch = _seed()
         import transformers as tf
 
-        cfg = tf.ViTConfig(image_size=image, patch_size=4, num_channels=3, hidden_size=hidden,
-                           num_hidden_layers=layers, num_attention_heads=4,
+        cfg = tf.ViTConfig(image_size=image, patch_size=patch, num_channels=3,
+                           hidden_size=hidden, num_hidden_layers=layers,
+                           num_attention_heads=max(4, hidden // 64),
                            intermediate_size=2 * hidden, attn_implementation="eager")
         model = _Logits.wrap(tf.ViTModel(cfg, add_pooling_layer=False).eval(),
                              "last_hidden_state")
-        return model, (torch.randn(BATCH, 3, image, image),)
+        return model, (torch.randn(batch, 3, image, image),)
     return build
 
 
@@ -151,63 +166,75 @@ def _bn_statistics(model):
     return model
 
 
-def resnet(widths: tuple[int, ...] = (8, 16), depth: int = 1, image: int = 32):
-    """(Wider and deeper stages, a larger `image`: the same architecture at the sizes of a
-    benchmark.)"""
+def resnet(widths: tuple[int, ...] = (8, 16), depth: int = 1, image: int = 32,
+           batch: int = BATCH, layer_type: str = "basic"):
+    """(Wider and deeper stages, a larger `image`, bottleneck blocks: the same architecture at
+    the sizes of a benchmark.)"""
     def build():
         torch = _seed()
         import transformers as tf
 
-        cfg = tf.ResNetConfig(num_channels=3, embedding_size=widths[0],
+        embedding = widths[0] // 4 if layer_type == "bottleneck" else widths[0]
+        cfg = tf.ResNetConfig(num_channels=3, embedding_size=embedding,
                               hidden_sizes=list(widths), depths=[depth] * len(widths),
-                              layer_type="basic", num_labels=8)
+                              layer_type=layer_type, num_labels=8)
         model = _bn_statistics(tf.ResNetForImageClassification(cfg)).eval()
-        return _Logits.wrap(model), (torch.randn(BATCH, 3, image, image),)
+        return _Logits.wrap(model), (torch.randn(batch, 3, image, image),)
     return build
 
 
-def convnext():
+def convnext(widths: tuple[int, ...] = (8, 16), image: int = 16, patch: int = 2,
+             batch: int = BATCH):
     """Depthwise 7x7 convolutions, LayerNorm over channels."""
     def build():
         torch = _seed()
         import transformers as tf
 
-        cfg = tf.ConvNextConfig(num_channels=3, hidden_sizes=[8, 16], depths=[1, 1],
-                                patch_size=2, num_stages=2, num_labels=8)
+        cfg = tf.ConvNextConfig(num_channels=3, hidden_sizes=list(widths),
+                                depths=[1] * len(widths), patch_size=patch,
+                                num_stages=len(widths), num_labels=8)
         return (_Logits.wrap(tf.ConvNextForImageClassification(cfg).eval()),
-                (torch.randn(BATCH, 3, 16, 16),))
+                (torch.randn(batch, 3, image, image),))
     return build
 
 
-def wav2vec2():
+def wav2vec2(hidden: int = 32, conv: int = 16, samples: int = 520, batch: int = BATCH,
+             strides: tuple[int, ...] = (4, 2), kernels: tuple[int, ...] = (8, 4),
+             positions: int = 4):
     """An audio front end: strided conv1d feature extractor, then an encoder."""
     def build():
         torch = _seed()
         import transformers as tf
 
-        cfg = tf.Wav2Vec2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                intermediate_size=64, conv_dim=(16, 16), conv_stride=(4, 2),
-                                conv_kernel=(8, 4), num_feat_extract_layers=2,
-                                num_conv_pos_embeddings=4, num_conv_pos_embedding_groups=2,
+        cfg = tf.Wav2Vec2Config(hidden_size=hidden, num_hidden_layers=1,
+                                num_attention_heads=max(4, hidden // 64),
+                                intermediate_size=2 * hidden, conv_dim=(conv,) * len(strides),
+                                conv_stride=strides, conv_kernel=kernels,
+                                num_feat_extract_layers=len(strides),
+                                num_conv_pos_embeddings=positions,
+                                num_conv_pos_embedding_groups=2 if hidden < 64 else 16,
                                 feat_extract_norm="layer", do_stable_layer_norm=True,
                                 attn_implementation="eager")
         model = _Logits.wrap(tf.Wav2Vec2Model(cfg).eval(), "last_hidden_state")
-        return model, (torch.randn(BATCH, 520),)
+        return model, (torch.randn(batch, samples),)
     return build
 
 
-def segformer():
+def segformer(widths: tuple[int, ...] = (8, 16), image: int = 32, batch: int = 1):
     """Segmentation: overlapping patch embeddings, efficient attention, bilinear upsampling."""
     def build():
         torch = _seed()
         import transformers as tf
 
-        cfg = tf.SegformerConfig(num_channels=3, num_encoder_blocks=2, depths=[1, 1],
-                                 sr_ratios=[2, 1], hidden_sizes=[8, 16], patch_sizes=[3, 3],
-                                 strides=[2, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2],
-                                 decoder_hidden_size=16, num_labels=4)
+        n = len(widths)
+        cfg = tf.SegformerConfig(num_channels=3, num_encoder_blocks=n, depths=[1] * n,
+                                 sr_ratios=[2 ** (n - 1 - i) for i in range(n)],
+                                 hidden_sizes=list(widths), patch_sizes=[3] * n,
+                                 strides=[2] * n, num_attention_heads=[2 ** i for i in range(n)],
+                                 mlp_ratios=[2] * n, decoder_hidden_size=2 * widths[-1] // 2,
+                                 num_labels=4)
         return (_Logits.wrap(tf.SegformerForSemanticSegmentation(cfg).eval()),
-                (torch.randn(1, 3, 32, 32),))
+                (torch.randn(batch, 3, image, image),))
     return build
 
 
@@ -280,6 +307,49 @@ MODELS: list[CorpusModel] = [
 ]
 
 BY_NAME = {m.name: m for m in MODELS}
+
+# Every corpus model at the size people run it, for checks that read the compiled kernels:
+# hidden 768 and a 50k vocabulary for the language models, 224 x 224 images, one second of
+# 16 kHz audio, batch 4. One layer each: every layer compiles to the same kernels.
+REAL_BATCH, REAL_SEQ, REAL_VOCAB, REAL_IMAGE = 4, 512, 50257, 224
+_LM = dict(hidden=768, seq=REAL_SEQ, vocab=REAL_VOCAB, batch=REAL_BATCH)
+REAL_OPS = {
+    "interpolate_nearest": _op(lambda t, _, x: t.nn.functional.interpolate(
+        x, scale_factor=2, mode="nearest"), (REAL_BATCH, 64, 112, 112)),
+    "interpolate_bilinear": _op(lambda t, _, x: t.nn.functional.interpolate(
+        x, scale_factor=2, mode="bilinear"), (REAL_BATCH, 64, 112, 112)),
+    "conv_transpose2d": _op(lambda t, m, x: m(x), (REAL_BATCH, 64, 56, 56),
+                            init=lambda t: t.nn.ConvTranspose2d(64, 32, 3, stride=2,
+                                                                padding=1)),
+    "group_norm": _op(lambda t, m, x: m(x), (REAL_BATCH, 64, 56, 56),
+                      init=lambda t: t.nn.GroupNorm(32, 64)),
+    "pixel_shuffle": _op(lambda t, _, x: t.nn.functional.pixel_shuffle(x, 2),
+                         (REAL_BATCH, 256, 56, 56)),
+    "pooling": _op(lambda t, _, x: t.nn.functional.max_pool2d(x, 2)
+                   + t.nn.functional.avg_pool2d(x, 2), (REAL_BATCH, 64, 112, 112)),
+    "cumsum": _op(lambda t, _, x: t.cumsum(x, dim=1), (REAL_BATCH, 4096)),
+    "gather": _op(_gather, (4096, 768)),
+    "where_masked_fill": _op(_masked, (REAL_BATCH, REAL_SEQ, 768)),
+    "linear_fp16": _op(lambda t, m, x: m(x), (REAL_BATCH * REAL_SEQ, 768), dtype="float16",
+                       init=lambda t: t.nn.Linear(768, 3072)),
+    "linear_bf16": _op(lambda t, m, x: m(x), (REAL_BATCH * REAL_SEQ, 768), dtype="bfloat16",
+                       init=lambda t: t.nn.Linear(768, 3072)),
+    "sdpa_causal": _op(lambda t, _, q, k, v: t.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True), *[(REAL_BATCH, 12, REAL_SEQ, 64)] * 3),
+}
+REAL: dict[str, Callable[[], tuple[object, tuple]]] = {
+    **{f"gpt2_{a}": gpt2(a, layers=1, **_LM) for a in ("eager", "sdpa")},
+    **{f"llama_{a}": llama(a, layers=1, **_LM) for a in ("eager", "sdpa")},
+    **{f"bert_{a}": bert(a, layers=1, **_LM) for a in ("eager", "sdpa")},
+    **{f"t5_{a}": t5(a, **_LM) for a in ("eager", "sdpa")},
+    "vit": vit(768, 1, REAL_IMAGE, 16, REAL_BATCH),
+    "resnet": resnet((256, 512, 1024, 2048), 1, REAL_IMAGE, REAL_BATCH, "bottleneck"),
+    "convnext": convnext((96, 192, 384, 768), REAL_IMAGE, 4, REAL_BATCH),
+    "wav2vec2": wav2vec2(768, 512, 16000, REAL_BATCH, (5, 2, 2, 2, 2, 2, 2),
+                         (10, 3, 3, 3, 3, 2, 2), 128),
+    "segformer": segformer((32, 64, 160, 256), REAL_IMAGE, REAL_BATCH),
+    **REAL_OPS,
+}
 
 
 def export(model: CorpusModel, directory: str) -> tuple[str, list[np.ndarray]]:

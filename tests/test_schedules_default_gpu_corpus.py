@@ -1,0 +1,71 @@
+"""Every kernel of every corpus model, at the size people run it, gets a parallel GPU schedule.
+
+Each model of tests/corpus at its real size (`corpus.REAL`: hidden 768 and a 50k vocabulary
+for the language models, 224 x 224 images, one layer) goes through the tvm_ext pipeline for
+CUDA up to the schedule phase, inference and training step (loss and gradients); every kernel's
+serial iterations per GPU thread are read from its scheduled TIR (schedules/thread_work.py) and
+must stay within `MAX_SERIAL_ITERATIONS`: a kernel left on one thread, or a reduction left
+serial inside each thread, fails here. No code is generated (nvcc is not needed): what is
+checked is the schedule. The models are compiled in two processes, one per core.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import warnings
+
+import corpus
+import pytest
+
+from tvm_ext.schedules.default_gpu import MAX_SERIAL_ITERATIONS
+
+
+def _slow_kernels(name: str) -> dict[str, list[tuple[str, float]]]:
+    """{mode: [(kernel, serial iterations per thread)] over the bound} of one model."""
+    import torch
+    from tvm import relax
+
+    from tvm_ext import driver, pipeline
+    from tvm_ext.models.base import make_training_step, model_from_function
+    from tvm_ext.models.torch_import import import_exported_program
+    from tvm_ext.schedules.thread_work import kernel_thread_work
+
+    warnings.simplefilter("ignore")
+    module, inputs = corpus.REAL[name]()
+    with torch.no_grad():
+        program = torch.export.export(module, inputs)
+    mod, _ = relax.frontend.detach_params(import_exported_program(program)[0])
+    model = model_from_function(name, mod["main"], int(mod["main"].attrs["num_input"]))
+    modes = {"inference": model}
+    if corpus.BY_NAME[name].training:
+        modes["training"] = make_training_step(model, loss="mse")
+    target = driver.resolve_target("cuda")
+    out = {}
+    for mode, m in modes.items():
+        scheduled = pipeline.scheduled_module(m.mod, target, None)
+        out[mode] = [(w.kernel, w.iterations) for w in kernel_thread_work(scheduled)
+                     if w.iterations > MAX_SERIAL_ITERATIONS]
+    return out
+
+
+@pytest.fixture(scope="module")
+def slow_kernels(cuda_target_module) -> dict:
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=context) as pool:
+        futures = {name: pool.submit(_slow_kernels, name) for name in corpus.REAL}
+        return {name: f.result() for name, f in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def cuda_target_module():
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not on PATH: the CUDA target cannot be set up here")
+
+
+@pytest.mark.parametrize("name", list(corpus.REAL))
+def test_no_kernel_leaves_a_gpu_thread_long_serial_work(name, slow_kernels):
+    assert slow_kernels[name] == {mode: [] for mode in slow_kernels[name]}
+    assert "inference" in slow_kernels[name]
