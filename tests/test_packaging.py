@@ -4,8 +4,11 @@ package comes from an installed wheel or from this checkout."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,3 +30,14 @@ def test_imports_from_the_repository_root():
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1].endswith("libtvm_ext_runtime.so")
+
+
+def test_the_installed_package_carries_its_nccl_backend():
+    """Where the CUDA toolkit is, installing builds the NCCL Disco backend (its nccl.h and
+    libnccl come with the build requirements), so a GPU bundle made from any install has it."""
+    if shutil.which("nvcc") is None or not sys.platform.startswith("linux"):
+        pytest.skip("no CUDA toolkit here: the NCCL backend is not built")
+    from tvm_ext.runtime.library import library_path
+
+    lib_dir = os.path.dirname(library_path())
+    assert os.path.isfile(os.path.join(lib_dir, "libtvm_ext_nccl.so")), os.listdir(lib_dir)
