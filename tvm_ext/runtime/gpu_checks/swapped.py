@@ -9,8 +9,10 @@ model, run side by side on the device with arguments drawn here from the model's
   1 - (swapped - unswapped) / (the bytes the streams moved at the measured bandwidths); on the
   CPU stand-in the runtime also measures it directly (copy time while no caller waited);
 - the measured iteration against the swap simulator's, fed the kernel times measured here and
-  the measured bandwidths. The simulator needs numba; where it is missing the figures it needs
-  are kept and `scripts/gpu_bundle.py BUNDLE --finish RESULTS.json` adds the simulation.
+  the measured bandwidths; and the unswapped iteration call by call (each kernel timed in its
+  place: in sequence against alone, and the time between calls). The simulator needs numba;
+  where it is missing the figures it needs are kept and `scripts/gpu_bundle.py BUNDLE
+  --finish RESULTS.json` adds the simulation.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ import json
 import statistics
 
 import numpy as np
+import tvm
+from tvm.runtime.vm import VirtualMachine
 
 from ...errors import CheckError
 from .. import swap_streams
+from ..call_profile import profile_calls
 from ..kernel_timing import kernel_arguments, time_kernel
 from ..random_arrays import sample_all
 from ..vm_run import compare, run
@@ -63,10 +68,20 @@ def time_kernels(suite: SuiteRun, spec: dict) -> dict:
             "sum_of_kernels_ms": total * 1e3, "seconds": dict(suite.kernel_seconds)}
     if suite.unswapped is not None:
         data["unswapped_iteration_ms"] = suite.unswapped.median_ms
+        data["in_sequence"] = _in_sequence(suite, module)
     if missing:
         raise Failed(f"{len(missing)} kernels are not in the exported module: {missing[:5]}",
                      data)
     return data
+
+
+def _in_sequence(suite: SuiteRun, module) -> dict:
+    """The unswapped iteration call by call (`call_profile`): each kernel in its place, on its
+    real arguments, against the sum of the kernels timed alone, and the time between calls."""
+    vm = VirtualMachine(module, suite.device, memory_cfg=TIME_WITH)
+    args = [tvm.runtime.tensor(np.ascontiguousarray(a), suite.device)
+            for a in suite.swap_arguments]
+    return profile_calls(vm, args, suite.device).summary()
 
 
 def check_budget(suite: SuiteRun, spec: dict, entry: dict) -> dict:
