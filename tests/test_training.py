@@ -76,6 +76,41 @@ def test_state_persists_and_the_loss_falls(gpt_adamw):
     assert float(session.state()[-1]) == 5
 
 
+def test_a_session_resumes_from_its_checkpoint(gpt_adamw, tmp_path):
+    """Three steps, saved; two more from the file in a new session: the same losses, parameters
+    and state (the step count too) as five steps in one session."""
+    step, ex = gpt_adamw
+    batches = [step.random_inputs(seed) for seed in range(5)]
+    whole = driver.TrainingSession(ex, step, tvm.cpu())
+    losses = [r.loss for r in whole.run(batches)]
+    first = driver.TrainingSession(ex, step, tvm.cpu())
+    first.run(batches[:3])
+    path = first.save(str(tmp_path / "ckpt.npz"))
+    resumed = driver.TrainingSession(ex, step, tvm.cpu(), checkpoint=path)
+    assert [r.loss for r in resumed.run(batches[3:])] == losses[3:]
+    for a, b in zip([*resumed.parameters(), *resumed.state()],
+                    [*whole.parameters(), *whole.state()], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert float(resumed.state()[-1]) == 5
+
+
+def test_a_checkpoint_of_another_step_is_refused(gpt_adamw, zoo_cache, target, tmp_path):
+    step, ex = gpt_adamw
+    path = driver.TrainingSession(ex, step, tvm.cpu()).save(str(tmp_path / "gpt.npz"))
+    other = make_optimizer_step(zoo_cache("gpt", True), Optimizer("adam", lr=0.01))
+    with pytest.raises(InputError, match="optimizer"):
+        driver.TrainingSession(ex, other, tvm.cpu(), checkpoint=path)
+    mlp = make_optimizer_step(zoo_cache("mlp", True), Optimizer("adamw", lr=0.01))
+    with pytest.raises(InputError, match="another step"):
+        driver.TrainingSession(driver.build(mlp, target), mlp, tvm.cpu(), checkpoint=path)
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"not a checkpoint")
+    with pytest.raises(InputError, match="not a tvm_ext training checkpoint"):
+        driver.TrainingSession(ex, step, tvm.cpu(), checkpoint=str(garbage))
+    with pytest.raises(InputError, match="not both"):
+        driver.TrainingSession(ex, step, tvm.cpu(), checkpoint=path, state=[])
+
+
 def test_no_second_copy_of_parameters_or_state(gpt_adamw, zoo_cache, target):
     """The device peak of a step, less the parameters, state and batch it holds, is below
     the bytes of what it updates (so no second copy of them is ever allocated) and no more

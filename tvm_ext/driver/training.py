@@ -7,17 +7,23 @@ step (`tvm_ext.models.optimizer`) run on batch after batch, the state staying wh
     results = session.run([step.random_inputs(0)] * 5)     # loss, time and peak of each step
     weights = session.parameters()                         # numpy arrays
 
-The compiled step updates its parameter and state arguments in place and returns the loss, so
-a session only ever moves batches and losses. A swapped step (SwapOffload) runs on
-`[device, host]`: the arguments the plan keeps on the host are placed there once and stay there,
-the others stay on the device; each step's device peak, and the host memory in use after it,
-are measured. `PartitionedTrainingSession` does the same for a partitioned build on the k
-workers of a `tvm_ext.runtime.distributed.Session`, each worker holding its pieces.
+The compiled step updates its parameter and state arguments in place and returns the loss, so a
+session only ever moves batches and losses. `session.save(path)` writes the parameters and the
+optimizer state (the step count included) to one file, whole or not at all, and
+`TrainingSession(..., checkpoint=path)` starts from it, so a long run survives a restart. A
+swapped step (SwapOffload) runs on `[device, host]`: the arguments the plan keeps on the host
+are placed there once and stay there, the others stay on the device; each step's device peak,
+and the host memory in use after it, are measured. `PartitionedTrainingSession` does the same
+for a partitioned build on the k workers of a `tvm_ext.runtime.distributed.Session`, each worker
+holding its pieces.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import tempfile
 import time
 from collections.abc import Sequence
 
@@ -53,8 +59,65 @@ def state_layout(model: Model) -> tuple[int, int]:
     return int(model.config["num_params"]), len(model.config["state"])
 
 
-def _initial_values(model: Model, params, state, seed: int) -> list[np.ndarray]:
-    """Parameters (given, or the model's own / random ones) then the state (given, or zeros)."""
+_CHECKPOINT_FORMAT = "tvm_ext.training_checkpoint.v1"
+
+
+def save_checkpoint(path: str, model: Model, params: Sequence[np.ndarray],
+                    state: Sequence[np.ndarray]) -> str:
+    """Write the parameters and optimizer state of the optimizer step `model` to `path` (an
+    .npz, by argument name), whole: a temporary file renamed over it."""
+    num_params, num_state = state_layout(model)
+    if len(params) != num_params or len(state) != num_state:
+        raise InputError(f"{len(params)} parameters and {len(state)} state tensors for a step "
+                         f"with {num_params} and {num_state}")
+    names = [p.name for p in model.params]
+    meta = {"format": _CHECKPOINT_FORMAT, "model": model.name, "names": names,
+            "optimizer": model.config["optimizer"]}
+    arrays = {f"a{i}": np.asarray(v) for i, v in enumerate([*params, *state])}
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(suffix=".npz", dir=directory)
+    os.close(fd)
+    try:
+        np.savez(tmp, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path
+
+
+def load_checkpoint(path: str, model: Model) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(parameters, state) saved by `save_checkpoint` for the optimizer step `model`; an
+    `InputError` naming the difference when the file is not such a checkpoint of this step."""
+    num_params, _ = state_layout(model)
+    try:
+        with np.load(path) as data:
+            meta = json.loads(bytes(data["meta"]).decode())
+            values = [data[f"a{i}"] for i in range(len(meta["names"]))]
+    except (OSError, KeyError, ValueError) as err:
+        raise InputError(f"{path} is not a tvm_ext training checkpoint: {err}") from err
+    if meta.get("format") != _CHECKPOINT_FORMAT:
+        raise InputError(f"{path} is not a tvm_ext training checkpoint")
+    names = [p.name for p in model.params]
+    if meta["names"] != names:
+        missing = sorted(set(names) - set(meta["names"]))[:3]
+        raise InputError(f"{path} holds the arguments of another step ({meta['model']}): "
+                         f"{len(meta['names'])} saved, {len(names)} here"
+                         + (f"; missing {missing}" if missing else ""))
+    if meta["optimizer"] != model.config["optimizer"]:
+        raise InputError(f"{path} was saved for the optimizer {meta['optimizer']}, this step "
+                         f"runs {model.config['optimizer']}")
+    return values[:num_params], values[num_params:]
+
+
+def _initial_values(model: Model, params, state, seed: int,
+                    checkpoint: str | None = None) -> list[np.ndarray]:
+    """Parameters (given, or the model's own / random ones) then the state (given, or zeros);
+    or both from a checkpoint file."""
+    if checkpoint is not None:
+        if params is not None or state is not None:
+            raise InputError("give a checkpoint or initial parameters and state, not both")
+        params, state = load_checkpoint(checkpoint, model)
     num_params, num_state = state_layout(model)
     values = model.random_params(seed)
     if params is not None:
@@ -84,14 +147,16 @@ class TrainingSession:
         host: the host device of a swapped step (`tvm_ext.ir.targets.vm_devices`).
         arg_devices: per argument 0 (device) or 1 (host), for a swapped step.
         seed: of the random parameters when none are given.
+        checkpoint: a file `save` wrote: the parameters and state to start from.
     """
 
     def __init__(self, executable: relax.VMExecutable, model: Model,
                  device: tvm.runtime.Device, *, params: Sequence[np.ndarray] | None = None,
                  state: Sequence[np.ndarray] | None = None,
                  host: tvm.runtime.Device | None = None,
-                 arg_devices: Sequence[int] | None = None, seed: int = 0):
-        values = _initial_values(model, params, state, seed)
+                 arg_devices: Sequence[int] | None = None, seed: int = 0,
+                 checkpoint: str | None = None):
+        values = _initial_values(model, params, state, seed, checkpoint)
         self.model = model
         self.device, self.host = device, host
         self.devices = [device] if host is None else [device, host]
@@ -149,6 +214,10 @@ class TrainingSession:
         """The optimizer state now (in the step's argument order), as numpy arrays."""
         return [a.numpy() for a in self.args[state_layout(self.model)[0]:]]
 
+    def save(self, path: str) -> str:
+        """Write the parameters and state now to `path` (see `save_checkpoint`)."""
+        return save_checkpoint(path, self.model, self.parameters(), self.state())
+
 
 class PartitionedTrainingSession:
     """An optimizer step partitioned over the k workers of `session` (`build_partitioned`):
@@ -157,8 +226,9 @@ class PartitionedTrainingSession:
 
     def __init__(self, session: distributed.Session, build, model: Model, *,
                  params: Sequence[np.ndarray] | None = None,
-                 state: Sequence[np.ndarray] | None = None, seed: int = 0):
-        values = _initial_values(model, params, state, seed)
+                 state: Sequence[np.ndarray] | None = None, seed: int = 0,
+                 checkpoint: str | None = None):
+        values = _initial_values(model, params, state, seed, checkpoint)
         layout = build.layout
         if session.num_workers != int(layout["num_devices"]):
             raise InputError(f"the step is partitioned for {layout['num_devices']} devices; "
@@ -229,6 +299,11 @@ class PartitionedTrainingSession:
         """The optimizer state now, gathered whole."""
         num_params, num_state = state_layout(self.model)
         return self._gather(num_params, num_state)
+
+    def save(self, path: str) -> str:
+        """Write the parameters and state now, gathered whole, to `path` (`save_checkpoint`):
+        a partitioned step resumes from it on any number of workers, or on one device."""
+        return save_checkpoint(path, self.model, self.parameters(), self.state())
 
 
 # --------------------------------------------------------------------------------------------
