@@ -37,6 +37,34 @@ def test_every_preset_streams_near_its_memory_bandwidth():
         assert op_time(8192.0, 32832, hw) < 1e-4, name
 
 
+def test_low_precision_library_gemms_run_at_the_tensor_core_peak():
+    """A bf16 GEMM in cuBLAS runs at the dense BF16 peak where the GPU has one (14.8x the
+    FP32 rate on an H100), at the FP32 rate on a GTX 1080 Ti (no such tensor cores); generated
+    kernels and FP32 GEMMs are priced as before."""
+    flops, nbytes = 2 * 8192**3, 3 * 8192**2 * 2
+    h100, pascal = HARDWARE["h100"], HARDWARE["gtx1080ti"]
+    low = op_time(flops, nbytes, h100, library=True, low_precision=True)
+    fp32 = op_time(flops, nbytes, h100, library=True)
+    assert (fp32 - h100.launch_overhead) / (low - h100.launch_overhead) == \
+        pytest.approx(989 / 67)
+    assert op_time(flops, nbytes, h100, low_precision=True) == op_time(flops, nbytes, h100)
+    assert op_time(flops, nbytes, pascal, library=True, low_precision=True) == \
+        op_time(flops, nbytes, pascal, library=True)
+
+
+def test_a_bf16_steps_library_kernels_are_low_precision(zoo_cache):
+    from tvm_ext import driver
+    from tvm_ext.models.mixed_precision import low_precision_step
+
+    llvm = driver.resolve_target("llvm")
+    step = zoo_cache("mlp", training=True)
+    fp32 = [op for op in driver.fused_graph(step, llvm).ops if op.library]
+    bf16 = [op for op in driver.fused_graph(low_precision_step(step, "bf16"), llvm).ops
+            if op.library]
+    assert fp32 and not any(op.low_precision for op in fp32)
+    assert bf16 and all(op.low_precision for op in bf16)
+
+
 def test_roofline_is_the_slower_of_compute_and_memory():
     hw = HARDWARE["gtx1080ti"]
     flops, nbytes = 2 * 1024**3, 12 * 1024**2  # a 1024^3 GEMM: compute-bound

@@ -57,6 +57,7 @@ class Op:
     workspace: int | None = None  # tensor id of the kernel's scratch, if any
     phase: str = "forward"  # "forward", "backward" or "update" (writes arguments in place)
     library: bool = False  # its GEMM/convolution runs in a vendor library (by default)
+    low_precision: bool = False  # ... with float16/bfloat16 operands (tensor-core rates)
     reduces: bool = False  # its kernel reduces (a GEMM, a row sum, a norm's statistics)
     # Dims it may run along in chunks (`tvm_ext.ir.time_splits`); None: not analysed.
     time_splits: list | None = None

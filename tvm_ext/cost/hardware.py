@@ -44,6 +44,13 @@ class Hardware:
     # s from the hand-over's start to the copy's start) points, interpolated; () : the copy
     # costs `copy_issue_overhead` and starts `sync_overhead` after it.
     copy_wake: tuple[tuple[float, float, float], ...] = ()
+    # Dense FP16/BF16 FLOP/s of a library GEMM with low-precision operands (tensor cores,
+    # datasheet); 0: no faster than FP32 (no tensor cores for them).
+    peak_flops_low: float = 0.0
+
+    def peak(self, low_precision: bool = False) -> float:
+        """FLOP/s at the operands' precision."""
+        return self.peak_flops_low if low_precision and self.peak_flops_low else self.peak_flops
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -66,9 +73,12 @@ def _pcie(gen: int, efficiency: float = 0.8) -> Link:
 HARDWARE: dict[str, Hardware] = {
     # The SwapAdvisor paper's class of hardware: Pascal on PCIe 3.
     "gtx1080ti": Hardware("gtx1080ti", 11.3e12, 484 * GB, 11 * 2**30, _pcie(3), _pcie(3)),
-    "a100": Hardware("a100", 19.5e12, 1555 * GB, 40 * 2**30, _pcie(4), _pcie(4)),
-    "h100": Hardware("h100", 67e12, 3350 * GB, 80 * 2**30, _pcie(5), _pcie(5)),
-    "h200": Hardware("h200", 67e12, 4800 * GB, 141 * 2**30, _pcie(5), _pcie(5)),
+    "a100": Hardware("a100", 19.5e12, 1555 * GB, 40 * 2**30, _pcie(4), _pcie(4),
+                     peak_flops_low=312e12),
+    "h100": Hardware("h100", 67e12, 3350 * GB, 80 * 2**30, _pcie(5), _pcie(5),
+                     peak_flops_low=989e12),
+    "h200": Hardware("h200", 67e12, 4800 * GB, 141 * 2**30, _pcie(5), _pcie(5),
+                     peak_flops_low=989e12),
     # A CPU standing in for a device, with memcpy between two of its regions as the link:
     # what the tests run on. Nominal figures for a 2-core VM; the efficiencies are fitted to
     # untuned llvm kernels of a gpt-small training step (benchmarks/cost_model.py: the

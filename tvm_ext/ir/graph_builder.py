@@ -95,6 +95,7 @@ class _Builder:
         op = Op(len(self.ops), var.name, kernel, kind, inputs, [])
         if cost is not None:
             op.flops, op.bytes_moved, op.library = cost.flops, cost.bytes_moved, cost.library
+            op.low_precision = cost.low_precision
             op.reduces = cost.reduces
         self.ops.append(op)
         for tid in dict.fromkeys(inputs):

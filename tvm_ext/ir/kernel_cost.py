@@ -20,6 +20,8 @@ from tvm.s_tir import SBlock
 
 from .library_kernels import find_library_calls
 
+LOW_PRECISION = ("float16", "bfloat16")
+
 
 @dataclasses.dataclass(frozen=True)
 class KernelCost:
@@ -28,6 +30,8 @@ class KernelCost:
     scratch_bytes: int
     library: bool = False  # a GEMM or convolution a vendor library computes (library_kernels)
     reduces: bool = False  # some block reduces (its sum's order is up to the schedule)
+    # its library GEMMs or convolutions take float16/bfloat16 operands (tensor-core rates)
+    low_precision: bool = False
 
 
 def buffer_bytes(shape, dtype: str) -> int:
@@ -83,5 +87,6 @@ def analyze_kernel(func: tirx.PrimFunc) -> KernelCost:
         if shape is not None:
             moved += buffer_bytes(shape, param.dtype)
     reduces = any(iv.iter_type == tirx.IterVar.CommReduce for b in blocks for iv in b.iter_vars)
-    return KernelCost(float(flops), int(moved), int(scratch), bool(find_library_calls(func)),
-                      reduces)
+    calls = find_library_calls(func)
+    low = any(c.dtypes[0] in LOW_PRECISION for c in calls)
+    return KernelCost(float(flops), int(moved), int(scratch), bool(calls), reduces, low)

@@ -200,7 +200,7 @@ class PartitionModel:
             if d is None or d >= 0:
                 split *= p
         return op_time(op.flops / split, op.bytes_moved / split, self.hardware, op.kind,
-                       op.library)
+                       op.library, op.low_precision)
 
     def inner_steps(self, op_id: int, strategy: Sequence[int | None]) -> list[Step]:
         """Allreduces inside a kernel whose reduction dim is split."""
