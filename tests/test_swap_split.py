@@ -262,3 +262,14 @@ def test_the_plot_marks_split_work_on_the_compute_lane(tmp_path):
     assert marked["recompute"] == []
     path = plot_plan(p, plan, str(tmp_path / "plan.png"))
     assert (tmp_path / "plan.png").stat().st_size > 0 and path.endswith("plan.png")
+
+
+def test_chunk_counts_are_the_divisors_above_one():
+    """Every divisor of the option's divisor (found in O(sqrt n): a vocabulary's rows are a
+    divisor the search asks about thousands of times)."""
+    from tvm_ext.swap.split import SplitOption, chunk_counts
+
+    for n in (2, 12, 97, 4096, 4 * 50257):
+        option = SplitOption(0, n, (0,), (), (1,))
+        assert chunk_counts(option, [1 << 20, 1 << 20]) == \
+            [c for c in range(2, n + 1) if n % c == 0]

@@ -383,32 +383,47 @@ def _updates_early(func: relax.Function, kernels: set[str]) -> relax.Function:
             movable[b.var] = b
         elif isinstance(value, relax.TupleGetItem) and value.tuple_value in movable:
             movable[b.var] = b
-    defined = set(func.params)
     readers: dict = {}  # argument -> bindings (not movable) that read it
     for b in block.bindings:
         if b.var not in movable:
             for v in relax.analysis.free_vars(b.value):
                 readers.setdefault(v, set()).add(b.var)
-    order, pending = [], [b for b in block.bindings if b.var in movable]
-
-    def ready(b):
+    params = set(func.params)
+    waiting: dict = {}  # var -> the movable bindings waiting for it
+    unmet: dict = {}  # movable var -> how many of its dependencies are not yet defined
+    for b in block.bindings:
+        if b.var not in movable:
+            continue
         used = relax.analysis.free_vars(b.value)
-        return all(v in defined for v in used) and all(
-            r in defined for v in used if v in func.params for r in readers.get(v, ()))
+        deps = {*used, *(r for v in used if v in params for r in readers.get(v, ()))}
+        deps -= params
+        unmet[b.var] = len(deps)
+        for v in deps:
+            waiting.setdefault(v, []).append(b)
+    position = {b.var: i for i, b in enumerate(block.bindings)}
+    order, done = [], set()
 
+    def define(var, ready: list) -> None:
+        for m in waiting.get(var, ()):
+            unmet[m.var] -= 1
+            if unmet[m.var] == 0:
+                ready.append(m)
+
+    ready = [b for b in block.bindings if b.var in movable and unmet[b.var] == 0]
     for b in block.bindings:
         if b.var in movable:
             continue
         order.append(b)
-        defined.add(b.var)
-        progress = True
-        while progress:
-            progress = False
-            for m in [m for m in pending if ready(m)]:
+        define(b.var, ready)
+        # In rounds, as they become ready: each round in the order of the IR.
+        while ready:
+            batch = sorted(ready, key=lambda m: position[m.var])
+            ready = []
+            for m in batch:
                 order.append(m)
-                defined.add(m.var)
-                pending.remove(m)
-                progress = True
+                done.add(m.var)
+                define(m.var, ready)
+    pending = [b for b in block.bindings if b.var in movable and b.var not in done]
     order += pending
     seen = set(func.params)
     for b in order:  # every operand before its use, or keep the order as it was

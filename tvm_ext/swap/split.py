@@ -37,6 +37,8 @@ one buffer, which sets the smallest feasible budget.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 
 from .alignment import ALIGNMENT, align
 
@@ -153,13 +155,23 @@ def chunk_counts(option: SplitOption, sizes) -> list[int]:
     divisor (chunks of whole rows of every cut tensor) whose chunks of the cut inputs kept on
     the device start at aligned offsets (streamed chunks are copied from anywhere); with an
     outer dim, each such count times the outer items."""
-    nbytes = dict(option.cut_bytes)
     if option.outer_dim >= 0:  # its cut tensors are strided: never viewed
-        return [option.outer_chunks * c for c in range(2, option.divisor + 1)
-                if option.divisor % c == 0]
-    return [c for c in range(2, option.divisor + 1) if option.divisor % c == 0
-            and all(nbytes.get(t, int(sizes[t])) % (c * ALIGNMENT) == 0
-                    for t in option.viewed_inputs)]
+        return [option.outer_chunks * c for c in _divisors(option.divisor)]
+    if not option.viewed_inputs:
+        return list(_divisors(option.divisor))
+    nbytes = dict(option.cut_bytes)
+    return [c for c in _divisors(option.divisor)
+            if all(nbytes.get(t, int(sizes[t])) % (c * ALIGNMENT) == 0
+                   for t in option.viewed_inputs)]
+
+
+@functools.lru_cache(maxsize=4096)
+def _divisors(n: int) -> tuple[int, ...]:
+    """The divisors of `n` above 1, increasing (the search asks for the same few divisors
+    again and again: a vocabulary's, a batch's)."""
+    small = [d for d in range(2, math.isqrt(n) + 1) if n % d == 0]
+    large = [n // d for d in reversed(small) if n // d != d]
+    return tuple(small + large + ([n] if n > 1 else []))
 
 
 def working_set(sizes, needs, fixed, option: SplitOption, chunks: int,
