@@ -39,7 +39,7 @@ engines are not its SMs; with two threads the BLAS and TVM thread pools and the 
 contend for two cores and single kernels stall for milliseconds (seen here: 16 ms for a 0.3 ms
 GEMM).
 
-What was found and fixed where simulated and measured disagreed (see the README):
+What was found and fixed where simulated and measured disagreed (see benchmarks/README.md):
 * the copy workers shared the cores with the compute: a worker woken while the caller ran a
   kernel (its copy's dependency done, or the caller resumed by the copy it had just finished)
   waited in that core's run queue until the kernel ended, up to 1.7 ms with its stream idle;
