@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from one_op import one_op_module
+from one_op import decoder_module, one_op_module
 from tvm import relax
 
 from tvm_ext import driver, pipeline
@@ -26,17 +26,10 @@ from tvm_ext.swap.problem import problem_for_budget
 LLVM = tvm.target.Target("llvm")
 
 
-def _decoder(a, b):
-    a4 = relax.op.reshape(relax.op.permute_dims(a, [0, 2, 1]), (1, 16, 8, 8))
-    up = relax.op.image.resize2d(a4, (16, 16), layout="NCHW", method="linear")
-    return relax.op.concat([up, relax.op.multiply(b, relax.const(2.0))], axis=1)
-
-
 def _model() -> Model:
-    mod = one_op_module(_decoder, (1, 64, 16), (1, 16, 16, 16))
-    return Model("decoder", mod, [TensorSpec("x0", (1, 64, 16), init="uniform", scale=1.0),
-                                  TensorSpec("x1", (1, 16, 16, 16), init="uniform", scale=1.0)],
-                 [])
+    return Model("decoder", decoder_module(),
+                 [TensorSpec("x0", (1, 64, 16), init="uniform", scale=1.0),
+                  TensorSpec("x1", (1, 16, 16, 16), init="uniform", scale=1.0)], [])
 
 
 def _fused():
