@@ -51,7 +51,7 @@ from tvm_ext.ir.halo_chunks import chunk_rows
 from tvm_ext.ir.inplace_kernels import InPlaceError, drop_unused, inplace_kernel
 from tvm_ext.ir.kernel_cost import buffer_bytes
 from tvm_ext.ir.kernel_dims import kernel_dims
-from tvm_ext.ir.kernel_fission import fission_kernels, fission_to_fit
+from tvm_ext.ir.kernel_fission import fission_kernels
 from tvm_ext.ir.local_kernels import LoweringError, chunk_params, has_halo, local_kernel
 from tvm_ext.ir.pass_records import (
     STATE_ATTR,
@@ -60,10 +60,11 @@ from tvm_ext.ir.pass_records import (
     UPDATES_ATTR,
     has_record,
 )
+from tvm_ext.ir.swap_planning import plan_module_swaps
 from tvm_ext.ir.targets import host_vdevice
 from tvm_ext.ir.time_splits import annotate_time_splits
 from tvm_ext.runtime import swap_calls
-from tvm_ext.swap import SwapPlan, plan_swaps, validate
+from tvm_ext.swap import SwapPlan, validate
 from tvm_ext.swap.alignment import align
 from tvm_ext.swap.placement import DEVICE, HOST, argument_devices
 from tvm_ext.swap.problem import problem_for_budget
@@ -131,6 +132,7 @@ class SwapOffload:
         mod, graph, bindings, constants = read_pass_input(
             given, self.function, "SwapOffload", SwapOffloadError, _check_form)
         annotate_time_splits(mod, graph)
+        target = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
         if self.plan is not None:
             budget = self.plan.budget if self.device_memory is None else self.device_memory
             # A plan's own budget is what it was planned under, the reserve already out.
@@ -143,20 +145,17 @@ class SwapOffload:
                 raise SwapOffloadError(f"the plan given does not fit this function: {err}") \
                     from err
         else:
-            _, _, problem, fissioned = fission_to_fit(
-                mod, self.device_memory, self.hardware, self.op_times, self.reserved_bytes,
-                self.function, graph)
-            if fissioned:  # the problem of the graph of its parts, as rewritten
-                given = self._fission(given, fissioned)
+            plan = plan_module_swaps(
+                mod, self.device_memory, target=str(target.kind.name), hardware=self.hardware,
+                planner=self.planner, seed=self.seed, time_budget_s=self.time_budget_s,
+                op_times=self.op_times, reserved=self.reserved_bytes, function=self.function,
+                graph=graph).plan
+            if plan.fissioned:  # rewritten on the graph of its parts, which it indexes
+                given = self._fission(given, plan.fissioned)
                 mod, graph, bindings, constants = read_pass_input(
                     given, self.function, "SwapOffload", SwapOffloadError, _check_form)
                 annotate_time_splits(mod, graph)
-                problem = problem_for_budget(graph, problem.budget, self.hardware)
-            plan = plan_swaps(problem, self.planner, time_budget_s=self.time_budget_s,
-                              seed=self.seed)
-            plan.fissioned = fissioned
         func = given[self.function]
-        target = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
         device = relax.VDevice(target, 0, "global")
         host = self.host or host_vdevice(target)
         rewriter = _Rewriter(graph, bindings, constants, plan, device, host,

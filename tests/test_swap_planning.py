@@ -27,8 +27,6 @@ from tvm_ext.ir.pass_records import SWAP_PLAN_ATTR
 from tvm_ext.models import get_model
 from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
 from tvm_ext.passes import SwapOffload
-from tvm_ext.swap import plan_swaps
-from tvm_ext.swap.problem import problem_for_budget
 
 LLVM = tvm.target.Target("llvm")
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "swap_planning.json")
@@ -69,10 +67,10 @@ def _plan_record(plan) -> dict:
     return data
 
 
-def _sidecar(graph, plan) -> dict:
+def _sidecar(planning) -> dict:
     """The sidecar, its plan checked to be the plan and left out of the record."""
-    data = driver.swap_sidecar(graph, plan, LLVM)
-    assert data.pop("plan") == plan.to_dict()
+    data = planning.sidecar
+    assert data.pop("plan") == planning.plan.to_dict()
     return data
 
 
@@ -89,15 +87,13 @@ def _swapped(fused: tvm.IRModule, swap: SwapOffload) -> str:
 
 
 def _by_driver(model, budget, hardware, planner, seed, reserved) -> dict:
-    graph, problem, fissioned = driver.swap_problem(model, LLVM, budget, hardware,
-                                                    reserved=reserved)
-    plan = plan_swaps(problem, planner, time_budget_s=SEARCH_S, seed=seed)
-    plan.fissioned = fissioned
+    planning = driver.plan_swap(model, LLVM, budget, hardware=hardware, planner=planner,
+                                seed=seed, time_budget_s=SEARCH_S, reserved=reserved)
     fused = pipeline.fuse(model if isinstance(model, tvm.IRModule) else model.mod, LLVM)
-    return {"plan": _plan_record(plan), "fissioned": fissioned,
-            "sidecar": _sidecar(graph, plan),
-            "problem": _digest(json.dumps(problem.to_dict(), sort_keys=True)),
-            "module": _digest(_swapped(fused, SwapOffload(plan=plan)))}
+    return {"plan": _plan_record(planning.plan), "fissioned": planning.fissioned,
+            "sidecar": _sidecar(planning),
+            "problem": _digest(json.dumps(planning.problem.to_dict(), sort_keys=True)),
+            "module": _digest(_swapped(fused, SwapOffload(plan=planning.plan)))}
 
 
 def _by_pass(model, budget, hardware, planner, seed, reserved) -> dict:
@@ -108,11 +104,11 @@ def _by_pass(model, budget, hardware, planner, seed, reserved) -> dict:
 
 
 def _without_fission(model, budget, hardware, planner, seed, reserved) -> dict:
-    graph = driver.fused_graph(model, LLVM)
-    problem = problem_for_budget(graph, budget, hardware, reserved=reserved)
-    plan = plan_swaps(problem, planner, time_budget_s=SEARCH_S, seed=seed)
-    return {"plan": _plan_record(plan), "sidecar": _sidecar(graph, plan),
-            "problem": _digest(json.dumps(problem.to_dict(), sort_keys=True))}
+    planning = driver.plan_swap(model, LLVM, budget, hardware=hardware, planner=planner,
+                                seed=seed, time_budget_s=SEARCH_S, reserved=reserved,
+                                fission=False, graph=driver.fused_graph(model, LLVM))
+    return {"plan": _plan_record(planning.plan), "sidecar": _sidecar(planning),
+            "problem": _digest(json.dumps(planning.problem.to_dict(), sort_keys=True))}
 
 
 WAYS = {"driver": _by_driver, "pass": _by_pass, "no_fission": _without_fission}
@@ -150,6 +146,20 @@ def test_the_cases_plan_what_they_are_for():
     assert data["gpt-tiny-train-25%"]["info"]["recomputed"]
     assert data["mlp-adamw-min"]["host_start"]  # parameters and state updated from the host
     assert data["mlp-tiny-cpu-reserved"]["budget"] == 6144 - 1024
+
+
+def test_a_given_graph_and_the_phases_of_the_search():
+    """The fused graph the CLI has already read plans as the model does (the kernel fissioned
+    included); a SwapAdvisor plan comes with its search's swap-only phase before it."""
+    model = _model("decoder")
+    planning = driver.plan_swap(model, LLVM, "min", hardware="cpu", time_budget_s=SEARCH_S,
+                                graph=driver.fused_graph(model, LLVM))
+    recorded = _recorded()["decoder-min"]["driver"]
+    assert _plan_record(planning.plan) == recorded["plan"]
+    assert planning.fissioned == recorded["fissioned"]
+    assert [p.planner for p in planning.phases] == ["swap_only", "swapadvisor"]
+    assert planning.phases[-1] is planning.plan
+    assert planning.ideal_time() <= planning.plan.predicted_time
 
 
 if __name__ == "__main__":
