@@ -4,7 +4,7 @@ PyTorch eager (gradients against torch.autograd for the training step).
 
 A cell is "ok" with the largest error against PyTorch, or the clear error a user gets (a swap
 budget below the largest operator's working set, a mode with nothing to differentiate), or
-FAIL. Writes benchmarks/results/corpus_sweep.json and prints the README's table.
+FAIL. Writes benchmarks/results/corpus_sweep.json and prints the table in benchmarks/README.md.
 
 Usage: python benchmarks/corpus_sweep.py [--models a,b] [--modes plain,k4] [--shard I/N]
            [--out PATH]

@@ -39,7 +39,7 @@ engines are not its SMs; with two threads the BLAS and TVM thread pools and the 
 contend for two cores and single kernels stall for milliseconds (seen here: 16 ms for a 0.3 ms
 GEMM).
 
-What was found and fixed where simulated and measured disagreed (see the README):
+What was found and fixed where simulated and measured disagreed (see benchmarks/README.md):
 * the copy workers shared the cores with the compute: a worker woken while the caller ran a
   kernel (its copy's dependency done, or the caller resumed by the copy it had just finished)
   waited in that core's run queue until the kernel ended, up to 1.7 ms with its stream idle;
@@ -182,15 +182,19 @@ def run_model(name: str, args, workdir: str) -> tuple[dict, list[dict]]:
 
     from tvm_ext import driver
     from tvm_ext.runtime import swap_streams
-    from tvm_ext.swap import SwapProblem, plan_swaps
-    from tvm_ext.swap.search import swapadvisor_phases
 
     target = tvm.target.Target("llvm")
     model = load(name, workdir)
     graph = driver.fused_graph(model, target)
     plain_call, plain, stand = calibrate(model, graph, target, args.preset, args.repeat)
-    base = SwapProblem.from_graph(graph, 1 << 62, stand.hardware, op_times=stand.op_times,
-                                  name=name)
+
+    def planned(budget, planner: str) -> driver.SwapPlanning:
+        """The plan for the kernel times measured here (so of the fused kernels)."""
+        return driver.plan_swap(model, target, budget, hardware=stand.hardware,
+                                op_times=stand.op_times, planner=planner, seed=0,
+                                time_budget_s=args.search_s, graph=graph)
+
+    base = planned("100%", "ideal").problem
     ideal_ms = float(np.sum(stand.op_times)) * 1e3
     info = {"model": name, "ops": graph.num_ops, "plain_ms": plain.median_ms,
             "plain_cpu_share": plain.cpu_share,
@@ -209,19 +213,21 @@ def run_model(name: str, args, workdir: str) -> tuple[dict, list[dict]]:
     swap_streams.set_emulated_link(stand.link.bandwidth, stand.link.latency)
     try:
         for ratio in args.ratios:
-            problem = base.with_budget(int(base.no_swap_peak() / ratio))
-            if problem.budget < problem.min_budget()[0]:
-                rows.append({"model": name, "ratio": ratio, "budget": problem.budget,
+            budget = int(base.no_swap_peak() / ratio)
+            if budget < base.min_budget()[0]:
+                rows.append({"model": name, "ratio": ratio, "budget": budget,
                              "infeasible": True})
                 print(format_row(rows[-1]), flush=True)
                 continue
             searched: dict = {}  # both phases of one search: swap-only, then recompute
             for planner in args.planners:
                 if planner in ("swapadvisor", "swap_only") and not searched:
-                    searched = dict(zip(("swap_only", "swapadvisor"), swapadvisor_phases(
-                        problem, time_budget_s=args.search_s, seed=0), strict=True))
-                plan = searched.get(planner) or plan_swaps(problem, planner,
-                                                           time_budget_s=args.search_s, seed=0)
+                    planning = planned(budget, "swapadvisor")
+                    searched = dict(zip(("swap_only", "swapadvisor"), planning.phases,
+                                        strict=True))
+                if planner not in searched:
+                    planning = planned(budget, planner)
+                problem, plan = planning.problem, searched.get(planner) or planning.plan
                 row = {"model": name, "ratio": ratio, "budget": problem.budget,
                        "planner": planner,
                        **run_plan(model, graph, target, problem, plan, plain, plain_call,
@@ -272,11 +278,13 @@ def beside(row: dict, calibrated_ms: float, ideal_ms: float,
 
 
 def plot(name: str, problem, plan, row: dict) -> None:
+    import dataclasses
+
     from tvm_ext.swap.measured import simulated_lanes
     from tvm_ext.swap.timeline_plot import plot_plan, plot_timelines
 
     stem = RESULTS / f"swap_measured_{name}"
-    plot_plan(problem, plan, f"{stem}_planned.png")
+    plot_plan(dataclasses.replace(problem, name=name), plan, f"{stem}_planned.png")
     plot_timelines(f"{stem}_timelines.png", [
         (f"simulated: {row['simulated_ms']:.2f} ms", simulated_lanes(problem, plan, row["_sim"])),
         (f"measured: {row['measured_ms']:.2f} ms (median; the traced call "

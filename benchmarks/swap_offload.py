@@ -36,9 +36,7 @@ from tvm_ext import driver
 from tvm_ext.ir.targets import vm_devices
 from tvm_ext.models import get_model, load_model
 from tvm_ext.models.reference import tolerance
-from tvm_ext.swap import InfeasibleBudgetError, plan_swaps
-from tvm_ext.swap.exactness import inexact_splits
-from tvm_ext.swap.placement import argument_devices
+from tvm_ext.swap import InfeasibleBudgetError
 from tvm_ext.units import format_size
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -56,29 +54,28 @@ def run_model(name: str, size: str, training: bool, budgets, repeat: int, search
     plain = driver.run(driver.build(model, target), args, device, repeat=repeat)
     rows = []
     for budget in budgets:
-        # Kernels no split fits run as their parts (`fissioned`): the graph is of those.
-        graph, problem, fissioned = driver.swap_problem(model, target, budget, "cpu")
-        constants = graph.bytes_of_kind("constant")
         row = {"model": name, "size": size, "overrides": DEPTH.get(name, {}),
-               "training": training, "budget_arg": budget,
-               "budget": problem.budget, "no_swap_peak": problem.no_swap_peak(),
-               "plain_ms": plain.median_ms, "plain_measured_peak": plain.peak_bytes + constants,
-               "fissioned": fissioned}
+               "training": training, "budget_arg": budget, "plain_ms": plain.median_ms}
         try:
-            start = time.perf_counter()
-            plan = plan_swaps(problem, "swapadvisor", time_budget_s=search_s, seed=0)
-            plan.fissioned = fissioned
-            row["plan_s"] = time.perf_counter() - start
+            # Kernels no split fits run as their parts (`fissioned`): the graph is of those.
+            planning = driver.plan_swap(model, target, budget, hardware="cpu",
+                                        time_budget_s=search_s, seed=0)
         except InfeasibleBudgetError as err:
-            row.update(infeasible=str(err), min_budget=err.minimum)
+            row.update(budget=err.budget, no_swap_peak=err.no_swap_peak,
+                       infeasible=str(err), min_budget=err.minimum)
             rows.append(row)
             continue
+        graph, problem, plan = planning.graph, planning.problem, planning.plan
+        constants = graph.bytes_of_kind("constant")
+        row.update(budget=problem.budget, no_swap_peak=problem.no_swap_peak(),
+                   plain_measured_peak=plain.peak_bytes + constants,
+                   fissioned=planning.fissioned, plan_s=plan.planning_time)
         ex = driver.build(model, target, swap_plan=plan)
         out = driver.run(ex, args, device, repeat=repeat, host=host,
-                           arg_devices=argument_devices(graph, plan))
+                           arg_devices=planning.argument_devices)
         exact = all(np.array_equal(a, b) for a, b in zip(out.outputs, plain.outputs,
                                                           strict=True))
-        inexact = inexact_splits(graph, plan)
+        inexact = planning.inexact_splits
         within = all(np.allclose(a, b, *tolerance(a.dtype))
                      for a, b in zip(out.outputs, plain.outputs, strict=True))
         row.update(planned_peak=plan.predicted_peak, measured_peak=out.peak_bytes + constants,

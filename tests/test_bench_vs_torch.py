@@ -1,5 +1,5 @@
 """Smoke test of benchmarks/vs_torch.py: one tiny model (`--quick --trials 0`), run as a user
-runs it, writes the JSON the README's table comes from, and every tvm_ext build it times
+runs it, writes the JSON benchmarks/README.md's table comes from, and every tvm_ext build it times
 agrees with PyTorch eager. No timing is asserted: the figures are the benchmark's to report."""
 
 from __future__ import annotations

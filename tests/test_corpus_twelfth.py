@@ -16,8 +16,7 @@ from tvm_ext import driver
 from tvm_ext.ir.targets import vm_devices
 from tvm_ext.models import load_model
 from tvm_ext.models.reference import tolerance
-from tvm_ext.swap import plan_swaps, validate
-from tvm_ext.swap.placement import argument_devices
+from tvm_ext.swap import validate
 from tvm_ext.swap.problem import problem_for_budget
 
 LLVM = tvm.target.Target("llvm")
@@ -30,19 +29,18 @@ def test_corpus_model_runs_at_a_twelfth_of_its_peak(tmp_path, name, training, ne
     model = load_model(path, training=training)
     whole = problem_for_budget(driver.fused_graph(model, LLVM), "8.33%", "cpu")
     assert whole.min_budget()[0] > whole.budget or needs == "outer"
-    graph, problem, fissioned = driver.swap_problem(model, LLVM, "8.33%", "cpu")
+    planning = driver.plan_swap(model, LLVM, "8.33%", hardware="cpu", time_budget_s=2.0)
+    graph, problem, plan = planning.graph, planning.problem, planning.plan
     assert problem.budget == whole.budget
-    plan = plan_swaps(problem, "swapadvisor", time_budget_s=2.0, seed=0)
-    plan.fissioned = fissioned
     validate(problem, plan)
     if needs == "fission":
-        assert fissioned
+        assert planning.fissioned
     else:
         assert any(sp.outer_dim >= 0 for sp in plan.splits)
     args = model.random_arguments(0)
     device, host = vm_devices(LLVM)
     out = driver.run(driver.build(model, LLVM, swap_plan=plan), args, device, repeat=0,
-                     host=host, arg_devices=argument_devices(graph, plan))
+                     host=host, arg_devices=planning.argument_devices)
     reference = driver.run(driver.build(model, LLVM), args, tvm.cpu(0), repeat=0)
     for a, b in zip(out.outputs, reference.outputs, strict=True):
         np.testing.assert_allclose(a, b, *tolerance(a.dtype))

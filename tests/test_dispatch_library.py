@@ -15,6 +15,9 @@ import tvm
 import tvm_ffi
 from one_op import one_op_module
 from tvm import relax, tirx
+from tvm.script import ir as I
+from tvm.script import relax as R
+from tvm.script import tirx as T
 
 from tvm_ext import cli, driver, pipeline
 from tvm_ext.ir.pass_records import LIBRARY_ATTR
@@ -264,3 +267,76 @@ def test_pass_leaves_scheduled_kernels_alone(llvm):
     with llvm:
         out = DispatchLibraryKernels()(marked)
     tvm.ir.assert_structural_equal(out, marked)
+
+
+@I.ir_module
+class GemmReluBefore:
+    @T.prim_func(private=True, s_tir=True)
+    def matmul_relu(a: T.Buffer((4, 8), "float32"), b: T.Buffer((8, 2), "float32"),
+                    out: T.Buffer((4, 2), "float32")):
+        c = T.sblock_alloc_buffer((4, 2), "float32")
+        for i, j, k in T.grid(4, 2, 8):
+            with T.sblock("matmul"):
+                vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                with T.init():
+                    c[vi, vj] = T.float32(0)
+                c[vi, vj] = c[vi, vj] + a[vi, vk] * b[vk, vj]
+        for i, j in T.grid(4, 2):
+            with T.sblock("relu"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                out[vi, vj] = T.max(c[vi, vj], T.float32(0))
+
+    @R.function
+    def main(a: R.Tensor((4, 8), "float32"), b: R.Tensor((8, 2), "float32")):
+        cls = GemmReluBefore
+        with R.dataflow():
+            y = R.call_tir(cls.matmul_relu, (a, b), out_ty=R.Tensor((4, 2), "float32"))
+            R.output(y)
+        return y
+
+
+@I.ir_module
+class GemmReluExpected:
+    @T.prim_func(private=True, s_tir=True)
+    def matmul_relu(a: T.Buffer((4, 8), "float32"), b: T.Buffer((8, 2), "float32"),
+                    out: T.Buffer((4, 2), "float32")):
+        T.func_attr({"tvm_ext.library": ["tvm_ext.blas.gemm"]})
+        c = T.sblock_alloc_buffer((4, 2), "float32")
+        # The GEMM nest is one library call on the whole buffers; after the three arrays, each
+        # operand's axes by role (count, then 0 = M, 1 = N, 2 = K): a (M, K), b (K, N), c (M, N).
+        with T.sblock("tvm_ext_library_matmul"):
+            T.reads(a[0:4, 0:8], b[0:8, 0:2])
+            T.writes(c[0:4, 0:2])
+            T.call_packed(
+                "tvm_ext.blas.gemm",
+                T.tvm_stack_make_array(a.data, T.tvm_stack_make_shape(4, 8), 0, 2,
+                                       T.float32(0), 0),
+                T.tvm_stack_make_array(b.data, T.tvm_stack_make_shape(8, 2), 0, 2,
+                                       T.float32(0), 0),
+                T.tvm_stack_make_array(c.data, T.tvm_stack_make_shape(4, 2), 0, 2,
+                                       T.float32(0), 0),
+                2, 0, 2, 2, 2, 1, 2, 0, 1)
+        # The epilogue stays generated code, scheduled later as any other nest.
+        for i, j in T.grid(4, 2):
+            with T.sblock("relu"):
+                vi, vj = T.axis.remap("SS", [i, j])
+                out[vi, vj] = T.max(c[vi, vj], T.float32(0))
+
+    @R.function
+    def main(a: R.Tensor((4, 8), "float32"), b: R.Tensor((8, 2), "float32")):
+        cls = GemmReluExpected
+        with R.dataflow():
+            y = R.call_tir(cls.matmul_relu, (a, b), out_ty=R.Tensor((4, 2), "float32"))
+            R.output(y)
+        return y
+
+
+def test_golden_a_gemm_nest_becomes_a_library_call(llvm):
+    after = DispatchLibraryKernels(llvm)(GemmReluBefore)
+    tvm.ir.assert_structural_equal(after, GemmReluExpected)
+    tvm.ir.assert_structural_equal(DispatchLibraryKernels(llvm)(after), after)  # idempotent
+
+
+def test_golden_without_a_target_is_refused():
+    with pytest.raises(ValueError, match="needs a target"):
+        DispatchLibraryKernels()(GemmReluBefore)

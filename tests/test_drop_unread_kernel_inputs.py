@@ -4,6 +4,8 @@ kernel's signature; the module computes the same bits; kernels it cannot rewrite
 import numpy as np
 import tvm
 from tvm import relax, tirx
+from tvm.script import ir as I
+from tvm.script import relax as R
 from tvm.script import tirx as T
 
 from tvm_ext import pipeline
@@ -138,3 +140,48 @@ def test_a_kernel_called_in_place_keeps_its_signature():
     assert unread_params(_doubles_a_in_place) == [1]
     kept = _calling(_doubles_a_in_place, inplace=True)
     tvm.ir.assert_structural_equal(DropUnreadKernelInputs()(kept), kept)
+
+
+@I.ir_module
+class Before:
+    @T.prim_func(private=True, s_tir=True)
+    def scale(x: T.Buffer((8,), "float32"), shape_only: T.Buffer((8,), "float32"),
+              y: T.Buffer((8,), "float32")):
+        for i in range(8):
+            with T.sblock("y"):
+                vi = T.axis.spatial(8, i)
+                y[vi] = x[vi] * T.float32(2)
+
+    @R.function
+    def main(x: R.Tensor((8,), "float32"), w: R.Tensor((8,), "float32")):
+        cls = Before
+        with R.dataflow():
+            y = R.call_tir(cls.scale, (x, w), out_ty=R.Tensor((8,), "float32"))
+            R.output(y)
+        return y
+
+
+@I.ir_module
+class Expected:
+    # The parameter the body never names leaves the kernel (which keeps its name) and the call;
+    # `main` keeps its own parameter.
+    @T.prim_func(private=True, s_tir=True)
+    def scale(x: T.Buffer((8,), "float32"), y: T.Buffer((8,), "float32")):
+        for i in range(8):
+            with T.sblock("y"):
+                vi = T.axis.spatial(8, i)
+                y[vi] = x[vi] * T.float32(2)
+
+    @R.function
+    def main(x: R.Tensor((8,), "float32"), w: R.Tensor((8,), "float32")):
+        cls = Expected
+        with R.dataflow():
+            y = R.call_tir(cls.scale, (x,), out_ty=R.Tensor((8,), "float32"))
+            R.output(y)
+        return y
+
+
+def test_golden_an_unread_input_leaves_the_kernel_and_its_call():
+    after = DropUnreadKernelInputs()(Before)
+    tvm.ir.assert_structural_equal(after, Expected)
+    tvm.ir.assert_structural_equal(DropUnreadKernelInputs()(after), after)  # idempotent

@@ -1,5 +1,6 @@
-"""Kernel fission (`tvm_ext.ir.kernel_fission`): a fused kernel that no split in time fits a
-budget runs as its unfused parts, which split finely; bit for bit the fused kernel's results.
+"""Kernel fission (`tvm_ext.ir.kernel_fission`; the budget search, `ir.swap_planning.
+fission_to_fit`): a fused kernel that no split in time fits a budget runs as its unfused parts,
+which split finely; bit for bit the fused kernel's results.
 
 The model is SegFormer's decoder in small: a feature map transposed, reshaped and upsampled
 (a bilinear resize reads its input at computed rows, so the fused kernel computes it whole)
@@ -10,33 +11,26 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
-from one_op import one_op_module
+from one_op import decoder_module, one_op_module
 from tvm import relax
 
 from tvm_ext import driver, pipeline
-from tvm_ext.ir.kernel_fission import fission_kernels, fission_to_fit
+from tvm_ext.ir.kernel_fission import fission_kernels
 from tvm_ext.ir.local_kernels import LoweringError
+from tvm_ext.ir.swap_planning import fission_to_fit
 from tvm_ext.ir.targets import vm_devices
 from tvm_ext.models import Model, TensorSpec
 from tvm_ext.passes import SwapOffload
 from tvm_ext.swap import InfeasibleBudgetError, plan_swaps, validate
-from tvm_ext.swap.placement import argument_devices
 from tvm_ext.swap.problem import problem_for_budget
 
 LLVM = tvm.target.Target("llvm")
 
 
-def _decoder(a, b):
-    a4 = relax.op.reshape(relax.op.permute_dims(a, [0, 2, 1]), (1, 16, 8, 8))
-    up = relax.op.image.resize2d(a4, (16, 16), layout="NCHW", method="linear")
-    return relax.op.concat([up, relax.op.multiply(b, relax.const(2.0))], axis=1)
-
-
 def _model() -> Model:
-    mod = one_op_module(_decoder, (1, 64, 16), (1, 16, 16, 16))
-    return Model("decoder", mod, [TensorSpec("x0", (1, 64, 16), init="uniform", scale=1.0),
-                                  TensorSpec("x1", (1, 16, 16, 16), init="uniform", scale=1.0)],
-                 [])
+    return Model("decoder", decoder_module(),
+                 [TensorSpec("x0", (1, 64, 16), init="uniform", scale=1.0),
+                  TensorSpec("x1", (1, 16, 16, 16), init="uniform", scale=1.0)], [])
 
 
 def _fused():
@@ -77,20 +71,19 @@ def test_a_budget_no_split_of_the_fused_kernel_fits_runs_its_parts_within_it():
     budget = fused.min_budget()[0] - 1
     with pytest.raises(InfeasibleBudgetError):
         fused.with_budget(budget).check_feasible()
-    graph, problem, fissioned = driver.swap_problem(model, LLVM, budget, "cpu")
-    assert fissioned == [kernel] and problem.budget == budget
+    planning = driver.plan_swap(model, LLVM, budget, hardware="cpu", time_budget_s=1.0)
+    graph, problem, plan = planning.graph, planning.problem, planning.plan
+    assert planning.fissioned == [kernel] and problem.budget == budget
     # The graph of a plan's fissioned kernels, as the driver reads it, is the problem's.
-    again = driver.fused_graph(model, LLVM, fissioned)
+    again = driver.fused_graph(model, LLVM, planning.fissioned)
     assert [(op.name, op.kernel) for op in again.ops] == [(op.name, op.kernel)
                                                           for op in graph.ops]
-    plan = plan_swaps(problem, "swapadvisor", time_budget_s=1.0, seed=0)
-    plan.fissioned = fissioned
     validate(problem, plan)
     assert plan.splits
     device, host = vm_devices(LLVM)
     args = model.random_arguments(0)
     out = driver.run(driver.build(model, LLVM, swap_plan=plan), args, device, repeat=0,
-                     host=host, arg_devices=argument_devices(graph, plan))
+                     host=host, arg_devices=planning.argument_devices)
     reference = driver.run(driver.build(model, LLVM), args, tvm.cpu(0), repeat=0)
     driver.compare(out.outputs, reference.outputs, tolerances=[(0.0, 0.0)])
     assert out.peak_bytes + graph.bytes_of_kind("constant") <= budget
@@ -104,9 +97,10 @@ def test_the_smallest_budget_is_that_of_the_parts():
     kernel fits fissions nothing."""
     model = _model()
     fused = problem_for_budget(driver.fused_graph(model, LLVM), "min", "cpu")
-    _, problem, fissioned = driver.swap_problem(model, LLVM, "min", "cpu")
+    mod = pipeline.fuse(model.mod, LLVM)
+    _, _, problem, fissioned = fission_to_fit(mod, "min", "cpu")
     assert fissioned and problem.budget < fused.budget
-    _, problem, fissioned = driver.swap_problem(model, LLVM, fused.budget, "cpu")
+    _, _, problem, fissioned = fission_to_fit(mod, fused.budget, "cpu")
     assert not fissioned and problem.budget == fused.budget
 
 

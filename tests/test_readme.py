@@ -81,3 +81,14 @@ def test_quick_start_command_runs(capsys):
     assert argv[:1] == ["gpt"] and "--check" in argv
     assert main(argv) == 0
     assert "check   OK" in capsys.readouterr().out
+
+
+def test_every_benchmark_has_its_section():
+    """benchmarks/README.md holds every benchmark's table: one section per script, named in its
+    heading, and README.md points there."""
+    folder = os.path.join(os.path.dirname(README), "benchmarks")
+    with open(os.path.join(folder, "README.md")) as f:
+        headings = re.findall(r"^## .*\(`benchmarks/(\w+)\.py`\)$", f.read(), re.M)
+    scripts = sorted(name[:-3] for name in os.listdir(folder) if name.endswith(".py"))
+    assert sorted(headings) == scripts
+    assert "benchmarks/README.md" in _text()

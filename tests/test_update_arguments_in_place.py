@@ -1,5 +1,5 @@
 """UpdateArgumentsInPlace and ReturnLossOnly (passes/), and the in-place kernel rewrite they use
-(tvm_ext/ir/inplace_kernels.py)."""
+(tvm_ext/ir/inplace_kernels.py); ReturnLossOnly's golden IR is in test_return_loss_only.py."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relax, te, tirx
+from tvm.script import ir as I
+from tvm.script import relax as R
+from tvm.script import tirx as T
 
 from tvm_ext import driver, pipeline
 from tvm_ext.ir.inplace_kernels import InPlaceError, inplace_kernel, inplace_obstacle
@@ -130,3 +133,118 @@ def test_return_loss_only_refuses_a_step_not_made_in_place(fused_step):
         lowered = tvm.transform.Sequential(pipeline.dataflow_lower_passes(target)[:-1])(fused)
     with pytest.raises(RuntimeError, match="UpdateArgumentsInPlace"):
         ReturnLossOnly()(lowered)
+
+
+@I.ir_module
+class SgdStep:
+    """A step that returns its loss and the new value of its argument `p` (`tvm_ext.updates`:
+    output 1 overwrites argument 1)."""
+
+    @T.prim_func(private=True, s_tir=True)
+    def total(g: T.Buffer((4,), "float32"), out: T.Buffer((), "float32")):
+        for k in range(4):
+            with T.sblock("out"):
+                vk = T.axis.reduce(4, k)
+                with T.init():
+                    out[()] = T.float32(0)
+                out[()] = out[()] + g[vk]
+
+    @T.prim_func(private=True, s_tir=True)
+    def sgd(p: T.Buffer((4,), "float32"), g: T.Buffer((4,), "float32"),
+            out: T.Buffer((4,), "float32")):
+        for i in range(4):
+            with T.sblock("out"):
+                vi = T.axis.spatial(4, i)
+                out[vi] = p[vi] - T.float32(0.5) * g[vi]
+
+    @R.function
+    def main(g: R.Tensor((4,), "float32"), p: R.Tensor((4,), "float32")):
+        R.func_attr({"num_input": 1, "tvm_ext.updates": [1]})
+        cls = SgdStep
+        with R.dataflow():
+            loss = R.call_tir(cls.total, (g,), out_ty=R.Tensor((), "float32"))
+            new_p = R.call_tir(cls.sgd, (p, g), out_ty=R.Tensor((4,), "float32"))
+            out = (loss, new_p)
+            R.output(out)
+        return out
+
+
+@I.ir_module
+class SgdStepInPlace:
+    @T.prim_func(private=True, s_tir=True)
+    def total(g: T.Buffer((4,), "float32"), out: T.Buffer((), "float32")):
+        for k in range(4):
+            with T.sblock("out"):
+                vk = T.axis.reduce(4, k)
+                with T.init():
+                    out[()] = T.float32(0)
+                out[()] = out[()] + g[vk]
+
+    # The update stores into `p`, read at the element it writes: its output parameter is gone.
+    @T.prim_func(private=True, s_tir=True)
+    def sgd_inplace(p: T.Buffer((4,), "float32"), g: T.Buffer((4,), "float32")):
+        for i in range(4):
+            with T.sblock("out"):
+                vi = T.axis.spatial(4, i)
+                T.reads(p[vi], g[vi])
+                T.writes(p[vi])
+                p[vi] = p[vi] - T.float32(0.5) * g[vi]
+
+    @R.function
+    def main(g: R.Tensor((4,), "float32"), p: R.Tensor((4,), "float32")):
+        R.func_attr({"num_input": 1, "tvm_ext.updates": [1]})
+        cls = SgdStepInPlace
+        with R.dataflow():
+            loss = R.call_tir(cls.total, (g,), out_ty=R.Tensor((), "float32"))
+            new_p = R.call_tir_inplace(cls.sgd_inplace, (p, g), out_ty=R.Tensor((4,), "float32"),
+                                       inplace_indices=[0])
+            out = (loss, new_p)
+            R.output(out)
+        return out
+
+
+@I.ir_module
+class ReadAfterUpdate:
+    """Reads `p` after the update that overwrites it: refused, never reordered."""
+
+    @T.prim_func(private=True, s_tir=True)
+    def sgd(p: T.Buffer((4,), "float32"), g: T.Buffer((4,), "float32"),
+            out: T.Buffer((4,), "float32")):
+        for i in range(4):
+            with T.sblock("out"):
+                vi = T.axis.spatial(4, i)
+                out[vi] = p[vi] - T.float32(0.5) * g[vi]
+
+    @T.prim_func(private=True, s_tir=True)
+    def total(g: T.Buffer((4,), "float32"), out: T.Buffer((), "float32")):
+        for k in range(4):
+            with T.sblock("out"):
+                vk = T.axis.reduce(4, k)
+                with T.init():
+                    out[()] = T.float32(0)
+                out[()] = out[()] + g[vk]
+
+    @R.function
+    def main(g: R.Tensor((4,), "float32"), p: R.Tensor((4,), "float32")):
+        R.func_attr({"num_input": 1, "tvm_ext.updates": [1]})
+        cls = ReadAfterUpdate
+        with R.dataflow():
+            new_p = R.call_tir(cls.sgd, (p, g), out_ty=R.Tensor((4,), "float32"))
+            loss = R.call_tir(cls.total, (p,), out_ty=R.Tensor((), "float32"))
+            out = (loss, new_p)
+            R.output(out)
+        return out
+
+
+@pytest.mark.parametrize("before, expected", [
+    (SgdStep, SgdStepInPlace),
+    (ReadAfterUpdate, RuntimeError),  # an InternalError, through TVM
+], ids=["update", "read_after_update"])
+def test_golden_update_arguments_in_place(before, expected):
+    if isinstance(expected, type) and issubclass(expected, Exception):
+        with pytest.raises(expected, match="reads p after new_p overwrote it in place"):
+            UpdateArgumentsInPlace()(before)
+        return
+    after = UpdateArgumentsInPlace()(before)
+    tvm.ir.assert_structural_equal(after, expected)
+    tvm.ir.assert_structural_equal(UpdateArgumentsInPlace()(after), after)  # idempotent

@@ -43,22 +43,23 @@ def compile_model(args) -> int:
     if args.devices is not None:
         return main_partitioned(args, report, model, target, tune_db, gradient_model)
 
-    plan = None
+    planning = None
     if args.device_memory:
-        plan, swap_info, graph = plan_swaps_for(args, model, graph, target)
-        if plan is None:
+        planning, swap_info = plan_swaps_for(args, model, graph, target)
+        if planning is None:
             return 2
         report["swap"] = swap_info
     start = time.perf_counter()
     executable = driver.build(model, target, dump_dir=args.dump_dir, tune_db=tune_db,
-                              swap_plan=plan, library=args.library)
+                              swap_plan=None if planning is None else planning.plan,
+                              library=args.library)
     report["compile_seconds"] = time.perf_counter() - start
     print(f"compile {report['compile_seconds']:.2f} s for {target.kind.name}")
     if args.output:
-        _export(args, report, executable, graph, plan, target)
+        _export(args, report, executable, planning)
     status = 0
     if args.run or args.check:
-        status = _run(args, report, model, graph, plan, executable, target, tune_db, live,
+        status = _run(args, report, model, planning, executable, target, tune_db, live,
                       gradient_model)
     write_report(args, report)
     return status
@@ -112,23 +113,22 @@ def _read_graph(model, target, report: dict):
     return graph, live
 
 
-def _export(args, report: dict, executable, graph, plan, target) -> None:
+def _export(args, report: dict, executable, planning) -> None:
     """--output: the module, and the swap plan's sidecar when there is a plan."""
     side = args.output + ".swap.json"
-    files = (args.output, side) if plan is not None else (args.output,)
+    files = (args.output, side) if planning is not None else (args.output,)
     with replacing(*files) as temps:
         driver.export(executable, temps[0])
-        if plan is not None:
-            write_swap_sidecar(temps[1], graph, plan, target,
-                               report.get("swap", {}).get("emulated_link"))
-    remove_stale_sidecars(args.output, keep=(".swap.json",) if plan is not None else ())
+        if planning is not None:
+            write_swap_sidecar(temps[1], planning, report.get("swap", {}).get("emulated_link"))
+    remove_stale_sidecars(args.output, keep=(".swap.json",) if planning is not None else ())
     report["output"] = args.output
     print(f"export  {args.output}")
-    if plan is not None:
+    if planning is not None:
         print(f"export  {side} (the plan, and which arguments go to the host)")
 
 
-def _run(args, report: dict, model, graph, plan, executable, target, tune_db, live,
+def _run(args, report: dict, model, planning, executable, target, tune_db, live,
          gradient_model=None) -> int:
     """--run / --check on this machine's device; the exit status."""
     device = driver.device_of(target)
@@ -137,8 +137,8 @@ def _run(args, report: dict, model, graph, plan, executable, target, tune_db, li
               "module for a machine that has one", file=sys.stderr)
         return 2
     arguments = model.random_arguments(args.seed)
-    if plan is not None:
-        return run_swapped(args, report, model, graph, plan, executable, target, arguments,
+    if planning is not None:
+        return run_swapped(args, report, model, planning, executable, target, arguments,
                            tune_db, gradient_model)
     if gradient_model is not None:
         session = driver.TrainingSession(executable, model, device, seed=args.seed)

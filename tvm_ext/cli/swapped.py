@@ -14,12 +14,7 @@ from tvm_ext.cost.emulation import fixed_link
 from tvm_ext.errors import CheckError
 from tvm_ext.ir.targets import vm_devices
 from tvm_ext.models.reference import tolerance
-from tvm_ext.pipeline import library_reserved_bytes
 from tvm_ext.runtime import swap_streams
-from tvm_ext.swap import InfeasibleBudgetError, plan_swaps
-from tvm_ext.swap.exactness import inexact_splits
-from tvm_ext.swap.placement import argument_devices
-from tvm_ext.swap.problem import problem_for_budget
 from tvm_ext.swap.timeline_plot import plot_plan
 from tvm_ext.units import format_size
 
@@ -30,35 +25,31 @@ from .report import failed_check, replacing
 from .training import check_training, print_steps, step_report
 
 
-def plan_swaps_for(args, model, graph, target):
-    """Plan before any compilation, so that a budget too small costs nothing. Returns (plan,
-    its report, the graph it runs: with kernels no split fits run as their parts, of those;
-    measured kernel times under an emulated link are of the fused kernels, so none are)."""
+def plan_swaps_for(args, model, graph, target) -> tuple:
+    """Plan before any compilation, so that a budget too small costs nothing. Returns
+    (`driver.SwapPlanning`, its report), or (None, None) after printing why not. Under an
+    emulated link the plan is made for the kernel times measured here (of the fused kernels,
+    so none is run as its parts)."""
     hardware, op_times, link = default_hardware(args, target), None, None
-    reserved = library_reserved_bytes(target, args.library)
-    fissioned: list[str] = []
+    reserved = None if args.library else 0
     try:
         if args.link_gbps is not None:
             # A budget too small is refused before the kernels are measured.
-            problem_for_budget(graph, args.device_memory, "cpu", reserved=reserved
-                               ).check_feasible()
+            driver.check_swap_budget(graph, target, args.device_memory, reserved)
             link = emulated_link_for(args, model, graph, target)
             hardware, op_times = link.hardware, link.op_times
-            problem = problem_for_budget(graph, args.device_memory, hardware, op_times,
-                                         reserved=reserved)
-        else:
-            graph, problem, fissioned = driver.swap_problem(model, target, args.device_memory,
-                                                            hardware, reserved=reserved)
-        plan = plan_swaps(problem, args.planner, time_budget_s=args.swap_time_budget,
-                          seed=args.seed)
-        plan.fissioned = fissioned
-    except (InfeasibleBudgetError, ValueError) as err:
+        planning = driver.plan_swap(model, target, args.device_memory, hardware=hardware,
+                                    planner=args.planner, seed=args.seed,
+                                    time_budget_s=args.swap_time_budget, op_times=op_times,
+                                    reserved=reserved, graph=graph)
+    except ValueError as err:  # InfeasibleBudgetError, or a budget that cannot be read
         print(f"error: {err}", file=sys.stderr)
-        return None, None, graph
-    ideal = plan_swaps(problem, "ideal")
+        return None, None
+    plan, problem = planning.plan, planning.problem
+    ideal_time = planning.ideal_time()
     name = hardware if isinstance(hardware, str) else hardware.name
     info = {**plan.summary(), "no_swap_peak": problem.no_swap_peak(),
-            "ideal_time": ideal.predicted_time, "hardware": name}
+            "ideal_time": ideal_time, "hardware": name}
     if link is not None:
         info["emulated_link"] = link.summary()
     more = ""
@@ -66,19 +57,19 @@ def plan_swaps_for(args, model, graph, target):
         more += f", recomputes {plan.info['recomputed']} tensors"
     if plan.splits:
         more += f", splits {len(plan.splits)} ops in time"
-    if fissioned:
-        more += f", runs {len(fissioned)} fused kernels as their parts"
+    if planning.fissioned:
+        more += f", runs {len(planning.fissioned)} fused kernels as their parts"
     print(f"swap    budget {format_size(problem.budget)} of no-swap peak "
           f"{format_size(problem.no_swap_peak())}: {plan.planner} plans "
           f"{format_size(plan.predicted_peak)}, swaps {format_size(plan.bytes_swapped)}{more}, "
           f"predicted {plan.predicted_time * 1e3:.3f} ms ({name}; ideal "
-          f"{ideal.predicted_time * 1e3:.3f} ms), planned in {plan.planning_time:.1f} s")
+          f"{ideal_time * 1e3:.3f} ms), planned in {plan.planning_time:.1f} s")
     if args.plot:
         with replacing(args.plot) as (temp,):
             plot_plan(problem, plan, temp)
         info["plot"] = args.plot
         print(f"plot    {args.plot}")
-    return plan, info, graph
+    return planning, info
 
 
 def emulated_link_for(args, model, graph, target) -> driver.StandIn:
@@ -103,8 +94,8 @@ def emulated_link_for(args, model, graph, target) -> driver.StandIn:
     return stand
 
 
-def write_swap_sidecar(path: str, graph, plan, target, link=None) -> None:
-    data = driver.swap_sidecar(graph, plan, target)
+def write_swap_sidecar(path: str, planning, link=None) -> None:
+    data = planning.sidecar
     if link is not None:  # what the plan was made for: set it when running the module
         data["emulated_link"] = {
             "environment": {swap_streams.LINK_ENV_GBPS: f"{link['link_gbps']:.6g}",
@@ -139,20 +130,21 @@ def emulated(link: dict | None):
         swap_streams.set_emulated_link(0.0)
 
 
-def run_swapped(args, report, model, graph, plan, executable, target, arguments,
+def run_swapped(args, report, model, planning, executable, target, arguments,
                  tune_db=None, gradient_model=None) -> int:
     """Run the swapped module beside the unswapped one: outputs must match exactly (same
     kernels) and the measured device peak must fit the budget."""
     if gradient_model is not None:
-        return run_swapped_training(args, report, model, gradient_model, graph, plan,
+        return run_swapped_training(args, report, model, gradient_model, planning,
                                     executable, target, tune_db)
+    graph, plan = planning.graph, planning.plan
     device, host = vm_devices(target)
     link = report.get("swap", {}).get("emulated_link")
     with copy_cpu_for(link) as copy_cpu:
         with emulated(link):
             in_force = swap_streams.emulated_link()
             swapped = driver.run(executable, arguments, device, repeat=args.repeat, host=host,
-                                 arg_devices=argument_devices(graph, plan))
+                                 arg_devices=planning.argument_devices)
         plain = driver.run(driver.build(model, target, tune_db=tune_db, library=args.library),
                            arguments, device, repeat=args.repeat)
     constants = graph.bytes_of_kind("constant")  # loaded with the module, not by the VM
@@ -180,7 +172,7 @@ def run_swapped(args, report, model, graph, plan, executable, target, arguments,
           f"swapping ({ratio:.2f}x), median of {args.repeat}")
     status = 0
     if args.check:
-        inexact = inexact_splits(graph, plan)
+        inexact = planning.inexact_splits
         tolerances = _tolerances(swapped.outputs, inexact)
         try:
             driver.compare(swapped.outputs, plain.outputs, tolerances=tolerances)
@@ -202,16 +194,17 @@ def run_swapped(args, report, model, graph, plan, executable, target, arguments,
     return status
 
 
-def run_swapped_training(args, report, step, gradient_model, graph, plan, executable, target,
+def run_swapped_training(args, report, step, gradient_model, planning, executable, target,
                          tune_db=None) -> int:
     """--steps steps of a swapped optimizer step beside the unswapped build: every step's
     device peak within the budget, the host memory the same after every step, losses,
     parameters and state equal to the unswapped build's exactly; then --check against
     torch.optim."""
+    graph, plan = planning.graph, planning.plan
     device, host = vm_devices(target)
     batch = step.random_inputs(args.seed)
     session = driver.TrainingSession(executable, step, device, host=host, seed=args.seed,
-                                     arg_devices=argument_devices(graph, plan))
+                                     arg_devices=planning.argument_devices)
     results = session.run([batch] * args.steps)
     constants = graph.bytes_of_kind("constant")  # loaded with the module, not by the VM
     for r in results:
@@ -233,7 +226,7 @@ def run_swapped_training(args, report, step, gradient_model, graph, plan, execut
                                    seed=args.seed)
     expected = plain.run([batch] * args.steps)
     problems = []
-    inexact = inexact_splits(graph, plan)
+    inexact = planning.inexact_splits
     # Losses in the step's own dtype (collected as Python floats), held to its tolerance.
     loss_dtype = graph.tensors[graph.outputs[0]].dtype
     losses = [np.array([r.loss for r in results], dtype=loss_dtype)]

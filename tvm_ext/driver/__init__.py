@@ -1,7 +1,7 @@
 """The steps behind `scripts/compile.py`, as plain functions that tests and benchmarks share:
 targets and builds (`build`), running and checking (`run`), tuning (`tune`), partitioned builds
-(`partitioned`), training across steps (`training`), kernel measurement (`measure_kernels`)
-and measured swapped runs (`measure_swap`)."""
+(`partitioned`), training across steps (`training`), planning swaps (`swap_planning`), kernel
+measurement (`measure_kernels`) and measured swapped runs (`measure_swap`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ from .build import (
     fused_graph,
     partition_problem,
     resolve_target,
-    swap_problem,
-    swap_sidecar,
 )
 from .copy_cpu import dedicated_copy_cpu
 from .measure_kernels import measure_kernels
@@ -29,6 +27,7 @@ from .measure_swap import (
 )
 from .partitioned import PartitionedBuild, build_partitioned, run_partitioned_build
 from .run import CheckResult, RunResult, compare, flatten_outputs, run
+from .swap_planning import SwapPlanning, check_swap_budget, plan_swap
 from .training import PartitionedTrainingSession, StepResult, TrainingSession
 from .tune import export_tuning_batch, tune
 
@@ -40,10 +39,12 @@ __all__ = [
     "RunResult",
     "StandIn",
     "StepResult",
+    "SwapPlanning",
     "TrainingSession",
     "build",
     "build_partitioned",
     "build_reference",
+    "check_swap_budget",
     "compare",
     "dedicated_copy_cpu",
     "device_of",
@@ -55,12 +56,11 @@ __all__ = [
     "measure_run",
     "measure_runtime_costs",
     "partition_problem",
+    "plan_swap",
     "resolve_target",
     "run",
     "run_partitioned_build",
     "stand_in",
-    "swap_problem",
-    "swap_sidecar",
     "timeline_of",
     "tune",
     "unswapped_call",

@@ -15,15 +15,13 @@ from .. import pipeline
 from ..graph import DataflowGraph
 from ..ir.graph_builder import build_graph
 from ..ir.kernel_dims import problem_from_module
-from ..ir.kernel_fission import fission_kernels, fission_to_fit, swap_graph
+from ..ir.kernel_fission import fission_kernels
+from ..ir.swap_planning import swap_graph
 from ..ir.targets import is_cpu
 from ..ir.time_splits import annotate_time_splits
 from ..models import Model
 from ..partition import PartitionProblem
 from ..runtime.cuda import DEFAULT_ARCH, cuda_target, ensure_cuda_runtime
-from ..swap import SwapPlan
-from ..swap.placement import argument_devices
-from ..swap.problem import SwapProblem
 
 
 def resolve_target(name: str, arch: str = DEFAULT_ARCH) -> tvm.target.Target:
@@ -68,17 +66,6 @@ def fused_graph(model: Model | tvm.IRModule, target: tvm.target.Target,
     return annotate_time_splits(fused, build_graph(fused))
 
 
-def swap_problem(model: Model | tvm.IRModule, target: tvm.target.Target, device_memory,
-                 hardware="h100", op_times=None, reserved: int = 0
-                 ) -> tuple[DataflowGraph, SwapProblem, list[str]]:
-    """(graph, swap problem, kernels to run as their parts) of the model under
-    `device_memory` (see `tvm_ext.ir.kernel_fission.fission_to_fit`): a plan of the problem
-    runs on the graph once its `fissioned` is the list returned."""
-    _, graph, problem, fissioned = fission_to_fit(pipeline.fuse(_module(model), target),
-                                                  device_memory, hardware, op_times, reserved)
-    return graph, problem, fissioned
-
-
 def partition_problem(model: Model | tvm.IRModule,
                       target: tvm.target.Target | str = "llvm") -> PartitionProblem:
     """The `PartitionProblem` of the model as the pipeline fuses it for `target`."""
@@ -107,10 +94,3 @@ def export(executable: relax.VMExecutable, path: str) -> str:
     """Write a deployable shared library."""
     executable.export_library(path)
     return path
-
-
-def swap_sidecar(graph: DataflowGraph, plan: SwapPlan, target: tvm.target.Target) -> dict:
-    """What a deployment of a swapped module needs beside it (`PATH.swap.json`): the plan, and
-    which device (0) or host (1) each argument goes to."""
-    return {"plan": plan.to_dict(), "argument_devices": argument_devices(graph, plan),
-            "devices": ["device", "host"], "target": str(target.kind.name)}

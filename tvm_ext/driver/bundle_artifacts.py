@@ -28,13 +28,11 @@ from ..ir.targets import is_cpu
 from ..models import Model, get_model
 from ..models.reference import TOLERANCES, tolerance
 from ..runtime.gpu_checks.bundle import ARRAYS, ARTIFACTS, sha256
-from ..swap import plan_swaps
-from ..swap.exactness import inexact_splits
-from ..swap.problem import problem_for_budget
-from .build import build, export, fused_graph, resolve_target, swap_sidecar
+from .build import build, export, fused_graph, resolve_target
 from .measure_kernels import compile_kernel, kernel_params
 from .partitioned import build_partitioned
 from .run import run
+from .swap_planning import plan_swap
 from .tune import export_tuning_batch
 
 Log = Callable[[str], None]
@@ -154,23 +152,26 @@ def swap_entry(writer: SuiteWriter, cfg: SuiteConfig, target, hardware: str, log
     model = get_model(cfg.swap_model, cfg.swap_size, training=cfg.swap_training)
     label = _label(model, cfg.swap_size)
     graph = fused_graph(model, target)
-    reserved = pipeline.library_reserved_bytes(target, cfg.library)
     path, unswapped = writer.path(f"swap/{label}.so")
     export(build(model, target, library=cfg.library), path)
     budgets, problem = [], None
     for budget in cfg.swap_budgets:
-        problem = problem_for_budget(graph, budget, hardware, reserved=reserved)
-        plan = plan_swaps(problem, "swapadvisor", time_budget_s=cfg.swap_time_budget, seed=seed)
+        # No fission: the checks time the fused kernels and simulate every budget's plan with
+        # those times, on the one problem written below.
+        planning = plan_swap(model, target, budget, hardware=hardware, seed=seed,
+                             time_budget_s=cfg.swap_time_budget,
+                             reserved=None if cfg.library else 0, fission=False, graph=graph)
+        plan, problem = planning.plan, planning.problem
         tag = budget.replace("%", "pct")
         path, rel = writer.path(f"swap/{label}-{tag}.so")
         export(build(model, target, swap_plan=plan, library=cfg.library), path)
         side, side_rel = writer.path(f"swap/{label}-{tag}.so.swap.json")
         with open(side, "w") as f:
-            json.dump(swap_sidecar(graph, plan, target), f)
+            json.dump(planning.sidecar, f)
         # Ops run in chunks may round differently (`swap.exactness`).
         budgets.append({"label": budget, "module": rel, "sidecar": side_rel,
                         "budget": int(plan.budget),
-                        "inexact_splits": inexact_splits(graph, plan),
+                        "inexact_splits": planning.inexact_splits,
                         "tolerances": {k: list(v) for k, v in TOLERANCES.items()}})
         log(f"  swap {label} at {budget}: budget {plan.budget} bytes")
     prob_path, prob_rel = writer.path(f"swap/{label}.problem.json")

@@ -24,14 +24,13 @@ from tvm_ext.passes import PartitionError, PartitionOperators
 from .. import pipeline
 from ..graph import DataflowGraph
 from ..ir.graph_builder import build_graph
+from ..ir.swap_planning import plan_module_swaps
 from ..ir.time_splits import annotate_time_splits
 from ..models import Model
 from ..partition import PartitionPlan
 from ..partition.plan import layouts_of
 from ..runtime import distributed
-from ..swap import plan_swaps
 from ..swap.placement import argument_devices
-from ..swap.problem import problem_for_budget
 
 # What the runtime's allocators count: no kernel workspace (scratch inside kernels), no module
 # constants (loaded with the module). The plan predicts these for an unplanned build exactly.
@@ -103,11 +102,12 @@ def build_partitioned(
     worker_graph = annotate_time_splits(worker_mod, build_graph(worker_mod))
     swap_plan = None
     if device_memory is not None:
-        options = dict(swap_options or {})
+        options = {"hardware": hardware, **(swap_options or {})}
         reserved = pipeline.library_reserved_bytes(target, pipeline_options.get("library", True))
-        problem = problem_for_budget(worker_graph, device_memory,
-                                     options.pop("hardware", hardware), reserved=reserved)
-        swap_plan = plan_swaps(problem, options.pop("planner", "swapadvisor"), **options)
+        # Each worker's code, partitioned already: its kernels are not fissioned.
+        swap_plan = plan_module_swaps(worker_mod, device_memory, target=str(target.kind.name),
+                                      reserved=reserved, fission=False, graph=worker_graph,
+                                      **options).plan
     build = PartitionedBuild(plan, graph, layouts_of(plan, graph), fallbacks, unrestricted,
                              worker_graph, swap_plan=swap_plan, memory_planning=memory_planning)
     if compile:

@@ -11,7 +11,8 @@ whose budget no split of a fused kernel fits runs that kernel as its parts
 (`SwapPlan.fissioned`): `split_kernel` cuts it after every top-level loop nest, the
 intermediates a later part reads becoming tensors of the graph, so the planner places, swaps
 and splits them like any other. Each part computes what the fused kernel computed, by the same
-expressions: the results are bit for bit the fused kernel's.
+expressions: the results are bit for bit the fused kernel's. Which kernels a budget needs cut is
+swap planning's choice (`tvm_ext.ir.swap_planning.fission_to_fit`).
 """
 
 from __future__ import annotations
@@ -23,12 +24,8 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.s_tir import SBlock, SBlockRealize
 
-from ..graph import DataflowGraph
-from ..swap.problem import SwapProblem, problem_for_budget
-from .graph_builder import build_graph
 from .kernel_calls import call_tir_args, call_tir_kernel
 from .local_kernels import LoweringError, split_kernel
-from .time_splits import annotate_time_splits
 
 
 def kernel_parts(func: tirx.PrimFunc, num_outputs: int) -> list:
@@ -96,53 +93,6 @@ def _without(mod: tvm.IRModule, name: str) -> tvm.IRModule:
     mod = mod.clone()
     del mod[name]
     return mod
-
-
-def fission_to_fit(mod: tvm.IRModule, device_memory, hardware="h100",
-                   op_times=None, reserved: int = 0, function: str = "main",
-                   graph: DataflowGraph | None = None
-                   ) -> tuple[tvm.IRModule, DataflowGraph, SwapProblem, list[str]]:
-    """(module, its graph with split options, swap problem, kernels run as their parts) for a
-    fused module under `device_memory` (as `problem_for_budget` reads it; a percentage of the
-    unfissioned graph's peak): while the op that sets the smallest feasible budget (at its
-    finest split) does not fit, its kernel runs as its parts where that lowers the smallest
-    budget ("min": the smallest budget is the fissioned graph's). Measured `op_times` are per
-    op of the unfissioned graph: with them nothing is fissioned. `graph`: the module's, where
-    the caller has it (with its split options)."""
-    graph = graph if graph is not None else swap_graph(mod, function)
-    problem = problem_for_budget(graph, device_memory, hardware, op_times, reserved)
-    text = device_memory.strip().lower() if isinstance(device_memory, str) else ""
-    if op_times is not None:
-        return mod, graph, problem, []
-    names: list[str] = []
-    fissioned = mod
-    while True:
-        minimum, op = problem.min_budget()
-        if op < 0 or (text != "min" and problem.budget >= minimum):
-            break
-        kernel = graph.ops[op].kernel
-        if graph.ops[op].kind != "kernel" or kernel in names:
-            break
-        try:
-            trial = fission_kernels(mod, [*names, kernel], function)
-        except LoweringError:  # it does not cut, or it is not called by call_tir alone
-            break
-        trial_graph = swap_graph(trial, function)
-        trial_problem = SwapProblem.from_graph(trial_graph, 1, hardware)
-        if trial_problem.min_budget()[0] >= minimum:
-            break
-        names.append(kernel)
-        fissioned, graph = trial, trial_graph
-        problem = trial_problem.with_budget(trial_problem.min_budget()[0] if text == "min"
-                                            else problem.budget)
-    return fissioned, graph, problem, names
-
-
-def swap_graph(mod: tvm.IRModule, function: str = "main") -> DataflowGraph:
-    """The graph SwapOffload reads of a fused module (dataflow reshapes, and parts of a
-    fissioned kernel that only reshape, as views), with its split options."""
-    mod = relax.transform.RewriteDataflowReshape()(mod)
-    return annotate_time_splits(mod, build_graph(mod, function))
 
 
 def _num_outputs(func: relax.Function, kernel: str) -> int:

@@ -13,7 +13,7 @@ from .alignment import ALIGNMENT
 from .baselines import checkpoint, ideal, lru, vdnn
 from .plan import PlanError, Residency, SwapIn, SwapOut, SwapPlan
 from .problem import InfeasibleBudgetError, SwapProblem
-from .search import SearchConfig, swapadvisor
+from .search import SearchConfig, swapadvisor_phases
 from .simulator import SimResult, simulate, validate
 
 PLANNERS = ("swapadvisor", "swap_only", "checkpoint", "vdnn", "lru", "ideal")
@@ -30,17 +30,28 @@ def plan_swaps(problem: SwapProblem, planner: str = "swapadvisor", *,
     Raises `InfeasibleBudgetError` (with the smallest feasible budget) when no plan can fit.
     time_budget_s and seed apply to the SwapAdvisor search; the baselines are deterministic.
     """
+    return plan_phases(problem, planner, time_budget_s=time_budget_s, seed=seed,
+                       config=config)[-1]
+
+
+def plan_phases(problem: SwapProblem, planner: str = "swapadvisor", *,
+                time_budget_s: float = 30.0, seed: int = 0,
+                config: SearchConfig | None = None) -> list[SwapPlan]:
+    """The plan of each phase of `planner`'s search, the last being `plan_swaps`'s: for
+    "swapadvisor" the swap-only phase's plan, then the plan of the phase that starts from its
+    last population and adds recompute (a clock ends each phase, so two separate searches
+    differ run to run: compare the phases of one); one plan for every other planner."""
     if planner not in PLANNERS:
         raise ValueError(f"unknown planner {planner!r}; planners: {', '.join(PLANNERS)}")
     if planner == "ideal":
-        return ideal(problem)
+        return [ideal(problem)]
     problem.check_feasible()
     if planner in ("swapadvisor", "swap_only"):
-        return swapadvisor(problem, time_budget_s=time_budget_s, seed=seed, config=config,
-                           recompute=planner == "swapadvisor", planner=planner)
-    return {"lru": lru, "vdnn": vdnn, "checkpoint": checkpoint}[planner](problem)
+        return swapadvisor_phases(problem, time_budget_s, seed, config,
+                                  recompute=planner == "swapadvisor", planner=planner)
+    return [{"lru": lru, "vdnn": vdnn, "checkpoint": checkpoint}[planner](problem)]
 
 
 __all__ = ["ALIGNMENT", "PLANNERS", "InfeasibleBudgetError", "PlanError", "Residency",
            "SearchConfig", "SimResult", "SwapIn", "SwapOut", "SwapPlan", "SwapProblem",
-           "plan_swaps", "simulate", "validate"]
+           "plan_phases", "plan_swaps", "simulate", "validate"]

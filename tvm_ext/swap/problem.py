@@ -37,8 +37,10 @@ from .split import SplitOption, finest_working_set
 class InfeasibleBudgetError(InputError):
     """The device budget is below what a single op needs resident while it runs."""
 
-    def __init__(self, budget: int, minimum: int, op_name: str, pinned: int = 0):
+    def __init__(self, budget: int, minimum: int, op_name: str, pinned: int = 0,
+                 no_swap_peak: int | None = None):
         self.budget, self.minimum, self.op_name = int(budget), int(minimum), op_name
+        self.no_swap_peak = no_swap_peak  # of the graph refused, where known
         super().__init__(
             f"device budget {format_size(budget, 2)} cannot run this graph: op {op_name!r} alone "
             f"needs {format_size(minimum - pinned, 2)} resident while it runs"
@@ -285,7 +287,7 @@ class SwapProblem:
         if self.budget < minimum:
             raise InfeasibleBudgetError(self.budget, minimum,
                                         self.op_names[op] if op >= 0 else "<constants>",
-                                        self.pinned_bytes)
+                                        self.pinned_bytes, self.no_swap_peak())
 
     def no_swap_peak(self, order: Sequence[int] | None = None) -> int:
         """Peak device bytes with everything on the device and nothing swapped (arguments and
