@@ -31,6 +31,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir.transform import PassContext, module_pass
 
+from tvm_ext.errors import InternalError
 from tvm_ext.ir.pass_records import LIBRARY_ATTR, LIBRARY_BLOCK_PREFIX
 
 from .gpu_in_place import in_place_buffers, schedule_in_place
@@ -147,7 +148,7 @@ class ApplyDefaultGPUSchedules:
                 continue
             target = func.attrs.get("target") if func.attrs is not None else None
             target = target or tvm.target.Target.current(allow_none=False)
-            scheduled = self._schedule(func, target)
+            scheduled = self._schedule(gv.name_hint, func, target)
             work = serial_iterations(scheduled).iterations
             if work > MAX_SERIAL_ITERATIONS:
                 self.slow_kernels.append((gv.name_hint, work))
@@ -161,12 +162,16 @@ class ApplyDefaultGPUSchedules:
                           "for speed", stacklevel=1)
         return mod
 
-    def _schedule(self, func: tirx.PrimFunc, target) -> tirx.PrimFunc:
+    def _schedule(self, name: str, func: tirx.PrimFunc, target) -> tirx.PrimFunc:
         if func.attrs is not None and LIBRARY_ATTR in func.attrs:
             return _library_kernel(func)
-        if in_place_buffers(func):
-            scheduled = schedule_in_place(func, lambda f: self._by_rules(f, target))
-            return scheduled or schedule_in_place(func, _single_thread) or _single_thread(func)
+        if in_place_buffers(func):  # TVM's bind refuses such a kernel as it stands
+            scheduled = (schedule_in_place(func, lambda f: self._by_rules(f, target))
+                         or schedule_in_place(func, _single_thread))
+            if scheduled is None:
+                raise InternalError(f"{name}: not even one thread per loop nest keeps this "
+                                    "in-place kernel's reads before its writes")
+            return scheduled
         return self._by_rules(func, target) or _single_thread(func)
 
     def _by_rules(self, func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:

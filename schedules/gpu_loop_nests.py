@@ -122,12 +122,13 @@ def _loads(expr, buffer) -> list:
 
 
 def _independent_store(store: tirx.BufferStore, loops: list) -> tirx.Stmt | None:
-    """The store itself when its iterations are independent: a constant, or a value that reads
-    nothing the nest writes at indices that are a bijection of the loop variables."""
-    if isinstance(store.value, tirx.IntImm | tirx.FloatImm):
+    """The store itself when its iterations are independent: a single iteration, a constant,
+    or a value that reads nothing the nest writes at indices that are a bijection of the loop
+    variables."""
+    if not loops or isinstance(store.value, tirx.IntImm | tirx.FloatImm):
         return store
-    if _loads(store.value, store.buffer) or not loops:
-        return store if not loops and not _loads(store.value, store.buffer) else None
+    if _loads(store.value, store.buffer):
+        return None
     iters = {lp.loop_var: tvm.ir.Range.from_min_extent(lp.min, lp.extent) for lp in loops}
     mapped = tvm.sym.detect_iter_map(list(store.indices), iters,
                                      check_level=IterMapLevel.Bijective)
