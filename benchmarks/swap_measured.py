@@ -417,7 +417,7 @@ def main(argv=None) -> int:
     with open(tmp, "w") as f:
         json.dump(payload, f, indent=1)
     os.replace(tmp, args.output)
-    print(f"wrote {args.output}")
+    print(f"wrote {os.path.relpath(args.output, ROOT)}")
     return 0 if all(r.get("agrees", True) for r in rows) else 1
 
 

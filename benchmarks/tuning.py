@@ -97,10 +97,16 @@ def bench_model(name: str, size: str, trials: int, work_dir: str,
         "max_abs_error": check.max_abs_error,
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg(),
-        "tuning": report.to_json(),
+        "tuning": _without_location(report.to_json(), work_dir),
     }
     row["speedup"] = row["untuned_ms"] / row["tuned_ms"]
     return row
+
+
+def _without_location(tuning: dict, work_dir: str) -> dict:
+    """A tuning report with its database as a folder of the work dir (a temporary one unless
+    --work-dir), not a path of this machine."""
+    return {**tuning, "database": os.path.relpath(tuning["database"], work_dir)}
 
 
 def gpu_gemms(trials: int, work_dir: str, size: str) -> dict:
@@ -113,7 +119,8 @@ def gpu_gemms(trials: int, work_dir: str, size: str) -> dict:
     gemms = [t for t in schedules.extract_tasks(staged, target) if "matmul" in t.name]
     gpu = has_gpu()
     report = schedules.tune_tasks(gemms, target, work_dir, trials, measure=gpu)
-    result = {"device": None, "timed": gpu, "kernels": [], "tuning": report.to_json()}
+    result = {"device": None, "timed": gpu, "kernels": [],
+              "tuning": _without_location(report.to_json(), work_dir)}
     if not gpu:
         result["note"] = ("no GPU here: GEMM candidates were built with nvcc, none timed; the "
                           "cuBLAS comparison needs a GPU")

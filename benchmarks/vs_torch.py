@@ -654,7 +654,9 @@ def _numpy_openblas() -> str | None:
 def _pin_openblas(path: str | None, threads: int) -> dict:
     """Set the OpenBLAS at `path` (the same instance the process already loaded: dlopen of a
     loaded file returns it) to `threads` threads: {"path", "default", "threads"}."""
-    entry: dict = {"path": path, "default": None, "threads": None}
+    # Where it lies in the Python environment, not on this machine.
+    entry: dict = {"path": path and os.path.relpath(path, sys.prefix), "default": None,
+                   "threads": None}
     if not path:
         return entry
     try:
@@ -961,15 +963,21 @@ def main(argv: list[str] | None = None) -> int:
            "models": args.models, "modes": args.modes, "builds": ["torch", *args.builds],
            "trials": args.trials, "rounds": args.rounds, "round_seconds": args.round_seconds,
            "wall_seconds": wall, "rows": rows, "gemms": gemms, "targets": targets,
-           "argv": sys.argv[1:] if argv is None else list(argv)}
+           "argv": [_repo_relative(a) for a in (sys.argv[1:] if argv is None else argv)]}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     tmp = f"{args.json}.tmp"
     Path(tmp).write_text(json.dumps(out, indent=1, default=str) + "\n")
     os.replace(tmp, args.json)
-    print(f"wrote {args.json} ({wall:.0f} s)")
+    print(f"wrote {_repo_relative(str(args.json))} ({wall:.0f} s)")
     broken = [c for r in rows for c in r["builds"].values() if "error" in c]
     broken += [g for g in gemms if "error" in g]
     return 1 if broken else 0
+
+
+def _repo_relative(arg: str) -> str:
+    """An absolute path as a path relative to the repository (what the results may hold of the
+    machine they ran on); any other argument as it is."""
+    return os.path.relpath(arg, ROOT) if os.path.isabs(arg) else arg
 
 
 if __name__ == "__main__":

@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compare outputs with a plain tvm.compile on random inputs, and for a "
                         ".pt2 model with PyTorch eager on the same inputs and weights")
     p.add_argument("--report", metavar="PATH", help="write a JSON report")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="show TVM's own log (its C++ warnings), kept out of the output otherwise")
     p.add_argument("--repeat", type=int, default=5, help="timed runs for --run")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--rtol", type=float, default=None,

@@ -28,8 +28,15 @@ def main(argv: list[str] | None = None) -> int:
     # TVM and the model load only once the arguments are valid: --help and argument errors
     # stay instant.
     from .job import compile_model
+    from .tvm_log import logged_lines, tvm_log_captured
 
-    return compile_model(args)
+    with tvm_log_captured(args.verbose) as log:
+        status = compile_model(args)
+        hidden = len(logged_lines(log))
+    if status and hidden:
+        print(f"note: TVM logged {hidden} lines that are not shown; --verbose shows them",
+              file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

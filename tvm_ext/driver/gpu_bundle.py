@@ -48,7 +48,7 @@ from .bundle_artifacts import (
     zoo_entries,
 )
 
-SIZE_LIMIT = 60 * 2**20  # what one call of the workplace's GPU machines carries, with margin
+SIZE_LIMIT = 60 * 2**20  # a larger bundle is refused: it must travel as one copy of <= 64 MiB
 GPU_PYTHON = "3.12"  # the Python of the GPU machines this bundle is for
 Log = Callable[[str], None]
 

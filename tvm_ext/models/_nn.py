@@ -18,6 +18,19 @@ def relax_op(expr: relax.Expr, name: str) -> nn.Tensor:
     return wrap_nested(expr, name)
 
 
+class Embedding(nn.Embedding):
+    """`nn.Embedding` whose lookup clips an id outside the table to its first or last row:
+    `nn.op.take` asks for TVM's "fast" mode, which reads outside the table for such an id
+    (and says so in a warning at every build). Clipping costs two integer ops per row."""
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        flat = x if x.ndim == 1 else nn.op.reshape(x, shape=[-1])
+        rows = relax_op(relax.op.take(self.weight._expr, flat._expr, axis=0, mode="clip"),
+                        "take")
+        return rows if x.ndim == 1 else nn.op.reshape(rows, shape=[*x.shape,
+                                                                   self.weight.shape[1]])
+
+
 def export(
     name: str,
     module: nn.Module,

@@ -9,7 +9,7 @@ import numpy as np
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
-from ._nn import export
+from ._nn import Embedding, export
 from .base import Model, TensorSpec, default_param_spec
 
 SIZES = {
@@ -58,8 +58,8 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, seq: int, hidden: int, heads: int, layers: int, vocab: int):
         self.seq = seq
-        self.wte = nn.Embedding(vocab, hidden)
-        self.wpe = nn.Embedding(seq, hidden)
+        self.wte = Embedding(vocab, hidden)
+        self.wpe = Embedding(seq, hidden)
         self.blocks = nn.ModuleList([Block(hidden, heads) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(hidden)
         self.head = nn.Linear(hidden, vocab, bias=False)

@@ -34,7 +34,7 @@ from .suite import SuiteRun
 from .swapped import check_budget, run_unswapped, time_kernels
 from .zoo import check_module
 
-DEFAULT_TIME_BUDGET_S = 540.0  # 9 minutes: a device call of the workplace lasts at most 10
+DEFAULT_TIME_BUDGET_S = 540.0  # checks not reached within it are skipped (--time-budget)
 Step = tuple[str, Callable[..., dict | None], tuple]
 
 
@@ -85,10 +85,12 @@ def check_integrity(bundle: Bundle) -> dict:
 def check_runtime_only(bundle: Bundle) -> dict:
     """The bundle runs on its own TVM, without the compiler."""
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    data = {"tvm": os.path.dirname(tvm.__file__), "tvm_ext": here,
+    found = (os.path.dirname(tvm.__file__), here)
+    # Where each was found, relative to the bundle (not a path of the machine it runs on).
+    data = {"tvm": os.path.relpath(found[0], bundle.root),
+            "tvm_ext": os.path.relpath(found[1], bundle.root),
             "runtime_only": bool(tvm._RUNTIME_ONLY)}
-    inside = [p.startswith(bundle.root + os.sep) for p in (data["tvm"], data["tvm_ext"])]
-    if not all(inside):
+    if not all(p.startswith(bundle.root + os.sep) for p in found):
         raise Failed("the checks run on a TVM or tvm_ext outside the bundle", data)
     if not data["runtime_only"]:
         raise Failed("TVM's compiler library was loaded: the bundle must not carry it", data)
@@ -177,7 +179,8 @@ def run_checks(bundle_dir: str, *, suites: tuple[str, ...] = SUITES,
 
 def _bundle_summary(bundle: Bundle) -> dict:
     keys = ("created", "built_on", "tvm_ext_version", "tvm_version", "arch", "config")
-    return {"root": bundle.root, **{k: bundle.manifest.get(k) for k in keys}}
+    # The folder as given to the checks (relative to where they ran), not the machine's path.
+    return {"root": os.path.relpath(bundle.root), **{k: bundle.manifest.get(k) for k in keys}}
 
 
 def main(argv: list[str] | None = None, bundle_dir: str | None = None) -> int:
