@@ -102,13 +102,42 @@ LANGUAGE = ("gpt2", "bert", "llama", "t5")
 MODES = ("inference", "training")
 BUILDS = ("untuned", "no_library", "tuned")
 
-# Benchmark sizes, and the tiny ones of `--quick` (the corpus test's scale).
+# Benchmark sizes, and the tiny ones of `--quick` (the corpus test's scale). A size may also
+# give, per model, what the builders otherwise derive: `positions` (GPT-2, BERT: the position
+# table, default `seq`), `ffn` (BERT, ViT: 4 x hidden; Llama: 8/3 x hidden rounded up to 32),
+# `kv_heads` (Llama: heads / 2), `tie` (Llama: tied embedding and head, default no), `depths`,
+# `layer_type`, `embedding` and `labels` (ResNet: one basic block per stage, the first
+# stage's width, 10 classes); and `train_batch` (the batch of a training step, default
+# `batch`). `model_size` applies a size's per-model entries (`MODEL_SIZES`).
 SIZES = {
     "bench": dict(batch=2, seq=64, hidden=256, layers=4, heads=4, vocab=8192, image=64,
                   patch=8, channels=(32, 64, 128, 256), samples=4000),
     "quick": dict(batch=2, seq=16, hidden=32, layers=2, heads=4, vocab=128, image=16,
                   patch=4, channels=(8, 16), samples=520),
+    # The sizes people run (benchmarks/vs_torch_gpu.py --size real): GPT-2 124M, BERT-base,
+    # ViT-B/16, and per model below a decoder of Llama-3.2-1B's shape and ResNet-50.
+    "real": dict(batch=8, train_batch=4, seq=512, hidden=768, layers=12, heads=12,
+                 vocab=50257, positions=1024, image=224, patch=16),
 }
+MODEL_SIZES = {
+    "real": {
+        "bert": dict(vocab=30522, positions=512),
+        "llama": dict(hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192, vocab=128256,
+                      tie=True),
+        "vit": dict(train_batch=8),
+        "resnet": dict(train_batch=8, channels=(256, 512, 1024, 2048), embedding=64,
+                       depths=(3, 4, 6, 3), layer_type="bottleneck", labels=1000),
+    },
+}
+
+
+def model_size(name: str, size: str, training: bool = False) -> dict:
+    """The size dict `name` is built with at `size` (its per-model entries applied); for a
+    training step, `batch` is the size's `train_batch`."""
+    s = dict(SIZES[size], **MODEL_SIZES.get(size, {}).get(name, {}))
+    if training:
+        s["batch"] = s.get("train_batch", s["batch"])
+    return s
 
 
 # ------------------------------------------------------------------------------------------
@@ -119,7 +148,8 @@ def _gpt2(s: dict):
     import transformers as tf
 
     corpus._seed()
-    cfg = tf.GPT2Config(vocab_size=s["vocab"], n_positions=s["seq"], n_embd=s["hidden"],
+    cfg = tf.GPT2Config(vocab_size=s["vocab"], n_positions=s.get("positions", s["seq"]),
+                        n_embd=s["hidden"],
                         n_layer=s["layers"], n_head=s["heads"], bos_token_id=0,
                         eos_token_id=0, attn_implementation="sdpa")
     return corpus._Logits.wrap(tf.GPT2LMHeadModel(cfg).eval()), (_ids(s),)
@@ -131,7 +161,8 @@ def _bert(s: dict):
     corpus._seed()
     cfg = tf.BertConfig(vocab_size=s["vocab"], hidden_size=s["hidden"],
                         num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
-                        intermediate_size=4 * s["hidden"], max_position_embeddings=s["seq"],
+                        intermediate_size=s.get("ffn", 4 * s["hidden"]),
+                        max_position_embeddings=s.get("positions", s["seq"]),
                         attn_implementation="sdpa")
     module = corpus._Logits.wrap(tf.BertModel(cfg, add_pooling_layer=False).eval(),
                                  "last_hidden_state")
@@ -142,10 +173,13 @@ def _llama(s: dict):
     import transformers as tf
 
     corpus._seed()
-    ffn = -(-8 * s["hidden"] // 3 // 32) * 32  # 8/3 of hidden, rounded up to 32 (SwiGLU)
+    # 8/3 of hidden, rounded up to 32 (SwiGLU), unless given
+    ffn = s.get("ffn", -(-8 * s["hidden"] // 3 // 32) * 32)
     cfg = tf.LlamaConfig(vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=ffn,
                          num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
-                         num_key_value_heads=s["heads"] // 2, max_position_embeddings=s["seq"],
+                         num_key_value_heads=s.get("kv_heads", s["heads"] // 2),
+                         max_position_embeddings=s.get("positions", s["seq"]),
+                         tie_word_embeddings=s.get("tie", False),
                          bos_token_id=0, eos_token_id=0, attn_implementation="sdpa")
     return corpus._Logits.wrap(tf.LlamaForCausalLM(cfg).eval()), (_ids(s),)
 
@@ -168,7 +202,8 @@ def _vit(s: dict):
     corpus._seed()
     cfg = tf.ViTConfig(image_size=s["image"], patch_size=s["patch"], num_channels=3,
                        hidden_size=s["hidden"], num_hidden_layers=s["layers"],
-                       num_attention_heads=s["heads"], intermediate_size=4 * s["hidden"],
+                       num_attention_heads=s["heads"],
+                       intermediate_size=s.get("ffn", 4 * s["hidden"]),
                        attn_implementation="sdpa")
     module = corpus._Logits.wrap(tf.ViTModel(cfg, add_pooling_layer=False).eval(),
                                  "last_hidden_state")
@@ -180,8 +215,11 @@ def _resnet(s: dict):
 
     corpus._seed()
     channels = list(s["channels"])
-    cfg = tf.ResNetConfig(num_channels=3, embedding_size=channels[0], hidden_sizes=channels,
-                          depths=[1] * len(channels), layer_type="basic", num_labels=10)
+    cfg = tf.ResNetConfig(num_channels=3, embedding_size=s.get("embedding", channels[0]),
+                          hidden_sizes=channels,
+                          depths=list(s.get("depths", [1] * len(channels))),
+                          layer_type=s.get("layer_type", "basic"),
+                          num_labels=s.get("labels", 10))
     module = corpus._bn_statistics(tf.ResNetForImageClassification(cfg)).eval()
     return corpus._Logits.wrap(module), (_images(s),)
 

@@ -1,356 +1,423 @@
-"""Benchmark: tvm_ext against PyTorch eager on a GPU, end to end, on third-party models (issue 17).
+"""Benchmark: tvm_ext against PyTorch on a GPU, end to end, on third-party models: inference
+and the AdamW training step, float32 and bf16 (issues 17, 34, 37).
 
-The GPU machine has no TVM compiler, so this runs in two halves:
+The GPU machine has no TVM compiler, so this runs in two halves. `prepare` (here, with TVM's
+compiler; benchmarks/vs_torch_gpu_prepare.py) builds each model of benchmarks/vs_torch.py at a
+size, exports it with `torch.export`, imports it without copying its weights, compiles its
+inference or its training iteration (forward, loss, backward, AdamW in place; `bf16`: GEMMs
+and convolutions in bfloat16, float32 master weights) for `--target cuda --arch sm_90` with the
+library kernels on (cuBLAS), and writes DIR/MODEL/: the modules and a manifest (the
+`transformers` class and config, the torch name of every parameter, the seed and specs the
+inputs and labels are drawn from, the optimizer). No weight travels: `run` builds the same
+architecture there, and both sides run its weights.
 
-    python benchmarks/vs_torch_gpu.py prepare DIR [--models gpt2,bert,llama,vit,resnet]
-    # on the GPU machine, with a GPU bundle's runtime (scripts/gpu_bundle.py out/):
-    python3 benchmarks/vs_torch_gpu.py run DIR --site out/site [--json vs_torch_gpu.json]
+`run` (there: a GPU bundle's runtime, PyTorch, `transformers`; benchmarks/vs_torch_gpu_measure.py
+says what each column runs and checks) measures each (model, mode, dtype) in a child process
+under a time limit (`--timeout`, 200 s), so that one slow kernel cannot hide the other rows;
+a row cut short keeps what it measured and says where it stopped. Each row is printed as soon
+as it is measured and written into the JSON, which accumulates rows across `run` calls (a row
+measured again replaces the old one), so that the run can be split into calls of a few
+minutes each.
 
-`prepare` (here) builds each model of benchmarks/vs_torch.py at its benchmark size (the
-`transformers` architectures from configs, exported with `torch.export` and loaded from the
-.pt2 as `compile.py` does), compiles its inference for `--target cuda --arch sm_90` with the
-library kernels on (cuBLAS), and writes the exported module, the model's inputs, its
-`transformers` class and config, and for each parameter of the module the name of the torch
-parameter or buffer it is (matched here by value against the exported program's state).
-Weights do not travel (a 5M-parameter model is 21 MB): `run` builds the same architecture there
-from the config, and both sides run that one model's weights.
+Sizes (`--size`): `quick` (tiny: tests), `bench` (hidden 256, 4 layers, batch 2 x 64), `real`:
+GPT-2 124M (12 x 768, vocabulary 50257), BERT-base (vocabulary 30522), a decoder of
+Llama-3.2-1B's shape (hidden 2048, 16 layers, 32 heads, 8 KV heads, FFN 8192, vocabulary
+128256, tied embedding), ViT-B/16 (224 x 224), ResNet-50; inference on 8 x 512 tokens or
+8 x 3 x 224 x 224, training on 4 x 512 tokens or 8 images (benchmarks/vs_torch.py SIZES).
 
-`run` (there: TVM's runtime, tvm_ext's runtime library, PyTorch and `transformers`) checks the
-tvm_ext module's outputs against PyTorch eager on the GPU (rtol 1e-3, atol 1e-4: cuBLAS and
-PyTorch pick different GEMM algorithms; float32, no TF32 on either side) and times both in
-interleaved rounds (TVM's pooled allocator, weights resident; torch under `inference_mode`),
-medians over all timed calls. Writes the JSON and prints a markdown table.
+On this machine, both halves at tiny sizes (a dry run, not a benchmark):
+
+    python benchmarks/vs_torch_gpu.py prepare /tmp/p --target llvm --size quick
+    python benchmarks/vs_torch_gpu.py run /tmp/p --device cpu --json /tmp/r.json
+
+For a GPU machine (benchmarks/README.md, "The real-size GPU benchmark", has the measured
+prepare times and sizes). Here, once (33 minutes on 2 shared cores, one process per module;
+the Llama modules peak at 6.2 GiB of memory):
+
+    python benchmarks/vs_torch_gpu.py prepare gpu_vs_torch/real --size real
+    python benchmarks/vs_torch_gpu.py site gpu_vs_torch/site
+
+Then calls of at most 4 minutes, each carrying gpu_vs_torch/site (16.8 MiB) and
+gpu_vs_torch/real (30.2 MiB: 3.4-9.6 MiB per model), with J=vs_torch_gpu_real.json copied back
+here into benchmarks/results/gpu/ after each call:
+
+    cp benchmarks/results/gpu/$J "$OUT/" 2>/dev/null; python3 benchmarks/vs_torch_gpu.py run \
+        gpu_vs_torch/real --site gpu_vs_torch/site --json "$OUT/$J" --missing ARGS
+
+    call 1: --models gpt2,bert --timeout 60           call 2: --models vit,resnet --timeout 60
+    call 3: --models llama --timeout 100
+    call 4: --models gpt2,bert,vit --modes inference --compile --timeout 110 (no --missing)
+    call 5: --models llama,resnet --modes inference --compile --timeout 110 (no --missing)
+    then one model per call: --models M --modes training --compile --timeout 200
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import glob
 import json
 import os
-import platform
-import statistics
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 import time
-import warnings
 
-import numpy as np
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 
-MODELS = ("gpt2", "bert", "llama", "vit", "resnet")
-# What the corpus wrapper returns (tests/corpus `_Logits.wrap`), and extra constructor
-# arguments of the `transformers` class, per model of benchmarks/vs_torch.py.
-FIELDS = {"gpt2": "logits", "bert": "last_hidden_state", "llama": "logits",
-          "vit": "last_hidden_state", "resnet": "logits"}
-INIT_KWARGS = {"bert": {"add_pooling_layer": False}, "vit": {"add_pooling_layer": False}}
-RTOL, ATOL = 1e-3, 1e-4
-MANIFEST = "manifest.json"
+from vs_torch_gpu_measure import DTYPES, MANIFEST, MODELS, MODES, entry_key  # noqa: E402
+
+DEFAULT_TIMEOUT = 200.0
+DEFAULT_JSON = os.path.join(HERE, "results", "gpu", "vs_torch_gpu.json")
+BENCHMARK = "vs_torch_gpu"
 
 
-# ------------------------------------------------------------------------------------------
-# prepare (here, with TVM's compiler)
-# ------------------------------------------------------------------------------------------
-
-def _parameter_sources(exp) -> tuple[list[dict], dict[str, np.ndarray]]:
-    """Per parameter of tvm_ext's module: the torch name it is (by value among the exported
-    program's parameters, buffers and constants), else the value itself (carried)."""
-    program = exp.program
-    state = {**program.state_dict, **program.constants}
-    named = dict(exp.module.named_parameters(remove_duplicate=False))
-    named.update(exp.module.named_buffers(remove_duplicate=False))
-    candidates = [s.target for s in program.graph_signature.input_specs
-                  if s.target is not None and s.target in state]
-    sources, carried, used = [], {}, set()
-    for i, weight in enumerate(exp.model.weights):
-        match = [n for n in candidates if tuple(state[n].shape) == weight.shape
-                 and np.array_equal(state[n].detach().cpu().numpy(), weight)]
-        fresh = [n for n in match if n not in used]
-        name = (fresh or match or [None])[0]
-        if name is not None and name in named:
-            used.add(name)
-            sources.append({"name": name})
-        else:  # a constant the torch module there would not have by this name
-            key = f"w{i}"
-            carried[key] = np.asarray(weight)
-            sources.append({"carried": key})
-    return sources, carried
-
-
-def prepare(directory: str, models: list[str], target_kind: str, arch: str,
-            size: str = "bench") -> None:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import tempfile
-
-    import vs_torch  # the models, their sizes and export
-
-    from tvm_ext import driver
-    from tvm_ext.driver.build import resolve_target
-
-    target = resolve_target(target_kind, arch)
-    os.makedirs(directory, exist_ok=True)
-    manifest = {"target": str(target), "models": {}}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in models:
-            start = time.perf_counter()
-            exp = vs_torch.export_model(name, vs_torch.SIZES[size], tmp)
-            inner = exp.module.inner
-            sources, carried = _parameter_sources(exp)
-            module = driver.build(exp.model, target, library=True)
-            driver.export(module, os.path.join(directory, f"{name}.so"))
-            inputs = [t.detach().numpy() for t in exp.inputs]
-            # Buffers (BatchNorm statistics) may be folded into the module as constants:
-            # the torch model there takes this one's (they are small).
-            buffers = {f"buffer:{n}": b.detach().numpy()
-                       for n, b in exp.module.named_buffers()}
-            np.savez(os.path.join(directory, f"{name}.npz"),
-                     **{f"input{i}": a for i, a in enumerate(inputs)}, **carried, **buffers)
-            manifest["models"][name] = {
-                "class": type(inner).__name__, "config_class": type(inner.config).__name__,
-                "config": json.loads(inner.config.to_json_string(use_diff=False)),
-                "attn_implementation": getattr(inner.config, "_attn_implementation", None),
-                "init_kwargs": INIT_KWARGS.get(name, {}), "field": FIELDS[name],
-                "inputs": len(inputs), "parameters": sources,
-                "buffers": [k.removeprefix("buffer:") for k in buffers],
-                "carried_bytes": int(sum(a.nbytes for a in carried.values())),
-                "parameter_count": int(sum(p.numel() for p in inner.parameters())),
-                "size": vs_torch.SIZES[size]}
-            print(f"{name}: {len(sources)} parameters ({len(carried)} carried, "
-                  f"{manifest['models'][name]['carried_bytes']} bytes), "
-                  f"{time.perf_counter() - start:.0f} s", flush=True)
-    with open(os.path.join(directory, MANIFEST), "w") as f:
-        json.dump(manifest, f, indent=1)
+def selected_keys(models: list[str], modes: list[str], dtypes: list[str]) -> list[tuple]:
+    """(model, mode, dtype) for each combination asked for; inference in float32 only
+    (tvm_ext compiles bf16 for training steps only)."""
+    return [(m, mode, d) for m in models for mode in modes for d in dtypes
+            if not (mode == "inference" and d != "fp32")]
 
 
 # ------------------------------------------------------------------------------------------
-# run (there: TVM's runtime, PyTorch, transformers)
+# run: one child process per row, rows accumulated in the JSON
 # ------------------------------------------------------------------------------------------
 
-def _torch_model(spec: dict, torch, device):
-    import transformers
-
-    config = getattr(transformers, spec["config_class"]).from_dict(dict(spec["config"]))
-    if spec.get("attn_implementation"):
-        config._attn_implementation = spec["attn_implementation"]
-    torch.manual_seed(0)
-    inner = getattr(transformers, spec["class"])(config, **spec["init_kwargs"]).eval()
-
-    class Wrapped(torch.nn.Module):  # as tests/corpus wraps it: the names start "inner."
-        def __init__(self):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, *args):
-            return getattr(self.inner(*args), spec["field"])
-
-    return Wrapped().eval().to(device)
+def load_manifests(directory: str) -> dict[str, tuple[str, dict]]:
+    """key -> (the folder holding its module, its entry), from DIR/manifest.json and
+    DIR/*/manifest.json; entries whose module is not there (not carried) are left out."""
+    found = {}
+    for path in sorted(glob.glob(os.path.join(directory, MANIFEST))
+                       + glob.glob(os.path.join(directory, "*", MANIFEST))):
+        folder = os.path.dirname(path)
+        with open(path) as f:
+            for key, entry in json.load(f)["entries"].items():
+                if os.path.isfile(os.path.join(folder, entry["file"])):
+                    found[key] = (folder, entry)
+    return found
 
 
-def first_nan_kernel(vm, args) -> dict | None:
-    """Run `main` once with every VM call instrumented: the first call after which one of its
-    arguments holds a NaN while none of its other arguments did before (the kernel that made
-    it from clean inputs, or whose output, its last argument, held NaN before and after: left
-    partly unwritten), or None."""
-    import tvm
-
-    found: dict = {}
-    before: list = []
-
-    def nan_args(values) -> list[int]:
-        out = []
-        for i, v in enumerate(values):
-            try:
-                a = v.numpy()
-            except Exception:  # not a tensor
-                continue
-            if a.dtype.kind == "f" and np.isnan(a).any():
-                out.append(i)
-        return out
-
-    def instrument(func, symbol, before_run, ret, *call_args):
-        if found:
-            return 0
-        nans = nan_args(call_args)
-        if before_run:
-            before[:] = nans
-            return 0
-        new = [i for i in nans if i not in before]
-        last = len(call_args) - 1
-        if (new and not before) or (before == [last] and last in nans):
-            found.update(kernel=str(symbol), argument=(new or [last])[0],
-                         nan_before=list(before),
-                         shapes=[list(a.shape) if hasattr(a, "shape") else None
-                                 for a in call_args])
-        return 0
-
-    vm.set_instrument(tvm.runtime.convert(instrument))
-    try:
-        vm["main"](*args)
-    finally:
-        vm.set_instrument(tvm.runtime.convert(lambda *a: 0))
-    return found or None
+def _read_json(path: str) -> dict | None:
+    with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+        with open(path) as f:
+            return json.load(f)
+    return None
 
 
-def _time_interleaved(calls: dict, rounds: int, round_s: float) -> dict[str, list[float]]:
-    """Seconds per call of each `calls[name] = (call, sync)`, in rounds that alternate between
-    them; each round of each lasts about `round_s`."""
-    times = {k: [] for k in calls}
-    for r in range(rounds + 1):  # round 0 warms up
-        for name, (call, sync) in calls.items():
-            sync()
-            start = time.perf_counter()
-            n = 0
-            while True:
-                call()
-                n += 1
-                if n % 5 == 0:
-                    sync()
-                    if time.perf_counter() - start >= round_s:
-                        break
-            if r:
-                times[name].append((time.perf_counter() - start) / n)
-    return times
+def _tail(path: str, lines: int = 3) -> str:
+    with contextlib.suppress(FileNotFoundError), open(path, errors="replace") as f:
+        kept = [ln.strip() for ln in f.read().splitlines() if ln.strip()]
+        return " | ".join(kept[-lines:])[-600:]
+    return ""
 
 
-def _arguments(directory: str, name: str, spec: dict, torch, tdev):
-    """(the module's inputs, its parameters taken from the torch model, the torch model)."""
-    arrays = np.load(os.path.join(directory, f"{name}.npz"))
-    inputs = [arrays[f"input{i}"] for i in range(spec["inputs"])]
-    model = _torch_model(spec, torch, tdev)
-    with torch.no_grad():
-        for buffer, value in dict(model.named_buffers()).items():
-            if buffer in spec["buffers"]:
-                value.copy_(torch.from_numpy(arrays[f"buffer:{buffer}"]))
-    named = dict(model.named_parameters(remove_duplicate=False))
-    named.update(model.named_buffers(remove_duplicate=False))
-    missing = [s["name"] for s in spec["parameters"] if "name" in s and s["name"] not in named]
-    if missing:
-        raise RuntimeError(f"the torch model built here lacks {missing[:3]}")
-    params = [named[s["name"]].detach().cpu().numpy() if "name" in s else arrays[s["carried"]]
-              for s in spec["parameters"]]
-    return inputs, params, model
-
-
-def run_model(directory: str, name: str, spec: dict, device: str, rounds: int,
-              round_s: float) -> dict:
-    """One model's row: outputs against torch, then both timed."""
-    import torch
-    import tvm
-    from tvm.runtime.vm import VirtualMachine
-
-    dev, tdev = tvm.device(device, 0), torch.device(device)
-    torch_sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    row: dict = {}
-    inputs, params, model = _arguments(directory, name, spec, torch, tdev)
-    vm = VirtualMachine(tvm.runtime.load_module(os.path.join(directory, f"{name}.so")), dev)
-    args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in (*inputs, *params)]
-    t_inputs = [torch.from_numpy(a).to(tdev) for a in inputs]
-    main = vm["main"]
-
-    def tvm_call():
-        return main(*args)
-
-    def torch_call():
-        with torch.inference_mode():
-            return model(*t_inputs)
-
-    out = tvm_call()
-    ours = (out if hasattr(out, "numpy") else out[0]).numpy()
-    theirs = torch_call().float().cpu().numpy()
-    err = np.abs(ours - theirs)
-    if np.isnan(ours).any() or np.isnan(theirs).any():
-        row["nan"] = {"tvm_ext": int(np.isnan(ours).sum()), "torch": int(np.isnan(theirs).sum())}
-        if row["nan"]["tvm_ext"]:
-            row["first_nan"] = first_nan_kernel(vm, args)
-    row.update(max_abs_error=float(err.max()),
-               max_rel_error=float((err / (np.abs(theirs) + 1e-12)).max()),
-               ok=bool(np.allclose(ours, theirs, rtol=RTOL, atol=ATOL)))
-    times = _time_interleaved({"tvm_ext": (tvm_call, dev.sync),
-                               "torch": (torch_call, torch_sync)}, rounds, round_s)
-    row["torch_ms"] = statistics.median(times["torch"]) * 1e3
-    row["tvm_ext_ms"] = statistics.median(times["tvm_ext"]) * 1e3
-    row["ratio"] = row["tvm_ext_ms"] / row["torch_ms"]
-    ratios = sorted(a / b for a, b in zip(times["tvm_ext"], times["torch"], strict=True))
-    row["round_ratios"] = [round(r, 4) for r in ratios]
+def run_child(argv: list[str], out_path: str, log_path: str, timeout: float) -> dict:
+    """Run one row's child (`argv`, which writes its row so far into `out_path` after each
+    phase) under `timeout` seconds: its row, or what it had measured with an "error" saying
+    why it stopped (the time limit, or its last lines of output). The child and anything it
+    started are killed at the limit."""
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+            error = None if proc.returncode == 0 else \
+                f"exited with status {proc.returncode}: {_tail(log_path)}"
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            error = f"timed out after {timeout:g} s"
+    row = _read_json(out_path) or {}
+    if error is None and not row.get("complete"):
+        error = f"ended without its row: {_tail(log_path)}"
+    if error is not None:
+        row["error"] = error
+        row["ok"] = False
+    row["child_s"] = round(time.perf_counter() - start, 2)
     return row
 
 
-def run_models(directory: str, rounds: int, round_s: float, device: str = "cuda") -> dict:
+def merge_row(results_path: str, key: str, row: dict) -> dict:
+    """Add `row` under `key` to the results JSON (replacing a row of that key), written
+    whole; returns the results."""
+    results = _read_json(results_path) or {"benchmark": BENCHMARK, "rows": {}}
+    if results.get("benchmark") != BENCHMARK:
+        raise SystemExit(f"{results_path} holds no {BENCHMARK} results: choose another --json")
+    results["rows"][key] = row
+    folder = os.path.dirname(os.path.abspath(results_path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = f"{results_path}.partial"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(tmp, results_path)
+    return results
+
+
+def child_argv(args, folder: str, key: str, out_path: str) -> list[str]:
+    argv = [sys.executable, os.path.abspath(__file__), "row", folder, key, "--out", out_path,
+            "--device", args.device, "--rounds", str(args.rounds), "--round-seconds",
+            str(args.round_seconds), "--seed", str(args.seed)]
+    if args.site:
+        argv += ["--site", os.path.abspath(args.site)]
+    if args.compile:
+        argv.append("--compile")
+    return argv
+
+
+def run(args) -> int:
+    """Every selected row of the prepared folder, one child each; returns the exit status
+    (0 when every row of this call agreed with torch)."""
+    entries = load_manifests(args.directory)
+    keys = [entry_key(*k) for k in args.keys]
+    todo = [k for k in keys if k in entries]
+    if not todo:
+        print(f"nothing to run: none of {', '.join(keys)} is prepared in {args.directory}")
+        return 1
+    if args.missing:  # resuming a split run: what an earlier call measured stays
+        done = (_read_json(args.json) or {}).get("rows", {})
+        todo = [k for k in todo if k not in done or "error" in done[k]]
+        if not todo:
+            print(f"every row asked for is in {args.json}")
+            return 0
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="vs_torch_gpu_") as tmp:
+        for i, key in enumerate(todo):
+            folder, _ = entries[key]
+            out_path = os.path.join(tmp, f"row{i}.json")
+            row = run_child(child_argv(args, folder, key, out_path), out_path,
+                            os.path.join(tmp, f"row{i}.log"), args.timeout)
+            row["timeout_s"] = args.timeout
+            results = merge_row(args.json, key, row)
+            print(summary(key, row), flush=True)
+            ok = ok and bool(row.get("ok"))
+    print()
+    print(table(results))
+    return 0 if ok else 1
+
+
+def row_main(args) -> int:
+    """The child: one row, written into --out after each phase (whole, by rename)."""
+    if args.site:
+        sys.path.insert(0, args.site)
+    import vs_torch_gpu_measure as measure
+
+    with open(os.path.join(args.directory, MANIFEST)) as f:
+        entry = json.load(f)["entries"][args.key]
+
+    def progress(row: dict) -> None:
+        tmp = args.out + ".partial"
+        with open(tmp, "w") as f:
+            json.dump(row, f, indent=1)
+        os.replace(tmp, args.out)
+
+    row = measure.measure_row(args.directory, entry, args.device, args.rounds,
+                              args.round_seconds, args.compile, args.seed, progress)
+    row["machine"] = machine(args.device)
+    row["complete"] = True
+    progress(row)
+    return 0
+
+
+def machine(device: str) -> dict:
+    import platform
+
     import torch
     import tvm
 
-    import tvm_ext  # noqa: F401  (tvm_ext's runtime library: the cuBLAS kernels)
-    from tvm_ext.runtime.cuda import ensure_cuda_runtime
+    return {"host": platform.node(), "device": device,
+            "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+            "torch": torch.__version__, "tvm": tvm.__version__,
+            "tvm_from": os.path.dirname(tvm.__file__),
+            "python": platform.python_version(),
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
-    if device == "cuda":
-        ensure_cuda_runtime()  # TVM's CUDA module loader (loaded on demand)
-    with open(os.path.join(directory, MANIFEST)) as f:
-        manifest = json.load(f)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    rows = []
-    for name, spec in manifest["models"].items():
-        row = {"model": name, "mode": "inference", "parameters": spec["parameter_count"]}
-        try:
-            row.update(run_model(directory, name, spec, device, rounds, round_s))
-        except Exception as err:  # one model's failure is reported, the others still run
-            row["error"] = f"{type(err).__name__}: {err}"
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "round_ratios"}), flush=True)
-    gpu = torch.cuda.get_device_name(0) if device == "cuda" else None
-    return {"machine": {"host": platform.node(), "device": device, "gpu": gpu,
-                        "torch": torch.__version__, "tvm": tvm.__version__,
-                        "python": platform.python_version()},
-            "rounds": rounds, "round_s": round_s, "tolerance": [RTOL, ATOL], "rows": rows}
+
+# ------------------------------------------------------------------------------------------
+# Reports
+# ------------------------------------------------------------------------------------------
+
+COLUMNS = ("tvm_ext", "eager", "bf16_autocast", "compile", "compile_bf16")
+
+
+def _ms(row: dict, column: str) -> str:
+    value = row.get(f"{column}_ms")
+    return f"{value:.2f}" if value is not None else ""
+
+
+def _ratio(row: dict, column: str) -> str:
+    value = row.get(f"ratio_{column}")
+    return f"{value:.2f}x" if value is not None else ""
+
+
+def _check(row: dict) -> str:
+    if row.get("mode") == "training" and "loss_error" in row:
+        p = row.get("parameters_check", {})
+        return (f"loss {row['loss_error']:.1e}, {p.get('beyond_tolerance', 0)} noise flips"
+                + ("" if row.get("ok") else " FAILED"))
+    if "max_abs_error" in row:
+        return f"{row['max_abs_error']:.1e}" + ("" if row.get("ok") else " FAILED")
+    return ""
+
+
+def _mib(row: dict, key: str) -> str:
+    value = row.get(key)
+    return f"{value / 2**20:.0f}" if value is not None else ""
+
+
+def summary(key: str, row: dict) -> str:
+    """One line per measured row."""
+    parts = [f"{c} {row[f'{c}_ms']:.2f} ms" for c in COLUMNS if f"{c}_ms" in row]
+    calls = row.get("vm_calls", {})
+    text = f"{key}: " + ", ".join(parts)
+    if calls:
+        text += f"; {calls['kernels']} kernel calls"
+    text += f"; check {_check(row) or 'not reached'}"
+    if "error" in row:
+        text += f"; ERROR {row['error']}"
+    return text
 
 
 def table(results: dict) -> str:
-    lines = ["| model | mode | params | torch ms | tvm_ext ms | tvm_ext / torch | max abs err |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in results["rows"]:
-        if "error" in r or not r.get("ok"):
-            why = r.get("error") or f"differs from torch (max abs {r['max_abs_error']:.2e})"
-            lines.append(f"| {r['model']} | {r['mode']} | | | | {why} | |")
-            continue
-        lines.append(f"| {r['model']} | {r['mode']} | {r['parameters'] / 1e6:.2f}M | "
-                     f"{r['torch_ms']:.3f} | {r['tvm_ext_ms']:.3f} | {r['ratio']:.2f}x | "
-                     f"{r['max_abs_error']:.1e} |")
+    """The accumulated rows as a markdown table (ratios: tvm_ext's time over each column's)."""
+    lines = ["| model | mode | dtype | params | tvm_ext ms | eager ms | bf16 autocast ms | "
+             "compile ms | compile bf16 ms | / eager | / bf16 | / compile | / compile bf16 | "
+             "check | peak MiB tvm_ext / eager | kernel calls |",
+             "|" + " --- |" * 16]
+    for key in sorted(results["rows"]):
+        r = results["rows"][key]
+        cells = [r.get("model", key), r.get("mode", ""), r.get("dtype", ""),
+                 f"{r['parameters'] / 1e6:.1f}M" if "parameters" in r else "",
+                 *(_ms(r, c) for c in COLUMNS), *(_ratio(r, c) for c in COLUMNS[1:]),
+                 _check(r) + (f" ({r['error']})" if "error" in r else ""),
+                 f"{_mib(r, 'tvm_ext_peak_bytes')} / {_mib(r, 'eager_peak_bytes')}",
+                 str(r.get("vm_calls", {}).get("kernels", ""))]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+# ------------------------------------------------------------------------------------------
+# Command line
+# ------------------------------------------------------------------------------------------
+
+def _selection(p) -> None:
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--dtypes", default=",".join(DTYPES),
+                   help="fp32, bf16 (training only: bf16 GEMMs, float32 master weights)")
+    p.add_argument("--keys", help="instead: MODEL/MODE/DTYPE,... (e.g. llama/training/bf16)")
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="compile the models here (TVM's compiler)")
     p.add_argument("directory")
-    p.add_argument("--models", default=",".join(MODELS))
+    _selection(p)
     p.add_argument("--target", default="cuda", choices=("cuda", "llvm"),
                    help="llvm: a CPU build, to try the two halves on one machine")
     p.add_argument("--arch", default="sm_90")
-    p.add_argument("--size", default="bench", choices=("bench", "quick"),
-                   help="quick: the tiny sizes of benchmarks/vs_torch.py --quick")
-    r = sub.add_parser("run", help="time them on the GPU (TVM's runtime)")
+    p.add_argument("--size", default="bench", choices=("quick", "bench", "real"))
+    s = sub.add_parser("site", help="pack TVM's runtime and tvm_ext's for the GPU machine")
+    s.add_argument("directory")
+    r = sub.add_parser("run", help="check and time them (TVM's runtime, PyTorch)")
     r.add_argument("directory")
-    r.add_argument("--site", help="a GPU bundle's site/ folder (TVM's runtime, tvm_ext's)")
-    r.add_argument("--json", default="vs_torch_gpu.json")
+    _selection(r)
+    r.add_argument("--site", help="a runtime site/ folder (`site`, or a GPU bundle's)")
+    r.add_argument("--json", default=DEFAULT_JSON, help="where rows accumulate")
     r.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="cpu: a dry run of both halves (with `prepare --target llvm`), not a "
                         "benchmark: benchmarks/vs_torch.py times the CPU, threads matched")
-    r.add_argument("--rounds", type=int, default=7)
+    r.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                   help="seconds each row may take, torch.compile included")
+    r.add_argument("--compile", action="store_true", help="torch.compile columns too")
+    r.add_argument("--missing", action="store_true",
+                   help="only the rows the JSON lacks or holds an error for")
+    r.add_argument("--rounds", type=int, default=5)
     r.add_argument("--round-seconds", type=float, default=0.3)
-    args = parser.parse_args(argv)
-    if args.command == "prepare":
-        unknown = set(args.models.split(",")) - set(MODELS)
+    r.add_argument("--seed", type=int, default=0, help="of the inputs and labels")
+    c = sub.add_parser("row", help=argparse.SUPPRESS)  # one row, in the child of `run`
+    c.add_argument("directory")
+    c.add_argument("key")
+    c.add_argument("--out", required=True)
+    c.add_argument("--site")
+    c.add_argument("--device", default="cuda")
+    c.add_argument("--rounds", type=int, default=5)
+    c.add_argument("--round-seconds", type=float, default=0.3)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--compile", action="store_true")
+    return parser
+
+
+def _split(parser, args) -> None:
+    """args.keys: the (model, mode, dtype) asked for, from --keys or the other options."""
+    if args.keys:
+        keys = [tuple(k.split("/")) for k in args.keys.split(",")]
+        bad = [k for k in keys if len(k) != 3 or k[0] not in MODELS or k[1] not in MODES
+               or k[2] not in DTYPES or k not in selected_keys([k[0]], [k[1]], [k[2]])]
+        if bad:
+            parser.error(f"unknown keys {['/'.join(k) for k in bad]}: MODEL/MODE/DTYPE with "
+                         f"MODEL in {', '.join(MODELS)}, MODE in {', '.join(MODES)}, DTYPE "
+                         f"in {', '.join(DTYPES)} (inference: fp32)")
+        args.keys = keys
+        return
+    given = {"models": args.models.split(","), "modes": args.modes.split(","),
+             "dtypes": args.dtypes.split(",")}
+    for (what, values), known in zip(given.items(), (MODELS, MODES, DTYPES), strict=True):
+        unknown = set(values) - set(known)
         if unknown:
-            parser.error(f"unknown models {sorted(unknown)}; known: {', '.join(MODELS)}")
+            parser.error(f"unknown {what} {sorted(unknown)}; known: {', '.join(known)}")
+    args.keys = selected_keys(given["models"], given["modes"], given["dtypes"])
+
+
+def pack_site(directory: str) -> int:
+    """TVM's runtime (no compiler), tvm-ffi for this Python and the GPU machines', and
+    tvm_ext's runtime: what `run --site` needs where TVM is not installed."""
+    from tvm_ext.driver import bundle_runtime
+    from tvm_ext.driver.gpu_bundle import GPU_PYTHON, tree_size
+
+    if os.path.exists(directory):
+        raise SystemExit(f"{directory} exists: choose a new folder")
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    partial = directory.rstrip("/") + ".partial"
+    try:
+        bundle_runtime.copy_tvm(partial)
+        bundle_runtime.copy_tvm_ffi(partial, {version, GPU_PYTHON}, bundle_runtime.cache_dir(),
+                                    print)
+        bundle_runtime.copy_typing_extensions(partial)
+        bundle_runtime.copy_tvm_ext(partial, None)
+        os.replace(partial, directory)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    size, files = tree_size(directory)
+    print(f"{directory}: {size / 2**20:.1f} MiB in {files} files")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "row":
+        return row_main(args)
+    if args.command == "site":
+        return pack_site(args.directory)
+    _split(parser, args)
+    if args.command == "run" and args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    if args.command == "prepare":
+        import warnings
+
+        from vs_torch_gpu_prepare import prepare
+
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            prepare(args.directory, args.models.split(","), args.target, args.arch, args.size)
+            prepare(args.directory, args.keys, args.size, args.target, args.arch)
         return 0
-    if args.site:
-        sys.path.insert(0, os.path.abspath(args.site))
-    results = run_models(args.directory, args.rounds, args.round_seconds, args.device)
-    with open(args.json, "w") as f:
-        json.dump(results, f, indent=1)
-    print(table(results))
-    return 0 if all(r.get("ok") for r in results["rows"]) else 1
+    return run(args)
 
 
 if __name__ == "__main__":

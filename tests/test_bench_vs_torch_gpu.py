@@ -1,11 +1,14 @@
 """benchmarks/vs_torch_gpu.py, both halves on this CPU (`prepare --target llvm`, `run --device
-cpu`) at the tiny sizes: the module's parameters are found among the torch model's by name, a
-torch model rebuilt from the recorded config runs the same weights, and the outputs agree. The
-first-NaN finder names the kernel that made a NaN. No timing is asserted."""
+cpu`, the run half with TVM's runtime alone) at the tiny sizes: the module's parameters are
+the torch model's by name (tied ones once), a torch model rebuilt from the recorded config runs
+the same weights, and inference outputs, the first AdamW step's loss and the parameters after
+it agree with torch (fp32 and bf16). Rows accumulate in one JSON across runs; a row whose child
+outruns its time limit is an error row and the others still run. No timing is asserted."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,69 +18,208 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "vs_torch_gpu.py"
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
+
+import vs_torch_gpu  # noqa: E402
+import vs_torch_gpu_measure as measure  # noqa: E402
+
+KEYS = ("gpt2/inference/fp32,gpt2/training/fp32,gpt2/training/bf16,"
+        "resnet/inference/fp32,resnet/training/fp32")
+
+
+def _script(*args, env=None, timeout=600):
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+    return proc, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("vs_torch_gpu")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "prepare", str(folder), "--target",
-                           "llvm", "--size", "quick", "--models", "gpt2,resnet"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc, out = _script("prepare", str(folder), "--target", "llvm", "--size", "quick",
+                        "--keys", KEYS, timeout=900)
+    assert proc.returncode == 0, out
     return folder
 
 
+@pytest.fixture(scope="module")
+def results(prepared, tmp_path_factory) -> tuple[dict, str]:
+    """Two `run` calls into one JSON (gpt2's rows, then resnet's), with TVM's runtime alone
+    (TVM_USE_RUNTIME_LIB=1: no compiler, tvm_ext's runtime side only)."""
+    path = tmp_path_factory.mktemp("vs_torch_gpu_run") / "r.json"
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
+    outs = []
+    for model in ("gpt2", "resnet"):
+        proc, out = _script("run", str(prepared), "--device", "cpu", "--models", model,
+                            "--rounds", "1", "--round-seconds", "0.01", "--json", str(path),
+                            env=env)
+        assert proc.returncode == 0, out
+        outs.append(proc.stdout)
+    return json.loads(path.read_text()), outs[1]
+
+
 def test_parameters_are_named_and_none_carried(prepared):
-    manifest = json.loads((prepared / "manifest.json").read_text())
-    for name, spec in manifest["models"].items():
-        assert all("name" in s for s in spec["parameters"]), name
-        assert spec["carried_bytes"] == 0
-    # ResNet's BatchNorm statistics travel (they may be folded into the module).
-    assert any("running_mean" in b for b in manifest["models"]["resnet"]["buffers"])
+    gpt2 = json.loads((prepared / "gpt2" / "manifest.json").read_text())["entries"]
+    training = gpt2["gpt2/training/fp32"]
+    # The tied head is the embedding: one parameter, as torch and its optimizer see it.
+    assert training["tied"] == {"inner.lm_head.weight": "inner.transformer.wte.weight"}
+    assert "inner.lm_head.weight" not in training["parameters"]
+    assert all(n.startswith("inner.") for n in training["parameters"])
+    assert training["trainable"] == list(range(len(training["parameters"])))
+    names = [s["name"] for s in training["state"]]
+    assert names[-1] == "step" and len(names) == 2 * len(training["parameters"]) + 1
+    assert training["labels"]["dtype"] == "int64" and training["loss"] == "cross_entropy"
+    assert not list((prepared / "gpt2").glob("*.npz"))  # no weight travels
+    resnet = json.loads((prepared / "resnet" / "manifest.json").read_text())["entries"]
+    # ResNet's BatchNorm statistics travel (folded into the module as constants).
+    assert any("running_mean" in b for b in resnet["resnet/inference/fp32"]["buffers"])
 
 
-def test_run_agrees_with_torch(prepared, tmp_path):
+def test_rows_agree_with_torch(results):
+    rows = results[0]["rows"]
+    assert sorted(rows) == sorted(KEYS.split(","))
+    for key, row in rows.items():
+        assert row["ok"] and "error" not in row, (key, row)
+        assert row["tvm_ext_ms"] > 0 and row["eager_ms"] > 0 and row["bf16_autocast_ms"] > 0
+        assert row["vm_calls"]["kernels"] > 0
+        if row["mode"] == "inference":
+            assert row["max_abs_error"] < 1e-4, row
+        else:
+            check = row["parameters_check"]
+            assert check["elements"] > 0 and check["beyond_with_signal_gradient"] == 0
+            assert check["max_abs_error_signal"] < 1e-5, (key, check)
+            assert row["loss_error"] <= measure.LOSS_RTOL[row["dtype"]] * row["torch_loss"]
+
+
+def test_rows_accumulate_across_runs(results):
+    """The second run's table lists the first run's rows too."""
+    table = results[1].split("| model |", 1)[1]
+    assert table.count("| gpt2 |") == 3 and table.count("| resnet |") == 2
+
+
+def test_merge_replaces_a_row_of_the_same_key(tmp_path):
+    path = str(tmp_path / "r.json")
+    vs_torch_gpu.merge_row(path, "a/inference/fp32", {"x": 1})
+    vs_torch_gpu.merge_row(path, "b/inference/fp32", {"x": 2})
+    results = vs_torch_gpu.merge_row(path, "a/inference/fp32", {"x": 3})
+    assert results["rows"] == {"a/inference/fp32": {"x": 3}, "b/inference/fp32": {"x": 2}}
+    (tmp_path / "other.json").write_text(json.dumps({"benchmark": "vs_torch", "rows": []}))
+    with pytest.raises(SystemExit):
+        vs_torch_gpu.merge_row(str(tmp_path / "other.json"), "a/inference/fp32", {})
+
+
+def _fake_prepared(folder: Path, keys: list[str]) -> None:
+    entries = {}
+    for key in keys:
+        model, mode, dtype = key.split("/")
+        entries[key] = {"file": measure.module_file(model, mode, dtype)}
+        (folder / entries[key]["file"]).write_bytes(b"")
+    (folder / "manifest.json").write_text(json.dumps({"entries": entries}))
+
+
+def test_a_row_over_its_time_limit_is_an_error_and_the_others_run(tmp_path, monkeypatch,
+                                                                   capsys):
+    """The first row's child writes what it measured, starts a grandchild and hangs: it is
+    killed at the limit with its process group, its row keeps the partial figures and says
+    why; the next row runs."""
+    keys = ["gpt2/inference/fp32", "bert/inference/fp32"]
+    _fake_prepared(tmp_path, keys)
+    marker = tmp_path / "grandchild.pid"
+
+    def fake_child(args, folder, key, out_path):
+        if key == keys[0]:
+            code = (f"import json, subprocess, time; json.dump({{'model': 'gpt2', "
+                    f"'setup_s': 1.0}}, open({out_path!r}, 'w')); "
+                    f"p = subprocess.Popen(['sleep', '60']); "
+                    f"open({str(marker)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+        else:
+            code = (f"import json; json.dump({{'model': 'bert', 'ok': True, 'complete': True, "
+                    f"'tvm_ext_ms': 1.0}}, open({out_path!r}, 'w'))")
+        return [sys.executable, "-c", code]
+
+    monkeypatch.setattr(vs_torch_gpu, "child_argv", fake_child)
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "run", str(prepared), "--device", "cpu",
-                           "--rounds", "1", "--round-seconds", "0.05", "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    status = vs_torch_gpu.main(["run", str(tmp_path), "--device", "cpu", "--keys",
+                                ",".join(keys), "--timeout", "5", "--json", str(out)])
+    assert status == 1
     rows = json.loads(out.read_text())["rows"]
-    assert [r["model"] for r in rows] == ["gpt2", "resnet"]
-    for row in rows:
-        assert row["ok"] and row["max_abs_error"] < 1e-4, row
-        assert row["torch_ms"] > 0 and row["tvm_ext_ms"] > 0
+    slow, fine = rows[keys[0]], rows[keys[1]]
+    assert slow["error"] == "timed out after 5 s" and slow["setup_s"] == 1.0
+    assert not slow["ok"] and fine["ok"] and "error" not in fine
+    # The grandchild was killed with the child's process group (gone, or a zombie where
+    # nothing has reaped it yet).
+    stat = Path(f"/proc/{int(marker.read_text())}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    assert "timed out after 5 s" in capsys.readouterr().out
+    # Resuming (--missing): only the row that failed runs again.
+    ran = []
+
+    def quick_child(args, folder, key, out_path):
+        ran.append(key)
+        return [sys.executable, "-c", f"import json; json.dump({{'ok': True, 'complete': "
+                f"True}}, open({out_path!r}, 'w'))"]
+
+    monkeypatch.setattr(vs_torch_gpu, "child_argv", quick_child)
+    assert vs_torch_gpu.main(["run", str(tmp_path), "--device", "cpu", "--keys",
+                              ",".join(keys), "--missing", "--json", str(out)]) == 0
+    assert ran == [keys[0]] and json.loads(out.read_text())["rows"][keys[0]]["ok"]
+
+
+def test_parameter_check_refuses_a_wrong_update():
+    """An element whose gradient is far from noise must move as torch's does; noise-gradient
+    elements may move 2 lr the other way, and are counted."""
+    lr = 1e-3
+    theirs = torch.zeros(4)
+    grads = torch.tensor([1.0, -1.0, 1e-9, 0.5])
+    ours = theirs.clone()
+    ours[2] = 2 * lr  # a noise gradient flipped
+    check = measure.compare_parameters(torch, [ours], [theirs], [grads], lr, 1e-3)
+    assert check["ok"] and check["beyond_with_noise_gradient"] == 1
+    ours[3] = 2 * lr  # a real gradient flipped
+    check = measure.compare_parameters(torch, [ours], [theirs], [grads], lr, 1e-3)
+    assert not check["ok"] and check["beyond_with_signal_gradient"] == 1
+    ours[3] = 0.0
+    ours[2] = 3 * lr  # beyond what Adam's first step can move anything
+    assert measure.compare_parameters(torch, [ours], [theirs], [grads], lr, 1e-3)[
+        "beyond_2lr"] == 1
+    # A tensor whose gradient is all noise (exactly zero, e.g. a key bias): judged against
+    # the step's largest gradient, not its own.
+    ours[2] = 0.0
+    bias, bias_grads = torch.zeros(2), torch.tensor([1e-8, -2e-8])
+    flipped = torch.tensor([2 * lr, 0.0])
+    check = measure.compare_parameters(torch, [ours, flipped], [theirs, bias],
+                                       [grads, bias_grads], lr, 1e-3)
+    assert check["ok"] and check["beyond_with_noise_gradient"] == 1
 
 
 def test_first_nan_kernel(prepared):
     import tvm
     from tvm.runtime.vm import VirtualMachine
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import vs_torch_gpu
-
     import tvm_ext  # noqa: F401  (library kernels)
 
-    spec = json.loads((prepared / "manifest.json").read_text())["models"]["gpt2"]
-    model = vs_torch_gpu._torch_model(spec, torch, "cpu")
+    folder = prepared / "gpt2"
+    entry = json.loads((folder / "manifest.json").read_text())["entries"][
+        "gpt2/inference/fp32"]
+    model = measure.torch_model(entry, torch, "cpu")
     named = dict(model.named_parameters(remove_duplicate=False))
-    params = [named[s["name"]].detach().numpy().copy() for s in spec["parameters"]]
-    ids = np.load(prepared / "gpt2.npz")["input0"]
-    vm = VirtualMachine(tvm.runtime.load_module(str(prepared / "gpt2.so")), tvm.cpu())
+    params = [named[n].detach().numpy().copy() for n in entry["parameters"]]
+    ids = measure.draw_inputs(entry, 0)[0]
+    vm = VirtualMachine(tvm.runtime.load_module(str(folder / entry["file"])), tvm.cpu())
 
     def args():
         return [tvm.runtime.tensor(np.ascontiguousarray(a)) for a in (ids, *params)]
 
-    assert vs_torch_gpu.first_nan_kernel(vm, args()) is None
+    assert measure.first_nan_kernel(vm, args()) is None
     # +inf and -inf in one weight: a kernel downstream (inf - inf) makes the first NaN from
     # inputs that hold none.
-    index = next(i for i, s in enumerate(spec["parameters"])
-                 if s["name"].endswith("h.0.attn.c_proj.weight"))
+    index = next(i for i, n in enumerate(entry["parameters"])
+                 if n.endswith("h.0.attn.c_proj.weight"))
     params[index].flat[0], params[index].flat[1] = np.inf, -np.inf
-    found = vs_torch_gpu.first_nan_kernel(vm, args())
+    found = measure.first_nan_kernel(vm, args())
     assert found is not None and found["kernel"], found
     assert found["nan_before"] == []
     assert found["argument"] < len(found["shapes"])

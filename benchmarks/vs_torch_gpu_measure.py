@@ -1,0 +1,554 @@
+"""The half of benchmarks/vs_torch_gpu.py that runs on the GPU machine: one row, i.e. one
+prepared (model, mode, dtype), checked against PyTorch and timed beside it. It needs TVM's
+runtime, tvm_ext's runtime (a GPU bundle's site/), numpy, PyTorch and `transformers`; no TVM
+compiler, nothing of tvm_ext but `tvm_ext.runtime`.
+
+The torch model is built there from the recorded config (seed 0, on the device), and both
+sides run its weights: the module's parameters are the torch model's own tensors, handed to
+TVM through DLPack (inference), or copies of them (training: the step updates its arguments
+in place). Inputs and labels are drawn there from the recorded specs with numpy's
+`default_rng(seed)`.
+
+Columns (each a callable timed in interleaved rounds):
+
+    tvm_ext        the prepared module (TVM's pooled allocator, arguments resident)
+    eager          PyTorch eager, float32, TF32 off
+    bf16_autocast  PyTorch eager under torch.autocast(bfloat16) (float32 master weights)
+    compile        torch.compile of the model, float32     } with --compile: compiled once,
+    compile_bf16   torch.compile under bf16 autocast       } reused across rounds
+
+Inference: torch under `inference_mode`. Training: `zero_grad(set_to_none)`, forward, the
+loss (`LOSSES`), backward and `torch.optim.AdamW(fused=True)` with the optimizer the step was
+compiled with; the torch columns share one model and one optimizer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import time
+
+import numpy as np
+
+MODELS = ("gpt2", "bert", "llama", "vit", "resnet")
+MODES = ("inference", "training")
+DTYPES = ("fp32", "bf16")
+MANIFEST = "manifest.json"
+# What the corpus wrapper returns (tests/corpus `_Logits.wrap`), and extra constructor
+# arguments of the `transformers` class, per model of benchmarks/vs_torch.py.
+FIELDS = {"gpt2": "logits", "bert": "last_hidden_state", "llama": "logits",
+          "vit": "last_hidden_state", "resnet": "logits"}
+INIT_KWARGS = {"bert": {"add_pooling_layer": False}, "vit": {"add_pooling_layer": False}}
+# The inputs of each builder of benchmarks/vs_torch.py, in order (see `draw_inputs`).
+INPUT_KINDS = {"gpt2": ("ids",), "bert": ("ids", "mask"), "llama": ("ids",),
+               "vit": ("images",), "resnet": ("images",)}
+# The loss of a training step, as a user trains each head: cross entropy over logits (the
+# language models' next-token logits, ResNet's class logits), mse over an encoder's states.
+LOSSES = {"logits": "cross_entropy", "last_hidden_state": "mse"}
+OPTIMIZER = {"kind": "adamw", "lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8,
+             "weight_decay": 0.01}
+# Inference outputs against eager float32: cuBLAS and PyTorch pick different GEMM algorithms.
+INFERENCE_TOLERANCE = (1e-3, 1e-4)
+# The first training step's loss against torch's in the same precision (relative).
+LOSS_RTOL = {"fp32": 1e-3, "bf16": 2e-2}
+# Parameters after the first step: an element matches at (rtol, atol), or its gradient was
+# rounding noise and Adam moved it by up to lr the other way (|error| <= 2 lr + atol). Noise:
+# |g| <= LOSS_RTOL x the tensor's scale, its largest |g| but at least NOISE_SCALE x the step's
+# largest (a tensor whose exact gradient is zero, a key bias through softmax, is all noise):
+# in float32 1e-6 of the step's largest gradient, the bound of tvm_ext's --check on CPU.
+# In bf16 the two sides round differently (torch's autocast keeps activations in bfloat16,
+# tvm_ext only the GEMM operands), and gradients far above that noise flip too: a bf16 row
+# bounds every element by 2 lr + atol and counts the flips, as --check bounds a bf16 run by
+# its loss alone.
+PARAM_TOLERANCE = (1e-5, 1e-6)
+NOISE_SCALE = 1e-3
+SIGNS_CHECKED = {"fp32": True, "bf16": False}
+
+
+def entry_key(model: str, mode: str, dtype: str) -> str:
+    return f"{model}/{mode}/{dtype}"
+
+
+def module_file(model: str, mode: str, dtype: str) -> str:
+    return f"{model}-{mode}-{dtype}.so"
+
+
+def loss_of(model: str) -> str:
+    return LOSSES[FIELDS[model]]
+
+
+# ------------------------------------------------------------------------------------------
+# The torch model and the arguments
+# ------------------------------------------------------------------------------------------
+
+def torch_model(entry: dict, torch, device, buffers: dict | None = None):
+    """The model the entry was prepared from, rebuilt from its config on `device` (seed 0),
+    in eval mode (no dropout; batch norms on their running statistics, as the module was
+    exported), with the recorded `buffers` (folded into the module) loaded."""
+    import transformers
+
+    config = getattr(transformers, entry["config_class"]).from_dict(dict(entry["config"]))
+    if entry.get("attn_implementation"):
+        config._attn_implementation = entry["attn_implementation"]
+    torch.manual_seed(0)
+    with torch.device(device):
+        inner = getattr(transformers, entry["class"])(config, **entry["init_kwargs"])
+    field = entry["field"]
+
+    class Wrapped(torch.nn.Module):  # as tests/corpus wraps it: the names start "inner."
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args):
+            return getattr(self.inner(*args), field)
+
+    model = Wrapped().eval()
+    named = dict(model.named_buffers())
+    with torch.no_grad():
+        for name, value in (buffers or {}).items():
+            named[name].copy_(torch.from_numpy(value))
+    return model
+
+
+def load_buffers(directory: str, entry: dict) -> dict[str, np.ndarray]:
+    if not entry["buffers"]:
+        return {}
+    path = os.path.join(directory, entry["file"].removesuffix(".so") + ".npz")
+    with np.load(path) as arrays:
+        return {n: arrays[f"buffer:{n}"] for n in entry["buffers"]}
+
+
+def draw_inputs(entry: dict, seed: int) -> list[np.ndarray]:
+    """The inputs (and, for a training step, the labels) from the recorded specs: token ids
+    uniform in [0, vocabulary), the padding mask of tests/corpus (the second row's last 5
+    positions padded), images standard normal; labels as `TensorSpec.sample` draws them."""
+    from tvm_ext.runtime.random_arrays import sample
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for spec in entry["inputs"]:
+        shape, dtype = spec["shape"], spec["dtype"]
+        if spec["kind"] == "ids":
+            out.append(sample(rng, shape, dtype, "randint", high=spec["high"]))
+        elif spec["kind"] == "mask":
+            mask = np.ones(shape, dtype)
+            mask[1, shape[1] - 5:] = 0
+            out.append(mask)
+        else:
+            out.append(sample(rng, shape, dtype, "normal"))
+    if "labels" in entry:
+        s = entry["labels"]
+        out.append(sample(rng, s["shape"], s["dtype"], s["init"], s["scale"], s["high"]))
+    return out
+
+
+def tvm_view(tensor, tvm):
+    """`tensor` (torch) as a TVM tensor sharing its memory (DLPack): a training step writes
+    its new parameters and state into it, so a copy would be wrong, and is refused."""
+    try:
+        return tvm.runtime.from_dlpack(tensor.detach())
+    except Exception as err:
+        raise RuntimeError(f"a {tuple(tensor.shape)} {tensor.dtype} tensor cannot be shared "
+                           f"with TVM: {err}") from None
+
+
+# ------------------------------------------------------------------------------------------
+# Measuring
+# ------------------------------------------------------------------------------------------
+
+def time_interleaved(calls: dict, rounds: int, round_s: float) -> dict[str, list[float]]:
+    """Milliseconds per call of each `calls[name] = (call, sync)`, every call waited for, in
+    `rounds` rounds that alternate between them; a warm-up call each (untimed) sizes its share
+    of a round to about `round_s` seconds."""
+    repeat = {}
+    for name, (call, sync) in calls.items():
+        call()
+        sync()
+        start = time.perf_counter()
+        call()
+        sync()
+        repeat[name] = max(1, int(round_s / max(time.perf_counter() - start, 1e-6)))
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, (call, sync) in calls.items():
+            for _ in range(repeat[name]):
+                start = time.perf_counter()
+                call()
+                sync()
+                times[name].append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def count_vm_calls(vm, call) -> dict:
+    """How many functions the VM calls in one `call()`: compiled kernels (each launches one or
+    more device kernels) and the VM's builtins (allocation, shape and tuple handling)."""
+    import tvm
+
+    counts = {"kernels": 0, "builtins": 0}
+
+    def instrument(func, symbol, before_run, ret, *args):
+        if before_run:
+            counts["builtins" if str(symbol).startswith("vm.builtin") else "kernels"] += 1
+        return 0
+
+    vm.set_instrument(tvm.runtime.convert(instrument))
+    try:
+        call()
+    finally:
+        vm.set_instrument(tvm.runtime.convert(lambda *a: 0))
+    return counts
+
+
+class DeviceMemory:
+    """Device memory of each side: torch's columns by `torch.cuda.max_memory_allocated` (less
+    what tvm_ext's arguments hold), tvm_ext's by the device's free memory around its first
+    call (`torch.cuda.mem_get_info`: the pool TVM's allocator keeps after it) plus its
+    arguments, and by tvm_ext's runtime counters (the VM's own allocations). On a CPU dry
+    run only the counters exist."""
+
+    def __init__(self, torch, device: str):
+        self.torch, self.cuda = torch, device == "cuda"
+
+    def sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def free(self) -> int | None:
+        return int(self.torch.cuda.mem_get_info()[0]) if self.cuda else None
+
+    @contextlib.contextmanager
+    def torch_peak(self, result: dict, key: str, not_torch: int):
+        if self.cuda:
+            self.sync()
+            self.torch.cuda.reset_peak_memory_stats()
+        yield
+        if self.cuda:
+            self.sync()
+            result[key] = int(self.torch.cuda.max_memory_allocated()) - not_torch
+
+    @contextlib.contextmanager
+    def tvm_peak(self, result: dict, dev, argument_bytes: int):
+        from tvm_ext.runtime import memory
+
+        tracked = memory.is_tracked(dev, "pooled")
+        if tracked:
+            memory.reset_peak(dev)
+            before_vm = memory.memory_stats(dev).reserved
+        self.sync()
+        before = self.free()
+        yield
+        dev.sync()
+        if before is not None:
+            pool = before - self.free()
+            result["tvm_ext_peak_bytes"] = argument_bytes + pool
+        if tracked:
+            result["tvm_ext_vm_peak_bytes"] = memory.memory_stats(dev).peak_reserved - before_vm
+
+
+def nbytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def medians(times: dict[str, list[float]], row: dict) -> None:
+    """Each column's median ms, its ratio to tvm_ext, and the calls behind it."""
+    for name, values in times.items():
+        row[f"{name}_ms"] = statistics.median(values)
+        row.setdefault("calls", {})[name] = len(values)
+    for name in times:
+        if name != "tvm_ext" and "tvm_ext_ms" in row:
+            row[f"ratio_{name}"] = row["tvm_ext_ms"] / row[f"{name}_ms"]
+
+
+def compiled(torch, model, row: dict, key: str, call):
+    """`torch.compile(model)`, compiled by its first `call(compiled_model)`; the seconds that
+    took go into row[key]."""
+    fn = torch.compile(model)
+    start = time.perf_counter()
+    call(fn)
+    row[key] = round(time.perf_counter() - start, 2)
+    return fn
+
+
+# ------------------------------------------------------------------------------------------
+# One row
+# ------------------------------------------------------------------------------------------
+
+class Sides:
+    """What both sides of a row share: torch and TVM on one device, the torch model, the
+    drawn inputs (and labels) on the device, the module's VM."""
+
+    def __init__(self, directory: str, entry: dict, device: str, seed: int):
+        import torch
+        import tvm
+        from tvm.runtime.vm import VirtualMachine
+
+        import tvm_ext  # noqa: F401  (tvm_ext's runtime library: the cuBLAS kernels)
+
+        if device == "cuda":
+            from tvm_ext.runtime.cuda import ensure_cuda_runtime
+
+            ensure_cuda_runtime()  # TVM's CUDA module loader (loaded on demand)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        self.torch, self.tvm, self.device = torch, tvm, device
+        self.dev, self.tdev = tvm.device(device, 0), torch.device(device)
+        self.memory = DeviceMemory(torch, device)
+        self.model = torch_model(entry, torch, self.tdev, load_buffers(directory, entry))
+        # Copies into torch's allocator (aligned as TVM requires; numpy's memory is not).
+        self.inputs = [torch.tensor(a, device=self.tdev) for a in draw_inputs(entry, seed)]
+        named = dict(self.model.named_parameters(remove_duplicate=False))
+        named.update(self.model.named_buffers(remove_duplicate=False))
+        missing = [n for n in entry["parameters"] if n not in named]
+        if missing:
+            raise RuntimeError(f"the torch model built here lacks {missing[:3]}")
+        self.params = [named[n] for n in entry["parameters"]]
+        self.vm = VirtualMachine(tvm.runtime.load_module(
+            os.path.join(directory, entry["file"])), self.dev)
+        self.main = self.vm["main"]
+
+    def sync(self):
+        self.memory.sync()
+
+    def view(self, tensors) -> list:
+        return [tvm_view(t, self.tvm) for t in tensors]
+
+    def autocast(self, bf16: bool):
+        if not bf16:
+            return contextlib.nullcontext()
+        return self.torch.autocast(self.device, dtype=self.torch.bfloat16)
+
+
+def output_errors(torch, ours, theirs, rtol: float, atol: float) -> dict:
+    """Largest absolute and relative error of `ours` against `theirs` (torch tensors, compared
+    where they are), whether they agree at (rtol, atol), and NaN counts where any."""
+    ours, theirs = ours.float(), theirs.float()
+    err = (ours - theirs).abs()
+    out = {"max_abs_error": float(err.max()),
+           "max_rel_error": float((err / (theirs.abs() + 1e-12)).max()),
+           "ok": bool(torch.allclose(ours, theirs, rtol=rtol, atol=atol))}
+    nans = {"tvm_ext": int(torch.isnan(ours).sum()), "torch": int(torch.isnan(theirs).sum())}
+    if any(nans.values()):
+        out["nan"] = nans
+    return out
+
+
+def _first_output(torch, out):
+    value = out if hasattr(out, "shape") else out[0]
+    return torch.from_dlpack(value)
+
+
+def inference_row(s: Sides, row: dict, rounds: int, round_s: float, with_compile: bool,
+                  progress) -> None:
+    """tvm_ext's outputs against eager float32 (and bf16 autocast's, for what it loses),
+    the VM's calls, then every column timed."""
+    torch = s.torch
+    args = s.view([*s.inputs, *s.params])
+    with s.memory.tvm_peak(row, s.dev, nbytes([*s.inputs, *s.params])):
+        ours = _first_output(torch, s.main(*args))
+
+    def eager(bf16: bool = False, fn=None):
+        with torch.inference_mode(), s.autocast(bf16):
+            return (s.model if fn is None else fn)(*s.inputs)
+
+    with s.memory.torch_peak(row, "eager_peak_bytes", 0):
+        theirs = eager()
+    row.update(output_errors(torch, ours, theirs, *INFERENCE_TOLERANCE))
+    if row.get("nan", {}).get("tvm_ext"):
+        progress(row)  # the search copies every argument of every call: it may run long
+        row["first_nan"] = first_nan_kernel(s.vm, args)
+    with s.memory.torch_peak(row, "bf16_autocast_peak_bytes", 0):
+        low = eager(True)
+    row["bf16_autocast_max_abs_error"] = output_errors(torch, low, theirs, 1, 1)["max_abs_error"]
+    del ours, theirs, low
+    progress(row)
+    row["vm_calls"] = count_vm_calls(s.vm, lambda: s.main(*args))
+    progress(row)
+    calls = {"tvm_ext": (lambda: s.main(*args), s.dev.sync), "eager": (eager, s.sync),
+             "bf16_autocast": (lambda: eager(True), s.sync)}
+    if with_compile:
+        fn = compiled(torch, s.model, row, "compile_s", lambda f: eager(fn=f))
+        start = time.perf_counter()
+        eager(True, fn)
+        row["compile_bf16_s"] = round(time.perf_counter() - start, 2)
+        calls["compile"] = (lambda: eager(fn=fn), s.sync)
+        calls["compile_bf16"] = (lambda: eager(True, fn), s.sync)
+        progress(row)
+    medians(time_interleaved(calls, rounds, round_s), row)
+
+
+def _loss_fn(torch, loss: str):
+    functional = torch.nn.functional
+    if loss == "cross_entropy":
+        return lambda out, labels: functional.cross_entropy(
+            out.reshape(-1, out.shape[-1]), labels.reshape(-1))
+    return functional.mse_loss
+
+
+def compare_parameters(torch, ours, theirs, grads, lr: float, noise_rtol: float) -> dict:
+    """The parameters after one step, tvm_ext's (`ours`) against torch's: elements beyond
+    PARAM_TOLERANCE are counted, split by whether torch's gradient was rounding noise there
+    (see NOISE_SCALE; `grads[i]` None: not trained, no noise). Adam's first step moves every
+    element by lr x g / (|g| + eps): a noise gradient whose sign differs moves it 2 lr the
+    other way, so an element beyond 2 lr + atol is wrong whatever its gradient, and so is any
+    element beyond tolerance whose gradient was not noise."""
+    rtol, atol = PARAM_TOLERANCE
+    out = {"elements": 0, "beyond_tolerance": 0, "beyond_with_noise_gradient": 0,
+           "beyond_with_signal_gradient": 0, "beyond_2lr": 0, "max_abs_error": 0.0,
+           "max_abs_error_signal": 0.0, "largest_gradient_beyond": 0.0}
+    step_max = max((float(g.abs().max()) for g in grads if g is not None and g.numel()),
+                   default=0.0)
+    for o, t, g in zip(ours, theirs, grads, strict=True):
+        diff = (o.float() - t.float()).abs()
+        bad = diff > atol + rtol * t.float().abs()
+        noise = torch.zeros_like(bad)
+        if g is not None:
+            scale = max(float(g.abs().max()), NOISE_SCALE * step_max)
+            if scale > 0:
+                relative = g.float().abs() / scale
+                noise = relative <= noise_rtol
+                if bad.any():  # in units of the noise scale: <= noise_rtol is noise
+                    out["largest_gradient_beyond"] = max(out["largest_gradient_beyond"],
+                                                         float(relative[bad].max()))
+        signal_bad = bad & ~noise
+        out["elements"] += diff.numel()
+        out["beyond_tolerance"] += int(bad.sum())
+        out["beyond_with_noise_gradient"] += int((bad & noise).sum())
+        out["beyond_with_signal_gradient"] += int(signal_bad.sum())
+        out["beyond_2lr"] += int((diff > 2 * lr + atol).sum())
+        out["max_abs_error"] = max(out["max_abs_error"], float(diff.max()))
+        if (~noise).any():
+            out["max_abs_error_signal"] = max(out["max_abs_error_signal"],
+                                              float(diff[~noise].max()))
+    out["ok"] = out["beyond_with_signal_gradient"] == 0 and out["beyond_2lr"] == 0
+    return out
+
+
+# long: one row's sequence (check, counts, compile, timing) reads best in one place
+def training_row(s: Sides, entry: dict, row: dict, rounds: int, round_s: float,
+                 with_compile: bool, progress) -> None:
+    """The first step of tvm_ext's AdamW iteration against torch's in the same precision
+    (eager float32, or bf16 autocast) from the same weights on the same batch: the loss and
+    every parameter after it; then every column timed, each training on from there."""
+    torch, dtype = s.torch, entry["dtype"]
+    opt_spec = entry["optimizer"]
+    ours = [p.detach().clone(memory_format=torch.contiguous_format) for p in s.params]
+    state = [torch.zeros(x["shape"], dtype=getattr(torch, x["dtype"]), device=s.tdev)
+             for x in entry["state"]]
+    owned = nbytes([*ours, *state])
+    args = s.view([*s.inputs, *ours, *state])
+    with s.memory.tvm_peak(row, s.dev, owned + nbytes(s.inputs)):
+        row["tvm_ext_loss"] = float(s.main(*args).numpy())
+    trainable = [s.params[i] for i in entry["trainable"]]
+    opt = torch.optim.AdamW(trainable, lr=opt_spec["lr"], betas=tuple(opt_spec["betas"]),
+                            eps=opt_spec["eps"], weight_decay=opt_spec["weight_decay"],
+                            fused=True)
+    loss_fn = _loss_fn(torch, entry["loss"])
+    *inputs, labels = s.inputs
+
+    def step(bf16: bool = False, fn=None):
+        opt.zero_grad(set_to_none=True)
+        with s.autocast(bf16):
+            loss = loss_fn((s.model if fn is None else fn)(*inputs), labels)
+        loss.backward()
+        opt.step()
+        return loss
+
+    reference = "eager" if dtype == "fp32" else "bf16_autocast"
+    with s.memory.torch_peak(row, f"{reference}_peak_bytes", owned):
+        row["torch_loss"] = float(step(dtype != "fp32"))
+    row["loss_error"] = abs(row["tvm_ext_loss"] - row["torch_loss"])
+    row["loss_ok"] = row["loss_error"] <= LOSS_RTOL[dtype] * abs(row["torch_loss"])
+    trained = set(entry["trainable"])
+    grads = [p.grad if i in trained else None for i, p in enumerate(s.params)]
+    row["parameters_check"] = compare_parameters(torch, ours, s.params, grads,
+                                                 opt_spec["lr"], LOSS_RTOL[dtype])
+    check = row["parameters_check"]
+    row["ok"] = row["loss_ok"] and (check["ok"] if SIGNS_CHECKED[dtype]
+                                    else check["beyond_2lr"] == 0)
+    other = "bf16_autocast" if dtype == "fp32" else "eager"
+    with s.memory.torch_peak(row, f"{other}_peak_bytes", owned):
+        step(other == "bf16_autocast")
+    progress(row)
+    row["vm_calls"] = count_vm_calls(s.vm, lambda: s.main(*args))
+    progress(row)
+    calls = {"tvm_ext": (lambda: s.main(*args), s.dev.sync), "eager": (step, s.sync),
+             "bf16_autocast": (lambda: step(True), s.sync)}
+    if with_compile:
+        fn = compiled(torch, s.model, row, "compile_s", lambda f: step(fn=f))
+        start = time.perf_counter()
+        step(True, fn)
+        row["compile_bf16_s"] = round(time.perf_counter() - start, 2)
+        calls["compile"] = (lambda: step(fn=fn), s.sync)
+        calls["compile_bf16"] = (lambda: step(True, fn), s.sync)
+        progress(row)
+    medians(time_interleaved(calls, rounds, round_s), row)
+
+
+def measure_row(directory: str, entry: dict, device: str, rounds: int, round_s: float,
+                with_compile: bool, seed: int, progress) -> dict:
+    """One row (see the module docstring); `progress(row)` is called with the row so far
+    after each phase, so that a row cut short by its time limit keeps what it measured."""
+    row = {"model": entry["model"], "mode": entry["mode"], "dtype": entry["dtype"],
+           "parameters": entry["parameter_count"], "size": entry["size"], "seed": seed}
+    start = time.perf_counter()
+    s = Sides(directory, entry, device, seed)
+    row["setup_s"] = round(time.perf_counter() - start, 2)
+    progress(row)
+    if entry["mode"] == "inference":
+        inference_row(s, row, rounds, round_s, with_compile, progress)
+    else:
+        training_row(s, entry, row, rounds, round_s, with_compile, progress)
+    row["wall_s"] = round(time.perf_counter() - start, 2)
+    return row
+
+
+def first_nan_kernel(vm, args) -> dict | None:
+    """Run `main` once with every VM call instrumented: the first call after which one of its
+    arguments holds a NaN while none of its other arguments did before (the kernel that made
+    it from clean inputs, or whose output, its last argument, held NaN before and after: left
+    partly unwritten), or None."""
+    import tvm
+
+    found: dict = {}
+    before: list = []
+
+    def nan_args(values) -> list[int]:
+        out = []
+        for i, v in enumerate(values):
+            try:
+                a = v.numpy()
+            except Exception:  # not a tensor
+                continue
+            if a.dtype.kind == "f" and np.isnan(a).any():
+                out.append(i)
+        return out
+
+    def instrument(func, symbol, before_run, ret, *call_args):
+        if found:
+            return 0
+        nans = nan_args(call_args)
+        if before_run:
+            before[:] = nans
+            return 0
+        new = [i for i in nans if i not in before]
+        last = len(call_args) - 1
+        if (new and not before) or (before == [last] and last in nans):
+            found.update(kernel=str(symbol), argument=(new or [last])[0],
+                         nan_before=list(before),
+                         shapes=[list(a.shape) if hasattr(a, "shape") else None
+                                 for a in call_args])
+        return 0
+
+    vm.set_instrument(tvm.runtime.convert(instrument))
+    try:
+        vm["main"](*args)
+    finally:
+        vm.set_instrument(tvm.runtime.convert(lambda *a: 0))
+    return found or None
