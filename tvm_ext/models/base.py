@@ -136,7 +136,9 @@ def model_from_function(
     func = func.with_attr("num_input", num_input).with_attr("global_symbol", "main")
     params = list(func.params)
     if input_specs is None:
-        input_specs = [_spec_of_var(v, init="normal") for v in params[:num_input]]
+        extents = _indexed_extents(func)
+        input_specs = [_spec_of_var(v, init="normal", high=extents.get(v.name, 2))
+                       for v in params[:num_input]]
     if param_specs is None:
         param_specs = [
             default_param_spec(v.name, _shape_of(v), str(v.ty.dtype)) for v in params[num_input:]
@@ -162,11 +164,56 @@ def _shape_of(var: relax.Var) -> tuple[int, ...]:
         ) from err
 
 
-def _spec_of_var(var: relax.Var, init: str) -> TensorSpec:
+def _spec_of_var(var: relax.Var, init: str, high: int = 2) -> TensorSpec:
+    """Integers are drawn in [0, high): token ids across the table they index, other integer
+    inputs (masks) as 0 or 1."""
     dtype = str(var.ty.dtype)
     if dtype.startswith("int") or dtype.startswith("uint"):
-        return TensorSpec(var.name, _shape_of(var), dtype, init="randint", high=2)
+        return TensorSpec(var.name, _shape_of(var), dtype, init="randint", high=high)
     return TensorSpec(var.name, _shape_of(var), dtype, init=init)
+
+
+# Ops whose result holds values of their first argument unchanged: ids reshaped on their way
+# to a lookup are still ids.
+_KEEPS_VALUES = ("relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.permute_dims",
+                 "relax.broadcast_to", "relax.flatten")
+
+
+def _indexed_extents(func: relax.Function) -> dict[str, int]:
+    """Parameter name -> the smallest extent of a table axis its values index (`take`) in
+    `func`, for the parameters used as indices (possibly reshaped first)."""
+    origin = {v: v.name for v in func.params}
+    extents: dict[str, int] = {}
+    body = func.body
+    for block in getattr(body, "blocks", []):
+        for binding in block.bindings:
+            value = getattr(binding, "value", None)
+            if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op) or \
+                    not value.args:
+                continue
+            name = value.op.name
+            if name == "relax.astype" and str(value.attrs.dtype).startswith(("int", "uint")):
+                name = _KEEPS_VALUES[0]  # a cast between integer types (ids to int32)
+            if name in _KEEPS_VALUES and value.args[0] in origin:
+                origin[binding.var] = origin[value.args[0]]
+            elif name == "relax.take" and value.args[1] in origin:
+                extent = _axis_extent(value.args[0], value.attrs.axis)
+                if extent is not None:
+                    source = origin[value.args[1]]
+                    extents[source] = min(extents.get(source, extent), extent)
+    return extents
+
+
+def _axis_extent(table: relax.Expr, axis) -> int | None:
+    """The static extent of `table` along `axis` (all of it when None), else None."""
+    ty = table.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    try:
+        shape = [int(d) for d in ty.shape.values]
+    except TypeError:
+        return None
+    return int(np.prod(shape)) if axis is None else shape[int(axis)]
 
 
 # --------------------------------------------------------------------------------------------
