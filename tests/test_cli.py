@@ -497,3 +497,19 @@ def test_cuda_without_output_or_run_warns(capsys):
         refuse_idle_options(parser, parser.parse_args(argv))
         err = capsys.readouterr().err
         assert ("compiles the module and discards it" in err) == warned
+
+
+@pytest.mark.parametrize("argv, package", [
+    (["mlp", "--training", "--optimizer", "adamw", "--run", "--check"], "torch"),
+    (["{tmp}/m.pt2", "--run"], "torch"),
+    (["{tmp}/m.onnx", "--run"], "onnx"),
+])
+def test_a_missing_extra_is_named_in_one_line(argv, package, tmp_path, monkeypatch, capsys):
+    """The README's training --check after a plain `pip install .`: one line naming the extra
+    to install, before anything compiles."""
+    for suffix in (".pt2", ".onnx"):
+        (tmp_path / f"m{suffix}").write_bytes(b"")
+    monkeypatch.setitem(sys.modules, package, None)
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"needs {package}" in err and "'.[frontends]'" in err

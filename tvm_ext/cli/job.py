@@ -87,6 +87,14 @@ def _load(args, report: dict):
     kind = "training step" if model.training else "inference"
     print(f"model   {model.name} ({kind}), {len(model.params)} parameters, "
           f"{format_size(model.param_bytes)}")
+    if "returns" in model.config:
+        outputs = model.config["outputs"]
+        if model.training:
+            said = f"the loss is computed over its first tensor, {outputs[0]}"
+        else:
+            first = " (the logits first)" if outputs[0] == "logits" and len(outputs) > 1 else ""
+            said = f"its tensors are the outputs{first}: {', '.join(outputs)}"
+        print(f"model   the program returns a {model.config['returns']}: {said}")
     gradient_model = None
     if args.optimizer:
         built = with_optimizer(args, model, lambda: load_model(

@@ -8,6 +8,24 @@ import sys
 from .args import build_parser, output_path_problem, refuse_idle_options
 
 
+def missing_extra(args) -> str | None:
+    """What an option needs that the install lacks (the extra that has it), else None."""
+    from tvm_ext.errors import MissingExtraError, require
+
+    needs = []
+    if args.check and args.optimizer:
+        needs.append(("torch", "--check of training steps (against torch.optim)"))
+    suffix = os.path.splitext(args.model)[1].lower()
+    if suffix in (".pt2", ".onnx"):
+        needs.append(("torch" if suffix == ".pt2" else "onnx", f"a {suffix} model"))
+    for package, feature in needs:
+        try:
+            require(package, feature)
+        except MissingExtraError as err:
+            return str(err)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -22,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         problem = f"--dump-dir {args.dump_dir} is a file; it takes a directory"
     if problem is None and args.devices is not None and args.devices < 1:
         problem = f"--devices takes a number of devices >= 1, got {args.devices}"
+    if problem is None:
+        problem = missing_extra(args)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 2

@@ -26,11 +26,16 @@ accumulated over a reduction, not bit equality:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-import warnings
+import functools
+import os
 from collections.abc import Sequence
 
 import numpy as np
+
+from ..errors import require
+from . import pt2_files
 
 TOLERANCES = {
     "float64": (1e-7, 1e-9),
@@ -57,7 +62,7 @@ def torch_reference(
 ) -> list[np.ndarray]:
     """Outputs of the exported program in `path`, run eagerly on `inputs` (its user inputs in
     order) with `params` (named by their Relax argument names) in place of its weights."""
-    import torch
+    torch = _torch()
 
     with torch.no_grad():
         return [_to_numpy(t) for t in _run(path, inputs, params, param_names)[0]]
@@ -74,7 +79,7 @@ def torch_training_step(
 ) -> list[np.ndarray]:
     """`[loss, *grads]`: the loss of the first output against `labels` and its gradients with
     respect to the parameters named in `gradients`, in that order."""
-    import torch
+    torch = _torch()
 
     outputs, weights = _run(path, inputs, params, param_names, requires_grad=gradients)
     out, target = outputs[0], _to_torch(labels)
@@ -96,7 +101,7 @@ def torch_training_step(
 def torch_optimizer(optimizer, tensors):
     """The `torch.optim` optimizer of a `tvm_ext.models.optimizer.Optimizer` over `tensors`
     (single-tensor path, as the compiled update follows)."""
-    import torch
+    torch = _torch()
 
     o = optimizer
     if o.kind in ("sgd", "momentum"):
@@ -132,7 +137,7 @@ def optimizer_steps(gradient, params: Sequence[np.ndarray], trainable: Sequence[
     """`len(batches)` steps of `torch.optim` from `params` and zero state, as torch starts:
     `gradient(params, batch)` gives (loss, gradients of the parameters at `trainable`), the
     optimizer updates those."""
-    import torch
+    torch = _torch()
 
     values = [_to_torch(p, copy=True) for p in params]
     opt = torch_optimizer(optimizer, [values[i] for i in trainable])
@@ -210,17 +215,26 @@ def _op_name(node) -> str:
     return name.split(".")[0]
 
 
-def _load(path: str):
-    import torch
+def _torch():
+    return require("torch", "comparing with PyTorch")
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # torch's own pytree deprecations
-        return torch.export.load(path)
+
+def _load(path: str):
+    """The program in `path`, deserialized once per version of the file (a check reads it
+    three times: its random ops, its weights, its run) and copied for each caller (a run in
+    train mode updates batch norm statistics in place)."""
+    stat = os.stat(path)
+    return copy.deepcopy(_load_version(os.path.abspath(path), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=2)
+def _load_version(path: str, _mtime_ns: int, _size: int):
+    return pt2_files.load_program(path)
 
 
 def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = ()):
     """(tensor outputs flattened, {param name: tensor fed}) of one eager call."""
-    import torch
+    torch = _torch()
     from torch.utils import _pytree
 
     program = _load(path)
@@ -236,7 +250,11 @@ def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = ()):
     weights = {t: fed[n] for n, t in zip(names, targets, strict=True)}
     module = program.module()
     out = torch.func.functional_call(module, weights, tuple(args), dict(kwargs), strict=False)
-    return [t for t in _pytree.tree_leaves(out) if isinstance(t, torch.Tensor)], fed
+    leaves = _pytree.tree_leaves(out)
+    # In the order the loader gives the compiled module's outputs (the logits first).
+    leaves = [leaves[i] for i in pt2_files.logits_first(pt2_files.output_names(program)[1])] \
+        if len(leaves) == len(pt2_files.output_names(program)[1]) else leaves
+    return [t for t in leaves if isinstance(t, torch.Tensor)], fed
 
 
 def _parameter_targets(program, names: list[str], count: int) -> list[str]:
@@ -256,7 +274,7 @@ def _parameter_targets(program, names: list[str], count: int) -> list[str]:
 def _to_torch(array, copy: bool = False):
     """A torch tensor of a numpy array; bfloat16 (ml_dtypes', which torch cannot read) goes
     through float32, which holds every bfloat16 value exactly."""
-    import torch
+    torch = _torch()
 
     array = np.asarray(array)
     if array.dtype.name == "bfloat16":
@@ -265,7 +283,7 @@ def _to_torch(array, copy: bool = False):
 
 
 def _to_numpy(tensor) -> np.ndarray:
-    import torch
+    torch = _torch()
 
     tensor = tensor.detach().cpu()
     if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16; TVM returns ml_dtypes'
