@@ -421,6 +421,8 @@ def get_model(width=3):
     (["{tmp}/bad.py"], "bad.py raised ValueError: width 3 is odd at {tmp}/bad.py:3 in helper"),
     (["mlp", "--tune-db", "{tmp}/bad.py"], "--tune-db {tmp}/bad.py is a file"),
     (["mlp", "--dump-dir", "{tmp}/bad.py"], "--dump-dir {tmp}/bad.py is a file"),
+    (["mlp", "--device-memory", "-5%"], "'-5%': a percentage must be in (0, 100]"),
+    (["mlp", "--device-memory", "-.5GB"], "cannot read '-.5GB' as a size"),
 ])
 def test_bad_values_exit_2(argv, message, tmp_path, capsys):
     (tmp_path / "bad.py").write_text(BAD_PY)
@@ -513,3 +515,11 @@ def test_a_missing_extra_is_named_in_one_line(argv, package, tmp_path, monkeypat
     assert main([a.format(tmp=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"needs {package}" in err and "'.[frontends]'" in err
+
+
+def test_a_budget_above_the_peak_says_nothing_is_swapped(tmp_path, capsys):
+    report = tmp_path / "r.json"
+    assert main(["mlp", "--device-memory", "1TB", "--report", str(report)]) == 0
+    assert "the model fits as it is, nothing needs to leave the device" in \
+        capsys.readouterr().out
+    assert "no-swap peak" in json.loads(report.read_text())["swap"]["note"]

@@ -37,6 +37,23 @@ def test_pt2_matches_torch(torch_mlp, tmp_path):
     np.testing.assert_allclose(out, net(x).detach().numpy(), rtol=1e-5, atol=1e-5)
 
 
+def test_loading_and_running_a_pt2_gives_no_torch_warning(torch_mlp, tmp_path):
+    """torch's FutureWarnings about its own pytree API (on every load, copy and run of an
+    exported program) are kept out of the way."""
+    import warnings
+
+    from tvm_ext.models.reference import torch_reference
+
+    torch, net, x = torch_mlp
+    path = str(tmp_path / "mlp.pt2")
+    torch.export.save(torch.export.export(net, (x,)), path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        model = load_model(path)
+        torch_reference(path, [x.numpy()], model.random_params(),
+                        [p.name for p in model.params])
+
+
 def test_onnx_matches_torch(torch_mlp, tmp_path):
     torch, net, x = torch_mlp
     pytest.importorskip("onnx")

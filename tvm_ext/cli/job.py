@@ -49,6 +49,11 @@ def compile_model(args) -> int:
         if plan is None:
             return 2
         report["swap"] = swap_info
+        if swap_info["budget"] >= swap_info["no_swap_peak"]:
+            swap_info["note"] = (f"the budget is at or above the no-swap peak "
+                                 f"({format_size(swap_info['no_swap_peak'])}): the model fits "
+                                 "as it is, nothing needs to leave the device")
+            print(f"swap    {swap_info['note']}")
     start = time.perf_counter()
     executable = driver.build(model, target, dump_dir=args.dump_dir, tune_db=tune_db,
                               swap_plan=plan, library=args.library)

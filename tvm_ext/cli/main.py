@@ -5,7 +5,12 @@ from __future__ import annotations
 import os
 import sys
 
-from .args import build_parser, output_path_problem, refuse_idle_options
+from .args import (
+    build_parser,
+    output_path_problem,
+    refuse_idle_options,
+    values_that_look_negative,
+)
 
 
 def missing_extra(args) -> str | None:
@@ -28,7 +33,8 @@ def missing_extra(args) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(values_that_look_negative(parser, sys.argv[1:] if argv is None
+                                                       else argv))
     refuse_idle_options(parser, args)
     problem = output_path_problem(args)
     if problem is None and args.tune_db and os.path.exists(args.tune_db) \

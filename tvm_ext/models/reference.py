@@ -224,7 +224,9 @@ def _load(path: str):
     three times: its random ops, its weights, its run) and copied for each caller (a run in
     train mode updates batch norm statistics in place)."""
     stat = os.stat(path)
-    return copy.deepcopy(_load_version(os.path.abspath(path), stat.st_mtime_ns, stat.st_size))
+    with pt2_files.quiet_torch():
+        return copy.deepcopy(_load_version(os.path.abspath(path), stat.st_mtime_ns,
+                                           stat.st_size))
 
 
 @functools.lru_cache(maxsize=2)
@@ -248,8 +250,10 @@ def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = ()):
     args, kwargs = (_pytree.tree_unflatten(tensors, in_spec) if in_spec is not None
                     else (tuple(tensors), {}))
     weights = {t: fed[n] for n, t in zip(names, targets, strict=True)}
-    module = program.module()
-    out = torch.func.functional_call(module, weights, tuple(args), dict(kwargs), strict=False)
+    with pt2_files.quiet_torch():
+        module = program.module()
+        out = torch.func.functional_call(module, weights, tuple(args), dict(kwargs),
+                                         strict=False)
     leaves = _pytree.tree_leaves(out)
     # In the order the loader gives the compiled module's outputs (the logits first).
     leaves = [leaves[i] for i in pt2_files.logits_first(pt2_files.output_names(program)[1])] \
