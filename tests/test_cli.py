@@ -275,14 +275,31 @@ def test_pt2_plain_build_within_torch_tolerance_still_decides(pt2_file, capsys,
 
 def test_pt2_with_random_ops_is_not_compared_with_torch(tmp_path, capsys):
     torch = pytest.importorskip("torch")
-    net = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Dropout(0.5)).train()
-    path = tmp_path / "drop.pt2"
-    torch.export.save(torch.export.export(net, (torch.randn(2, 8),)), str(path))
+
+    class Noisy(torch.nn.Module):
+        def forward(self, x):
+            return x + torch.randn_like(x)
+
+    path = tmp_path / "noise.pt2"
+    torch.export.save(torch.export.export(Noisy(), (torch.randn(2, 8),)), str(path))
     assert main([str(path), "--check"]) == 0
     out = capsys.readouterr().out
     assert "match the plain TVM build" in out
-    assert "not compared with PyTorch eager (drop.pt2): PyTorch draws random numbers in " \
-           "dropout" in out
+    assert "not compared with PyTorch eager (noise.pt2): PyTorch draws random numbers in " \
+           "randn_like" in out
+
+
+def test_a_train_mode_export_trains_with_dropout_as_torch_optim_does(tmp_path, capsys):
+    """The README's --training --optimizer --check on a module exported in train mode: its
+    dropouts applied, with the masks PyTorch is given too."""
+    torch = pytest.importorskip("torch")
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.5),
+                              torch.nn.Linear(16, 4)).train()
+    path = tmp_path / "drop.pt2"
+    torch.export.save(torch.export.export(net, (torch.randn(2, 8),)), str(path))
+    argv = [str(path), "--training", "--optimizer", "adamw", "--steps", "3", "--run", "--check"]
+    assert main(argv) == 0
+    assert "check   OK: 3 steps match torch.optim" in capsys.readouterr().out
 
 
 def test_torch_reference_matches_parameters_by_name(pt2_file):

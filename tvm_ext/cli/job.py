@@ -8,7 +8,7 @@ import platform
 import sys
 import time
 
-from tvm_ext import driver, pipeline, schedules
+from tvm_ext import driver, interrupts, pipeline, schedules
 from tvm_ext.ir.targets import is_cpu
 from tvm_ext.models import ZOO, ModelLoadError, load_model
 from tvm_ext.runtime.cuda import DEFAULT_ARCH, CudaUnavailableError
@@ -26,6 +26,7 @@ from .training import run_training, with_optimizer
 def compile_model(args) -> int:
     """Load, plan, build, export, run and check the model the arguments name; the exit status."""
     report: dict = {"model": args.model, "target": args.target, "host": platform.node()}
+    interrupts.enter("loading")
     loaded = _load(args, report)
     if loaded is None:
         return 2
@@ -45,6 +46,7 @@ def compile_model(args) -> int:
 
     plan = None
     if args.device_memory:
+        interrupts.enter("planning")
         plan, swap_info, graph = plan_swaps_for(args, model, graph, target)
         if plan is None:
             return 2
@@ -55,6 +57,7 @@ def compile_model(args) -> int:
                                  "as it is, nothing needs to leave the device")
             print(f"swap    {swap_info['note']}")
     start = time.perf_counter()
+    interrupts.enter("build")  # "codegen" once the pipeline's passes are done
     executable = driver.build(model, target, dump_dir=args.dump_dir, tune_db=tune_db,
                               swap_plan=plan, library=args.library)
     report["compile_seconds"] = time.perf_counter() - start
@@ -63,6 +66,7 @@ def compile_model(args) -> int:
         _export(args, report, executable, graph, plan, target)
     status = 0
     if args.run or args.check:
+        interrupts.enter("running")
         status = _run(args, report, model, graph, plan, executable, target, tune_db, live,
                       gradient_model)
     write_report(args, report)
@@ -210,7 +214,10 @@ def _tune(args, model, target, report: dict) -> tuple[int, str | None]:
             "hardware": hardware, "strategy": args.strategy, "link": args.link})
     if args.tune_trials:
         try:
-            tuning = driver.tune(model.mod, target, work_dir, args.tune_trials, **popts)
+            with interrupts.phase("tuning", f"the tuning records so far are kept in "
+                                            f"{work_dir}; the same command resumes",
+                                  hooked=False):  # (the hook fires after a search step)
+                tuning = driver.tune(model.mod, target, work_dir, args.tune_trials, **popts)
         except KeyboardInterrupt:
             print("tuning interrupted: the records so far are kept; run the same command "
                   "again to resume", file=sys.stderr)
@@ -222,8 +229,12 @@ def _tune(args, model, target, report: dict) -> tuple[int, str | None]:
         return 2, None
     staged = pipeline.module_at_schedule_phase(model.mod, target, **popts)
     tuned, default = schedules.coverage(staged, target, work_dir)
-    report.setdefault("tuning", {}).update(kernels_tuned=tuned, kernels_default=default)
+    waiting = schedules.awaiting_comparison(staged, target, work_dir)
+    report.setdefault("tuning", {}).update(kernels_tuned=tuned, kernels_default=default,
+                                           kernels_awaiting_comparison=waiting)
     print(f"tuning  {len(tuned)} of {len(tuned) + len(default)} kernels scheduled from "
           f"{schedules.database_dir(work_dir, target)}"
-          + (f"; {len(default)} keep the default schedules" if default else ""))
+          + (f"; {len(default)} keep the default schedules" if default else "")
+          + (f" ({len(waiting)} until an interrupted tuning run compares their records with "
+             "them: the same --tune-trials command finishes it)" if waiting else ""))
     return 0, work_dir

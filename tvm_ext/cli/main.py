@@ -53,9 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # TVM and the model load only once the arguments are valid: --help and argument errors
     # stay instant.
+    from tvm_ext import interrupts
+
     from .job import compile_model
 
-    return compile_model(args)
+    with interrupts.ExitOnSignal():
+        return compile_model(args)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import tvm
 
-from tvm_ext import driver
+from tvm_ext import driver, interrupts
 from tvm_ext.driver.partitioned import build_partitioned, run_partitioned_build
 from tvm_ext.driver.training import compare_training
 from tvm_ext.errors import CheckError
@@ -99,6 +99,7 @@ def main_partitioned(args, report: dict, model, target, tune_db, gradient_model=
         if args.planner == "swapadvisor":
             swap_options["time_budget_s"] = args.swap_time_budget
     start = time.perf_counter()
+    interrupts.enter("planning")  # then "build" and "codegen" (the pipeline's)
     try:
         build = build_partitioned(
             model, target, k, hardware=hardware, strategy=args.strategy, link=args.link,
@@ -118,6 +119,7 @@ def main_partitioned(args, report: dict, model, target, tune_db, gradient_model=
 
     status = 0
     if measure:
+        interrupts.enter("running")
         if not cpu:
             print(f"error: --run/--check of a {target.kind.name} module needs {k} GPUs; this "
                   "build runs partitioned modules on cpu workers only (--target llvm)",
