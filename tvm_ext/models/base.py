@@ -19,7 +19,7 @@ import tvm
 from tvm import relax
 
 from ..runtime import random_arrays
-from . import gradients
+from . import dropout, gradients
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,8 +131,10 @@ def model_from_function(
     input_specs: Sequence[TensorSpec] | None = None,
     param_specs: Sequence[TensorSpec] | None = None,
     config: dict | None = None,
+    module: tvm.IRModule | None = None,
 ) -> Model:
-    """Wrap a forward Relax function (inputs first) as a `Model` named `main`."""
+    """Wrap a forward Relax function (inputs first) as a `Model` named `main`; `module`: the
+    one it came from, whose kernels it may call (`kernels_of`)."""
     func = func.with_attr("num_input", num_input).with_attr("global_symbol", "main")
     params = list(func.params)
     if input_specs is None:
@@ -148,8 +150,24 @@ def model_from_function(
             f"{name}: {len(params)} function parameters but {len(input_specs)} input and "
             f"{len(param_specs)} parameter specs"
         )
-    mod = tvm.IRModule({"main": func})
+    mod = with_main(func, module)
     return Model(name, mod, list(input_specs), list(param_specs), False, dict(config or {}))
+
+
+def kernels_of(mod: tvm.IRModule | None) -> tvm.IRModule:
+    """The PrimFuncs of `mod` (kernels a frontend made, such as dropout masks), without its
+    Relax functions: a module to build a new `main` in."""
+    if mod is None:
+        return tvm.IRModule({})
+    return tvm.IRModule({gv: f for gv, f in mod.functions_items()
+                         if isinstance(f, tvm.tirx.PrimFunc)})
+
+
+def with_main(func: relax.Function, kernels_from: tvm.IRModule | None = None) -> tvm.IRModule:
+    """A module of `func` as `main` with the kernels of `kernels_from` it may call."""
+    mod = kernels_of(kernels_from)
+    mod["main"] = func
+    return mod
 
 
 def _shape_of(var: relax.Var) -> tuple[int, ...]:
@@ -168,6 +186,8 @@ def _spec_of_var(var: relax.Var, init: str, high: int = 2) -> TensorSpec:
     """Integers are drawn in [0, high): token ids across the table they index, other integer
     inputs (masks) as 0 or 1."""
     dtype = str(var.ty.dtype)
+    if var.name == dropout.SEED_INPUT:  # any seed: its own masks
+        return TensorSpec(var.name, (), dtype, init="randint", high=2**31 - 1)
     if dtype.startswith("int") or dtype.startswith("uint"):
         return TensorSpec(var.name, _shape_of(var), dtype, init="randint", high=high)
     return TensorSpec(var.name, _shape_of(var), dtype, init=init)
@@ -235,8 +255,9 @@ def make_training_step(
     The step computes the loss of the forward function as it stands, in the mode it was built or
     exported in: a batch norm built for inference (a torch module exported after `eval()`)
     normalizes with its running statistics, which stay fixed and get no gradient, as PyTorch's
-    loss of the eval-mode module does; one built for training uses batch statistics. Dropout
-    is left out in both modes (TVM's torch frontend drops it), so the step is deterministic.
+    loss of the eval-mode module does; one built for training uses batch statistics. A
+    train-mode export's dropouts apply the seeded masks of `dropout` (its `dropout_seed`
+    input), so the step is deterministic for a seed.
     `config["training_semantics"]` records which: "eval", "train", "mixed" (both kinds of batch
     norm), or "n/a" (nothing depends on the mode).
 
@@ -273,7 +294,7 @@ def make_training_step(
                   training_semantics=training_semantics(model), loss_scaling=loss_scale)
     return Model(
         model.name,
-        tvm.IRModule({"main": step}),
+        with_main(step, mod),
         [*model.inputs, label_spec, *scale_spec],
         list(model.params),
         True,
@@ -314,7 +335,7 @@ def _loss_module(model: Model, fwd: relax.Function, loss: str, label_spec: Tenso
                  out_shape: tuple[int, ...], scale_spec: list[TensorSpec]) -> tvm.IRModule:
     """A module whose `main(inputs..., labels, [loss_scale], params...)` returns the loss of
     `fwd` (times the scale)."""
-    bb = relax.BlockBuilder()
+    bb = relax.BlockBuilder(kernels_of(model.mod))
     fwd_gv = bb.add_func(fwd, "forward")
     inputs = [relax.Var(s.name, relax.TensorType(s.shape, s.dtype)) for s in model.inputs]
     labels = relax.Var("labels", relax.TensorType(label_spec.shape, label_spec.dtype))

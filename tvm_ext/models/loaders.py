@@ -54,7 +54,7 @@ def _with_weights(name: str, mod: tvm.IRModule, path: str, config: dict | None =
     num_input = int(func.attrs["num_input"])
     config = {"file": os.path.abspath(path), **(config or {})}
     try:
-        model = model_from_function(name, func, num_input, config=config)
+        model = model_from_function(name, func, num_input, config=config, module=mod)
     except ValueError as err:  # e.g. a symbolic shape
         raise ModelLoadError(f"{path}: tvm_ext cannot use this model: {err}") from err
     weights = [np.asarray(w.numpy()) for w in params.get("main", [])]

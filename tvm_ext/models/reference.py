@@ -35,7 +35,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import require
-from . import pt2_files
+from . import dropout, pt2_files
 
 TOLERANCES = {
     "float64": (1e-7, 1e-9),
@@ -186,23 +186,61 @@ def has_batch_norm(path: str) -> bool:
 _RANDOM_OPS = {"bernoulli", "bernoulli_", "rand", "rand_like", "randn", "randn_like", "randint",
                "randint_like", "randperm", "normal", "normal_", "uniform", "uniform_",
                "multinomial", "exponential_", "geometric_", "poisson"}
-_DROPOUT_OPS = {"dropout", "dropout_", "feature_dropout", "alpha_dropout", "native_dropout"}
+# Dropouts the compiled module does not apply (whole channels, alpha): random in PyTorch.
+_UNSEEDED_DROPOUTS = {"feature_dropout", "alpha_dropout"}
 
 
 def random_ops(path: str) -> list[str]:
-    """The ops of the program that are random in eager mode (a dropout exported in train
-    mode, any sampling op): PyTorch's outputs then differ from run to run."""
+    """The ops of the program that are random in eager mode and the compiled module does not
+    reproduce (a sampling op, a dropout of channels exported in train mode): PyTorch's
+    outputs then differ from run to run. A train-mode dropout is not one: both apply the
+    seeded mask of `dropout`."""
     found = []
     for node in _calls(_load(path)):
         name = _op_name(node)
-        if name in _DROPOUT_OPS:
-            p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
-            train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
-            if p and train is not False:
-                found.append(name)
+        if name in _UNSEEDED_DROPOUTS and dropout.active(node) is not None:
+            found.append(name)
         elif name in _RANDOM_OPS:
             found.append(name)
     return sorted(set(found))
+
+
+def _active_dropouts(program) -> list:
+    """The dropout nodes that drop (train mode, p > 0), in graph order."""
+    return [n for n in program.graph.nodes if n.op == "call_function"
+            and _op_name(n) in dropout.OPS and dropout.active(n) is not None]
+
+
+class _SeededDropout:
+    """A dropout node of the program run with the seeded mask the compiled module applies."""
+
+    __name__ = "seeded_dropout"
+
+    def __init__(self, seed: int, op: int, p: float, returns_kept: bool):
+        self.seed, self.op, self.p, self.returns_kept = seed, op, p, returns_kept
+
+    def __call__(self, x, *_args, **_kwargs):
+        torch = _torch()
+        mask = torch.from_numpy(dropout.mask_numpy(self.seed, self.op, tuple(x.shape),
+                                                   self.p)).to(x.dtype)
+        out = x * mask
+        return (out, mask != 0) if self.returns_kept else out
+
+
+def _with_seeded_dropouts(program, inputs: list) -> tuple[object, list]:
+    """(the program's module, its inputs) with each train-mode dropout applying the seeded
+    mask of `dropout` (the last input, `dropout_seed`, is the seed), numbered as the import
+    numbers them: in the order of the decomposed program."""
+    if not _active_dropouts(program):
+        return program.module(), inputs
+    decomposed = program.run_decompositions()
+    seed = int(np.asarray(inputs[-1]))
+    module = decomposed.module()
+    for op, node in enumerate(_active_dropouts(module)):
+        node.target = _SeededDropout(seed, op, dropout.active(node),
+                                     _op_name(node) == "native_dropout")
+    module.recompile()
+    return module, inputs[:-1]
 
 
 def _calls(program) -> list:
@@ -245,13 +283,14 @@ def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = ()):
     fed = {n: _to_torch(p, copy=True) for n, p in zip(names, params, strict=True)}
     for n in requires_grad:
         fed[n].requires_grad_()
+    with pt2_files.quiet_torch():
+        module, inputs = _with_seeded_dropouts(program, list(inputs))
     tensors = [_to_torch(x) for x in inputs]
     in_spec = program.call_spec.in_spec
     args, kwargs = (_pytree.tree_unflatten(tensors, in_spec) if in_spec is not None
                     else (tuple(tensors), {}))
     weights = {t: fed[n] for n, t in zip(names, targets, strict=True)}
     with pt2_files.quiet_torch():
-        module = program.module()
         out = torch.func.functional_call(module, weights, tuple(args), dict(kwargs),
                                          strict=False)
     leaves = _pytree.tree_leaves(out)

@@ -12,6 +12,8 @@ something else, as wrappers of the frontend's own converters (`with_torch_semant
 - `alpha` of add and sub scales the second operand (the frontend ignores it).
 - A negative index of `aten.index` / `index_put` counts from the end of its axis (the frontend
   reads out of bounds: a Falcon attention picking its key head by `[-2]` got garbage).
+- Dropout in train mode is applied (the frontend drops it): a seeded mask, `dropout.py`; the
+  seed is a variable the import makes an input of `main` (`dropout_seed`).
 - `aten.embedding` with a `padding_idx` keeps its value but passes no gradient from the
   positions that hold the padding index, as PyTorch's embedding backward does
   (`relax.grad.no_grad` stops it; tvm_ext registers its gradient as none).
@@ -25,6 +27,8 @@ from collections.abc import Callable
 
 import tvm
 from tvm import relax
+
+from . import dropout
 
 # Ops run in float32 for float16 / bfloat16 inputs: the frontend fixes a float32 result for
 # matmuls and convolutions; TVM lowers no bfloat16 layer norm or power; and PyTorch accumulates
@@ -92,7 +96,41 @@ def with_torch_semantics(importer, table: dict) -> dict:
         if name in table:
             table[name] = _wrapping_negative_indices(importer, table[name])
     table["embedding.default"] = lambda node: _embedding(importer, node)
+    for name in _DROPOUT_OPS:
+        table[name] = _applying_dropout(importer, table.get(name))
     return table
+
+
+def _applying_dropout(importer, frontend: Callable | None) -> Callable:
+    return lambda node: _dropout(importer, node, frontend)
+
+
+_DROPOUT_OPS = tuple(f"{name}.default" for name in dropout.OPS)
+
+
+def _dropout(importer, node, frontend):
+    """`x * mask` with the seeded mask of `dropout.mask_compute`, the mask out of the gradient
+    (PyTorch's backward multiplies by the same mask: the multiply's own gradient); the k-th
+    active dropout of the program is op k of the mask. `native_dropout` also gives the kept
+    elements (bool)."""
+    p = dropout.active(node)
+    if p is None:
+        return frontend(node) if frontend is not None else importer.env[node.args[0]]
+    bb, x = importer.block_builder, importer.env[node.args[0]]
+    seed = getattr(importer, "dropout_seed", None)
+    if seed is None:
+        seed = importer.dropout_seed = relax.Var(dropout.SEED_INPUT,
+                                                 relax.TensorType((), "int64"))
+        importer.dropout_count = 0
+    op, importer.dropout_count = importer.dropout_count, importer.dropout_count + 1
+    shape = [int(d) for d in x.ty.shape]
+    mask = bb.emit_te(dropout.mask_compute, seed, op, shape, p, str(x.ty.dtype),
+                      primfunc_name_hint="dropout_mask")
+    out = bb.emit(relax.op.multiply(x, bb.emit(relax.op.grad.no_grad(mask))))
+    if str(node.target) != "aten.native_dropout.default":
+        return out
+    kept = bb.emit(relax.op.not_equal(mask, relax.const(0, str(x.ty.dtype))))
+    return (out, kept)
 
 
 def _computed_in(importer, convert: Callable, pick: Callable, cast: Callable) -> Callable:

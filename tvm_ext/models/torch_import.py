@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import tvm
 from tvm import relax
 
-from . import torch_converters
+from . import dropout, torch_converters
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -31,6 +31,7 @@ def import_exported_program(program: ExportedProgram) -> tuple[tvm.IRModule, str
     Errors raised here mean the TVM frontend cannot import the program.
     """
     mode = export_mode(program)
+    _refuse_unseeded_dropouts(program)
     _views_to_reshapes(program)
     # As TVM's own entry point does: sparse tensors do not go through the decompositions.
     if not _has_sparse_tensors(program):
@@ -38,6 +39,14 @@ def import_exported_program(program: ExportedProgram) -> tuple[tvm.IRModule, str
     _drop_empty_cat_inputs(program)
     importer = _importer_class()()
     mod = importer.from_exported_program(program, True, True, False, None)
+    seed = getattr(importer, "dropout_seed", None)
+    if seed is not None:  # the last input: after the program's own
+        func = mod["main"]
+        n = int(func.attrs["num_input"])
+        params = [*func.params[:n], seed, *func.params[n:]]
+        mod = mod.clone()
+        mod["main"] = relax.Function(params, func.body, func.ret_ty, True,
+                                     func.attrs).with_attr("num_input", n + 1)
     return mod, mode
 
 
@@ -100,6 +109,25 @@ def export_mode(program: ExportedProgram) -> str | None:
     if not modes:
         return None
     return modes.pop() if len(modes) == 1 else "mixed"
+
+
+# Train-mode dropouts whose masks are not `dropout.py`'s (whole channels, alpha dropout's
+# affine correction): the frontend turns their Bernoulli draw into its input, uninitialized.
+_UNSEEDED_DROPOUTS = ("feature_dropout", "feature_dropout_", "alpha_dropout", "alpha_dropout_",
+                      "feature_alpha_dropout", "feature_alpha_dropout_")
+
+
+def _refuse_unseeded_dropouts(program) -> None:
+    """Raise ValueError naming a train-mode dropout the import cannot apply."""
+    for node in program.graph.nodes:
+        name = getattr(node.target, "__name__", "").split(".")[0]
+        if node.op == "call_function" and name in _UNSEEDED_DROPOUTS:
+            p = dropout.active(node)
+            if p is not None:
+                raise ValueError(f"{name} in train mode (p={p:g}): tvm_ext applies the mask of "
+                                 "nn.Dropout only, not one of whole channels (Dropout2d/3d) "
+                                 "or AlphaDropout's; export the module in eval mode, or with "
+                                 "nn.Dropout")
 
 
 def _has_sparse_tensors(program) -> bool:
