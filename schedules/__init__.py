@@ -12,7 +12,13 @@ machine cannot run, `offline` exports the candidates of a build-only search as a
 elsewhere and imports the measurements back (`export_batch`, `import_measurements`).
 """
 
-from .apply_tuning_database import ApplyTuningDatabase, coverage, kernel_times, kernel_workload
+from .apply_tuning_database import (
+    ApplyTuningDatabase,
+    awaiting_comparison,
+    coverage,
+    kernel_times,
+    kernel_workload,
+)
 from .database import (
     TuningDatabaseError,
     database_dir,
@@ -38,6 +44,7 @@ __all__ = [
     "TuningDatabaseError",
     "TuningReport",
     "TuningTask",
+    "awaiting_comparison",
     "can_time",
     "coverage",
     "database_dir",

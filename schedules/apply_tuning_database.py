@@ -5,8 +5,9 @@ record gets the best one (MetaSchedule's `MetaScheduleApplyDatabase`, which mark
 `tirx.is_scheduled`; this pass also marks it `tvm_ext.tuned`); the others are left as they are
 and get the default schedules afterwards (dlight on GPUs, `ApplyDefaultCPUSchedules` on CPUs).
 Untimed (build-only) records live elsewhere and are never applied, and neither is a record
-that was no faster than the kernel's default schedule timed beside it (`default_times`). A
-missing database applies nothing and creates nothing.
+that was no faster than the kernel's default schedule timed beside it (`default_times`), or
+that an interrupted tuning run left without that comparison. A missing database applies
+nothing and creates nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from tvm import relax
 from tvm_ext.ir.pass_records import LIBRARY_ATTR
 
 from .database import best_seconds, database_dir, has_database, open_database
-from .default_times import load_default_times, record_loses
+from .default_times import awaits_comparison, load_default_times, record_loses
 
 TUNED_ATTR = "tvm_ext.tuned"  # on a kernel scheduled from a tuning record
 
@@ -87,6 +88,17 @@ def kernel_times(
         if secs is not None and not record_loses(defaults, workload):
             times[gv.name_hint] = secs
     return times
+
+
+def awaiting_comparison(staged: tvm.IRModule, target: tvm.target.Target, work_dir: str
+                        ) -> list[str]:
+    """Kernels of `staged` whose records wait for a tuning run that ended before comparing
+    them with their default schedules (not applied until the same run finishes)."""
+    db_dir = database_dir(work_dir, target)
+    defaults = load_default_times(db_dir) if has_database(db_dir) else {}
+    return [gv.name_hint for gv, func in staged.functions.items()
+            if isinstance(func, tvm.tirx.PrimFunc)
+            and awaits_comparison(defaults, kernel_workload(func))]
 
 
 def coverage(staged: tvm.IRModule, target: tvm.target.Target, work_dir: str

@@ -52,6 +52,9 @@ def load_cost_model(db_dir: str) -> XGBCostModel:
 def save_cost_model(model: XGBCostModel, db_dir: str) -> None:
     """Saved only once trained: XGBModel.load cannot read a model saved without a booster."""
     if model.booster is not None:
-        with warnings.catch_warnings():
+        path = os.path.join(db_dir, COST_MODEL_FILE)
+        temp = f"{path}.{os.getpid()}.tmp"  # renamed whole into place: a run ended mid-save
+        with warnings.catch_warnings():  # leaves the previous model readable
             warnings.simplefilter("ignore")  # xgboost's note on its default file format
-            model.save(os.path.join(db_dir, COST_MODEL_FILE))
+            model.save(temp)
+        os.replace(temp, path)

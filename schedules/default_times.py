@@ -9,7 +9,9 @@ Kept in `default_times.json` in the database directory: workload hash -> {"defau
 "record_s"}, the medians of interleaved rounds of the two compiled kernels, timed as
 MetaSchedule's runner times candidates (`EVALUATOR`), re-measured whenever tuning ran for the
 kernel. Kernels with no comparison (records imported from another machine) get their records
-applied as before.
+applied as before. A tuning run marks its kernels {"pending": 1} as it starts (`mark_pending`)
+and compares them as it ends: the records of a run that ended before (interrupted) are not
+applied until a run of the same command finishes, so the rule holds after an interruption too.
 """
 
 from __future__ import annotations
@@ -49,10 +51,27 @@ def load_default_times(db_dir: str) -> dict[str, dict[str, float]]:
         return {str(k): {n: float(x) for n, x in v.items()} for k, v in json.load(f).items()}
 
 
+PENDING = "pending"
+
+
 def record_loses(times: dict[str, dict[str, float]], workload: tvm.IRModule) -> bool:
-    """Whether the best record of `workload` was measured no faster than its default schedule."""
+    """Whether the best record of `workload` was measured no faster than its default schedule,
+    or is still to be compared with it (its tuning run did not finish)."""
     pair = times.get(workload_key(workload))
-    return pair is not None and pair["record_s"] >= pair["default_s"]
+    return pair is not None and (PENDING in pair or pair["record_s"] >= pair["default_s"])
+
+
+def awaits_comparison(times: dict[str, dict[str, float]], workload: tvm.IRModule) -> bool:
+    """Whether a tuning run of `workload` ended before comparing its record with the default."""
+    return PENDING in times.get(workload_key(workload), {})
+
+
+def mark_pending(workloads: list[tvm.IRModule], db_dir: str) -> None:
+    """As a tuning run starts: its kernels' records wait for the comparison at its end."""
+    times = load_default_times(db_dir)
+    for workload in workloads:
+        times[workload_key(workload)] = {PENDING: 1.0}
+    _save(db_dir, times)
 
 
 def _save(db_dir: str, times: dict) -> None:
@@ -101,14 +120,19 @@ def measure_default_times(workloads: list[tvm.IRModule], target: tvm.target.Targ
     docstring) and record the result in `db_dir`; returns every comparison recorded there. A
     kernel without a timed record, or that TVM cannot compile either way, is left out."""
     times = load_default_times(db_dir)
-    if not (is_cpu(target) or is_gpu(target)):
+    if not (is_cpu(target) or is_gpu(target)):  # no default schedules to compare with
+        for workload in workloads:
+            times.pop(workload_key(workload), None)
+        _save(db_dir, times)
         return times
     for workload in workloads:
-        if best_seconds(db, workload) is None:
+        if best_seconds(db, workload) is None:  # no timed record: nothing to compare
+            times.pop(workload_key(workload), None)
             continue
         try:
             times[workload_key(workload)] = compare_with_default(workload, target, db)
         except RuntimeError:  # TVM cannot compile or run it (its errors are RuntimeErrors)
+            times.pop(workload_key(workload), None)  # applied, as a record never compared
             continue
     _save(db_dir, times)
     return times

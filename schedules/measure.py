@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import signal
 import tempfile
 
 import tvm
@@ -32,7 +33,10 @@ NOT_TIMED = "not timed: build-only tuning (no device here to run on)"
 
 def init_worker(target_kind: str, compiles: bool = True) -> None:
     """Run in each worker process: load what building (`compiles`) or running for the target
-    needs."""
+    needs. A terminal's Ctrl-C reaches every process of the group: a worker leaves it to the
+    tuning run, which stops it (one that took it printed a traceback, and its candidate came
+    back as a build error, stored as a record)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     load_library()
     if target_kind == "cuda":
         ensure_cuda_runtime()

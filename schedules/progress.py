@@ -31,11 +31,12 @@ class ProgressCallback(PyMeasureCallback):
     """Counts and prints each batch: trials so far, the task, its best time, the model's total."""
 
     def __init__(self, tasks: list[TuningTask], progress: list[TaskProgress], budget: int,
-                 timed: bool, log: Callable[[str], None]) -> None:
+                 before: int, timed: bool, log: Callable[[str], None]) -> None:
         super().__init__()
         self.tasks = tasks
         self.progress = progress
-        self.budget = budget
+        self.budget = budget  # of the whole tuning, earlier runs' trials included
+        self.before = before  # trials the database held when this run started
         self.timed = timed
         self.log = log
         self.start = time.perf_counter()
@@ -64,8 +65,8 @@ class ProgressCallback(PyMeasureCallback):
             self.log(self._line(p, len(builder_results)))
 
     def _line(self, p: TaskProgress, batch: int) -> str:
-        head = (f"  trial {self.trials:4d}/{self.budget}  {time.perf_counter() - self.start:6.1f} s"
-                f"  {p.name} (x{p.weight}): +{batch}")
+        head = (f"  trial {self.before + self.trials:4d}/{self.budget}  "
+                f"{time.perf_counter() - self.start:6.1f} s  {p.name} (x{p.weight}): +{batch}")
         errors = f", {p.build_errors} build errors" if p.build_errors else ""
         if not self.timed:
             return f"{head}, {p.built} built{errors}, none timed (build-only)"

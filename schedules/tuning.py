@@ -35,7 +35,7 @@ from tvm_ext.runtime.cuda import has_gpu
 
 from .cost_model import load_cost_model, save_cost_model
 from .database import best_seconds, count_records, database_dir, open_database, target_key
-from .default_times import measure_default_times, record_loses, workload_key
+from .default_times import mark_pending, measure_default_times, record_loses, workload_key
 from .interrupt import Interruptible, StopOnSignal
 from .measure import PooledBuilder, UntimedRunner, timing_runner
 from .progress import ProgressCallback, TaskProgress
@@ -159,12 +159,14 @@ def tune_tasks(
             _save_state(db_dir, state, fingerprint, trials)
         return report
 
-    per_iter = trials_per_iter or max(4, min(16, remaining // len(tasks)))
+    per_iter = trials_per_iter or step_size(remaining, len(tasks))
     log(f"tuning: {len(tasks)} kernels for {target_key(target)}, {remaining} trials "
         f"({before} already in the database), {per_iter} per search step, records in {db_dir}"
         + ("" if timed else "; BUILD-ONLY: no device here, no candidate will be timed"))
     start = time.perf_counter()
-    callback = ProgressCallback(tasks, progress, remaining, timed, log)
+    callback = ProgressCallback(tasks, progress, before + remaining, before, timed, log)
+    if timed:  # a record is applied once compared with the default, as the run ends
+        mark_pending([t.mod for t in tasks], db_dir)
     cost_model = load_cost_model(db_dir)
     builder = PooledBuilder(target.kind.name, max_workers=cpu_count(logical=True))
     runner = timing_runner(target.kind.name) if timed else UntimedRunner()
@@ -187,8 +189,20 @@ def tune_tasks(
         log(_versus_defaults(tasks, defaults))
     report.trials_run = callback.trials
     report.seconds = time.perf_counter() - start
-    log(f"tuning: {callback.trials} trials in {report.seconds:.1f} s\n{report.format()}")
+    past = callback.trials - remaining
+    log(f"tuning: {callback.trials} trials in {report.seconds:.1f} s"
+        + (f" ({past} past the budget: MetaSchedule measures whole search steps)"
+           if past > 0 else "") + f"\n{report.format()}")
     return report
+
+
+def step_size(remaining: int, num_tasks: int) -> int:
+    """Candidates per search step: up to 16, fewer for a small budget per kernel; within half
+    of that, the size whose last step runs least past the budget (MetaSchedule measures whole
+    steps: 49 trials left measured 51 in steps of 16 or 12, 49 in steps of 7)."""
+    cap = min(16, max(4, remaining // max(num_tasks, 1)), max(remaining, 1))
+    sizes = range(cap, (cap + 1) // 2 - 1, -1)
+    return min(sizes, key=lambda size: (-remaining % size, -size))
 
 
 def _versus_defaults(tasks: list[TuningTask], defaults: dict[str, dict[str, float]]) -> str:

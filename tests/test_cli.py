@@ -275,14 +275,31 @@ def test_pt2_plain_build_within_torch_tolerance_still_decides(pt2_file, capsys,
 
 def test_pt2_with_random_ops_is_not_compared_with_torch(tmp_path, capsys):
     torch = pytest.importorskip("torch")
-    net = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Dropout(0.5)).train()
-    path = tmp_path / "drop.pt2"
-    torch.export.save(torch.export.export(net, (torch.randn(2, 8),)), str(path))
+
+    class Noisy(torch.nn.Module):
+        def forward(self, x):
+            return x + torch.randn_like(x)
+
+    path = tmp_path / "noise.pt2"
+    torch.export.save(torch.export.export(Noisy(), (torch.randn(2, 8),)), str(path))
     assert main([str(path), "--check"]) == 0
     out = capsys.readouterr().out
     assert "match the plain TVM build" in out
-    assert "not compared with PyTorch eager (drop.pt2): PyTorch draws random numbers in " \
-           "dropout" in out
+    assert "not compared with PyTorch eager (noise.pt2): PyTorch draws random numbers in " \
+           "randn_like" in out
+
+
+def test_a_train_mode_export_trains_with_dropout_as_torch_optim_does(tmp_path, capsys):
+    """The README's --training --optimizer --check on a module exported in train mode: its
+    dropouts applied, with the masks PyTorch is given too."""
+    torch = pytest.importorskip("torch")
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.5),
+                              torch.nn.Linear(16, 4)).train()
+    path = tmp_path / "drop.pt2"
+    torch.export.save(torch.export.export(net, (torch.randn(2, 8),)), str(path))
+    argv = [str(path), "--training", "--optimizer", "adamw", "--steps", "3", "--run", "--check"]
+    assert main(argv) == 0
+    assert "check   OK: 3 steps match torch.optim" in capsys.readouterr().out
 
 
 def test_torch_reference_matches_parameters_by_name(pt2_file):
@@ -421,6 +438,8 @@ def get_model(width=3):
     (["{tmp}/bad.py"], "bad.py raised ValueError: width 3 is odd at {tmp}/bad.py:3 in helper"),
     (["mlp", "--tune-db", "{tmp}/bad.py"], "--tune-db {tmp}/bad.py is a file"),
     (["mlp", "--dump-dir", "{tmp}/bad.py"], "--dump-dir {tmp}/bad.py is a file"),
+    (["mlp", "--device-memory", "-5%"], "'-5%': a percentage must be in (0, 100]"),
+    (["mlp", "--device-memory", "-.5GB"], "cannot read '-.5GB' as a size"),
 ])
 def test_bad_values_exit_2(argv, message, tmp_path, capsys):
     (tmp_path / "bad.py").write_text(BAD_PY)
@@ -497,3 +516,27 @@ def test_cuda_without_output_or_run_warns(capsys):
         refuse_idle_options(parser, parser.parse_args(argv))
         err = capsys.readouterr().err
         assert ("compiles the module and discards it" in err) == warned
+
+
+@pytest.mark.parametrize("argv, package", [
+    (["mlp", "--training", "--optimizer", "adamw", "--run", "--check"], "torch"),
+    (["{tmp}/m.pt2", "--run"], "torch"),
+    (["{tmp}/m.onnx", "--run"], "onnx"),
+])
+def test_a_missing_extra_is_named_in_one_line(argv, package, tmp_path, monkeypatch, capsys):
+    """The README's training --check after a plain `pip install .`: one line naming the extra
+    to install, before anything compiles."""
+    for suffix in (".pt2", ".onnx"):
+        (tmp_path / f"m{suffix}").write_bytes(b"")
+    monkeypatch.setitem(sys.modules, package, None)
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"needs {package}" in err and "'.[frontends]'" in err
+
+
+def test_a_budget_above_the_peak_says_nothing_is_swapped(tmp_path, capsys):
+    report = tmp_path / "r.json"
+    assert main(["mlp", "--device-memory", "1TB", "--report", str(report)]) == 0
+    assert "the model fits as it is, nothing needs to leave the device" in \
+        capsys.readouterr().out
+    assert "no-swap peak" in json.loads(report.read_text())["swap"]["note"]

@@ -46,15 +46,27 @@ def test_saved_plan_is_applied(gpt_report, capsys):
      "partitions over 2 devices, not 4"),
     (["mlp", "--devices", "2", "--partition-plan", "{report}"], "another model"),
     (["mlp", "--devices", "2", "--partition-plan", "/nonexistent.json"], "--partition-plan"),
+    (["mlp", "--devices", "2", "--partition-plan", "{tmp}/garbage.json"],
+     "garbage.json is not JSON (Expecting value: line 2 column 2"),
+    (["mlp", "--devices", "2", "--partition-plan", "{tmp}/other.json"],
+     "other.json holds no partition plan: a PartitionPlan record has a field 'weights' a plan "
+     "does not have; give a plan"),
+    (["mlp", "--devices", "2", "--partition-plan", "{tmp}/list.json"],
+     "list.json holds no partition plan: it holds a JSON list"),
     (["gpt", "--devices", "1000"], "--devices 1000: no tensor of this model has a dimension "
      "longer than 128"),
     (["gpt", "--set", "vocab=2000", "--devices", "100", "--run"],
      "--devices 100 with --run/--check runs 100 worker threads"),
 ])
-def test_bad_input_exits_2(argv, message, gpt_report, capsys):
-    argv = [a.replace("{report}", str(gpt_report)) for a in argv]
+def test_bad_input_exits_2(argv, message, gpt_report, tmp_path, capsys):
+    (tmp_path / "garbage.json").write_text("\n not json")
+    (tmp_path / "other.json").write_text('{"num_devices": 2, "weights": [1, 2]}')
+    (tmp_path / "list.json").write_text("[1, 2]")
+    argv = [a.replace("{report}", str(gpt_report)).replace("{tmp}", str(tmp_path))
+            for a in argv]
     assert main(argv) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message.replace("{tmp}", str(tmp_path)) in err and "__init__" not in err
 
 
 def test_devices_with_device_memory(capsys):
@@ -63,6 +75,18 @@ def test_devices_with_device_memory(capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "swap    per device" in out and "every worker fits" in out and "check   OK" in out
+
+
+def test_a_swapped_partition_is_measured_against_the_swap_plan(capsys):
+    """Each worker's measured peak against the swap plan's per-device peak (near 1), not the
+    partition's unswapped one (about the budget fraction)."""
+    argv = ["gpt", "--devices", "4", "--device-memory", "50%", "--swap-time-budget", "1",
+            "--run", "--repeat", "0"]
+    assert main(argv) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines()
+                if ln.startswith("memory  measured peak per worker"))
+    ratios = [float(r) for r in line.split("measured / predicted: ")[1].rstrip(")").split(", ")]
+    assert "swap plan" in line and all(0.85 <= r <= 1.0 for r in ratios), line
 
 
 def test_cuda_export_for_four_gpus(tmp_path, capsys):

@@ -4,7 +4,8 @@ unmodified TVM build AND against PyTorch eager (gradients against torch.autograd
 training step), at the tolerances of `tvm_ext.models.reference`.
 
 The CI sweep runs every model plain, swapped at 50%, partitioned over 2 and 4 devices and
-trained; `pytest -m sweep` adds k = 3 and 8, the smallest swap budget and partition + swap.
+trained (a model with `ci_modes` only in those, its other cells in the sweep); `pytest -m
+sweep` adds k = 3 and 8, the smallest swap budget and partition + swap.
 """
 
 from __future__ import annotations
@@ -27,14 +28,21 @@ FLOOR = "smallest feasible budget is"
 EXPECTED_REFUSALS: dict[tuple[str, str], str] = {}
 
 
-def _cases(modes, mark=None):
+def _in_ci(model, mode: str) -> bool:
+    return mode in CI_MODES and (model.ci_modes is None or mode in model.ci_modes)
+
+
+def _cases(sweep: bool):
+    """The CI cells, or the sweep's: every other cell that applies (a CI mode outside a
+    model's `ci_modes` included)."""
     for model in corpus.MODELS:
-        for mode in modes:
+        for mode in (*CI_MODES, *SWEEP_MODES):
             if (mode in corpus.TRAINING_MODES and not model.training) or (
                     model.kind == "op" and mode not in corpus.OP_MODES):
                 continue
-            marks = [mark] if mark else []
-            yield pytest.param(model.name, mode, id=f"{model.name}-{mode}", marks=marks)
+            if _in_ci(model, mode) != sweep:
+                yield pytest.param(model.name, mode, id=f"{model.name}-{mode}",
+                                   marks=[pytest.mark.sweep] if sweep else [])
 
 
 @pytest.fixture(scope="session")
@@ -52,11 +60,11 @@ def _run(name: str, mode: str, corpus_dir) -> None:
         assert cell["result"] == "ok", f"{name} {mode}: {cell}"
 
 
-@pytest.mark.parametrize(("name", "mode"), list(_cases(CI_MODES)))
+@pytest.mark.parametrize(("name", "mode"), list(_cases(sweep=False)))
 def test_corpus(name, mode, corpus_dir):
     _run(name, mode, corpus_dir)
 
 
-@pytest.mark.parametrize(("name", "mode"), list(_cases(SWEEP_MODES, pytest.mark.sweep)))
+@pytest.mark.parametrize(("name", "mode"), list(_cases(sweep=True)))
 def test_corpus_sweep(name, mode, corpus_dir):
     _run(name, mode, corpus_dir)

@@ -40,3 +40,16 @@ def test_families_keep_their_builtin_bases():
         raise InfeasibleBudgetError(1, 2, "op")
     assert issubclass(PlanError, InternalError) and not issubclass(PlanError, AssertionError)
     assert issubclass(UnavailableError, RuntimeError)
+
+
+def test_a_missing_optional_package_names_its_extra(monkeypatch):
+    import sys
+
+    from tvm_ext.errors import MissingExtraError, UnavailableError, require
+    from tvm_ext.models import reference
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(MissingExtraError, match=r"comparing with PyTorch needs torch.*frontends"):
+        reference.torch_reference("m.pt2", [])
+    assert issubclass(MissingExtraError, UnavailableError)
+    assert require("json", "reading JSON").loads("1") == 1

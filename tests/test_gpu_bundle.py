@@ -126,6 +126,8 @@ def test_self_check_figures(results):
         planned = data["planned_bytes_out"] + data["planned_bytes_in"]
         assert 0 < moved <= planned < moved + 256 * data["planned_copies"]
         assert 0 <= data["overlap_runtime"] <= 1
+        # Run again as a user runs it: tvm_ext.runtime.load places the arguments itself.
+        assert data["runtime_load"] == "outputs equal the measured run's"
         # No numba beside the bundle here: the simulation waits for --finish.
         assert data["simulated_ms"] is None and "--finish" in data["simulated"]
     copies = checks["llvm/copies"]["data"]

@@ -104,6 +104,27 @@ def test_the_smallest_budget_is_that_of_the_parts():
     assert not fissioned and problem.budget == fused.budget
 
 
+def _batch_norm_pad(x, gamma, beta, mean, var):
+    """An inference batch norm: its legalized kernel also computes the updated running
+    statistics, in loop nests whose results nothing reads."""
+    y = relax.op.nn.batch_norm(x, gamma, beta, mean, var, axis=1, training=False)[0]
+    return relax.op.nn.pad(relax.op.clip(y, 0.0, 6.0), [0, 0, 0, 0, 1, 1, 1, 1])
+
+
+def test_a_kernel_with_loop_nests_nothing_reads_runs_as_its_parts():
+    """Parts without outputs are not called; the others give the fused kernel's bits."""
+    mod = one_op_module(_batch_norm_pad, (2, 8, 4, 4), (8,), (8,), (8,), (8,))
+    fused = pipeline.fuse(mod, LLVM)
+    (kernel,) = [gv.name_hint for gv, f in fused.functions_items()
+                 if isinstance(f, tvm.tirx.PrimFunc)]
+    parts = fission_kernels(fused, [kernel])
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((2, 8, 4, 4)).astype("float32"),
+            *(rng.uniform(0.5, 1.5, 8).astype("float32") for _ in range(4))]
+    (whole,), (split,) = _run_module(fused, args), _run_module(parts, args)
+    np.testing.assert_array_equal(whole, split)
+
+
 def test_what_does_not_cut_is_refused_clearly():
     mod, kernel = _fused()
     one = pipeline.fuse(one_op_module(lambda x: relax.op.multiply(x, relax.const(2.0)),

@@ -19,7 +19,7 @@ PACKAGES = {"tvm_ext": ROOT / "tvm_ext", "tvm_ext.passes": ROOT / "passes",
 
 # Lowest first; a module may import its own layer and those below it, never one above.
 LAYERS = [
-    ("tvm_ext.errors", "tvm_ext.units", "tvm_ext._layout"),
+    ("tvm_ext.errors", "tvm_ext.units", "tvm_ext._layout", "tvm_ext.interrupts"),
     ("tvm_ext.graph",),  # the planners' input: plain data
     ("tvm_ext.cost",),
     ("tvm_ext.swap", "tvm_ext.partition"),
@@ -31,8 +31,8 @@ LAYERS = [
     ("tvm_ext",),  # the package's __init__: loads the runtime library, registers the pipeline
 ]
 # No TVM here: plain data in, plans out.
-PLANNERS = ("tvm_ext.errors", "tvm_ext.units", "tvm_ext.graph", "tvm_ext.cost",
-            "tvm_ext.swap", "tvm_ext.partition")
+PLANNERS = ("tvm_ext.errors", "tvm_ext.units", "tvm_ext.interrupts", "tvm_ext.graph",
+            "tvm_ext.cost", "tvm_ext.swap", "tvm_ext.partition")
 
 
 def _modules() -> dict[str, pathlib.Path]:

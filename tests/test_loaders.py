@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import textwrap
 
 import numpy as np
@@ -34,6 +35,23 @@ def test_pt2_matches_torch(torch_mlp, tmp_path):
     assert model.weights is not None and len(model.params) == 4
     (out,) = _run(model, [x.numpy(), *model.random_params()])
     np.testing.assert_allclose(out, net(x).detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_loading_and_running_a_pt2_gives_no_torch_warning(torch_mlp, tmp_path):
+    """torch's FutureWarnings about its own pytree API (on every load, copy and run of an
+    exported program) are kept out of the way."""
+    import warnings
+
+    from tvm_ext.models.reference import torch_reference
+
+    torch, net, x = torch_mlp
+    path = str(tmp_path / "mlp.pt2")
+    torch.export.save(torch.export.export(net, (x,)), path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        model = load_model(path)
+        torch_reference(path, [x.numpy()], model.random_params(),
+                        [p.name for p in model.params])
 
 
 def test_onnx_matches_torch(torch_mlp, tmp_path):
@@ -94,6 +112,30 @@ def test_garbage_file_names_the_file(tmp_path, suffix):
     path.write_bytes(b"\x00not a model\xff" * 10)
     with pytest.raises(ModelLoadError, match=f"broken{suffix}.*does not parse"):
         load_model(str(path))
+    if suffix == ".pt2":  # a zip torch cannot read: one line, no torch log on the way
+        import zipfile
+
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("model/models/model.json", "{not json")
+        handler = _Records()
+        logging.getLogger().addHandler(handler)
+        try:
+            with pytest.raises(ModelLoadError, match="does not parse") as info:
+                load_model(str(path))
+        finally:
+            logging.getLogger().removeHandler(handler)
+        assert "\n" not in str(info.value) and not handler.records
+
+
+class _Records(logging.Handler):
+    """The log records emitted while it is attached."""
+
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
 
 
 def test_bad_python_and_unknown_files(tmp_path):
@@ -215,6 +257,91 @@ def test_parse_and_import_errors_differ(tmp_path):
     with pytest.raises(ModelLoadError, match="cannot import this model") as info:
         load_model(path)
     assert "special.pt2" in str(info.value) and "does not parse" not in str(info.value)
+
+
+class _LossAndLogits:
+    """A module returning what `transformers` models return: an output dataclass (here the
+    loss first, as a model given labels returns it)."""
+
+    @staticmethod
+    def export(torch, path, output_type):
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(6, 4)
+
+            def forward(self, x):
+                logits = self.fc(x)
+                return output_type(loss=(logits ** 2).mean(), logits=logits)
+
+        torch.manual_seed(0)
+        net, x = Net().eval(), torch.randn(3, 6)
+        _export(torch, net, (x,), path)
+        with torch.no_grad():
+            out = net(x)
+        return x.numpy(), out.logits.numpy(), out.loss.numpy()
+
+
+_LOAD_FRESH = textwrap.dedent("""
+    import sys
+    from tvm_ext.models import load_model
+    model = load_model(sys.argv[1])
+    print(model.config["returns"], ",".join(model.config["outputs"]))
+""")
+
+
+def test_an_unwrapped_transformers_export_loads_in_a_fresh_process(tmp_path):
+    """The file names `transformers.modeling_outputs.CausalLMOutput` in its output spec: loaded
+    where nothing imported `transformers` yet, with no torch warnings, the logits first."""
+    import subprocess
+    import sys
+
+    torch = pytest.importorskip("torch")
+    outputs = pytest.importorskip("transformers.modeling_outputs")
+    path = str(tmp_path / "unwrapped.pt2")
+    x, logits, loss = _LossAndLogits.export(torch, path, outputs.CausalLMOutput)
+    done = subprocess.run([sys.executable, "-c", _LOAD_FRESH, path], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["CausalLMOutput", "logits,loss"]
+    assert "Warning" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    model = load_model(path)
+    out = _run(model, [x, *model.random_params()])
+    np.testing.assert_allclose(out[0], logits, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out[1], loss, rtol=1e-5, atol=1e-6)
+    from tvm_ext.models.reference import torch_reference
+
+    names = [p.name for p in model.params]
+    ref = torch_reference(path, [x], model.random_params(), names)
+    np.testing.assert_allclose(ref[0], logits, rtol=1e-6)
+
+
+def test_an_export_returning_a_class_that_is_not_installed_loads(tmp_path):
+    """Its outputs are read by the field names the file holds."""
+    import dataclasses
+
+    torch = pytest.importorskip("torch")
+    from torch.utils import _pytree
+
+    @dataclasses.dataclass
+    class Outputs:
+        loss: object
+        logits: object
+
+    name = "tvm_ext_test_not_installed.Outputs"
+    _pytree.register_dataclass(Outputs, serialized_type_name=name)
+    path = str(tmp_path / "gone.pt2")
+    try:
+        _LossAndLogits.export(torch, path, Outputs)
+    finally:
+        _pytree._deregister_pytree_node(Outputs)
+    model = load_model(path)
+    assert (model.config["returns"], model.config["outputs"]) == ("Outputs", ["logits", "loss"])
+    from tvm_ext.models.reference import torch_reference
+
+    ref = torch_reference(path, [np.ones((3, 6), "float32")], model.random_params(),
+                          [p.name for p in model.params])
+    assert [r.shape for r in ref] == [(3, 4), ()]
 
 
 def _batch_norm_cnn(torch):

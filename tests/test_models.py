@@ -102,3 +102,27 @@ def test_large_sizes_are_planning_only_graphs(llvm):
     assert model.param_bytes > 2**31
     graph = driver.fused_graph(model, llvm)
     assert graph.bytes_of_kind("parameter") == model.param_bytes
+
+
+def test_token_ids_are_drawn_across_the_table_they_index():
+    """An integer input a lookup reads (cast and reshaped on the way) is drawn in [0, rows of
+    the table); one that only masks stays 0 or 1."""
+    from tvm import relax
+
+    from tvm_ext.models.base import model_from_function
+
+    ids = relax.Var("ids", relax.TensorType((2, 8), "int64"))
+    mask = relax.Var("mask", relax.TensorType((2, 8), "int64"))
+    table = relax.Var("table", relax.TensorType((50, 4), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [ids, mask, table]):
+        with bb.dataflow():
+            flat = bb.emit(relax.op.reshape(relax.op.astype(ids, "int32"), (16,)))
+            rows = bb.emit(relax.op.reshape(relax.op.take(table, flat, axis=0), (2, 8, 4)))
+            keep = bb.emit(relax.op.expand_dims(relax.op.astype(mask, "float32"), -1))
+            out = bb.emit_output(relax.op.multiply(rows, keep))
+        bb.emit_func_output(out)
+    model = model_from_function("lookup", bb.get()["main"], 2)
+    assert [(s.init, s.high) for s in model.inputs] == [("randint", 50), ("randint", 2)]
+    drawn = model.random_inputs(0)[0]
+    assert drawn.max() < 50 and drawn.max() >= 2

@@ -129,3 +129,20 @@ def test_a_record_no_faster_than_the_default_schedule_is_not_applied(partly_tune
         assert _tuned(module)[tuned_name]
     finally:
         _set_comparison(db_dir, staged[tuned_name], 1.0, 2.0)
+
+
+def test_a_record_an_interrupted_run_did_not_compare_is_not_applied(partly_tuned):
+    """A tuning run marks its kernels pending as it starts and compares them as it ends: one
+    that ended before (Ctrl-C) leaves its records unapplied, and says which."""
+    from tvm_ext.schedules.default_times import mark_pending
+
+    model, target, work_dir, staged, tuned_name = partly_tuned
+    db_dir = database_dir(work_dir, target)
+    try:
+        mark_pending([kernel_workload(staged[tuned_name])], db_dir)
+        module = pipeline.scheduled_module(model.mod, target, work_dir, library=False)
+        assert not any(_tuned(module).values())
+        assert schedules.awaiting_comparison(staged, target, work_dir) == [tuned_name]
+    finally:
+        _set_comparison(db_dir, staged[tuned_name], 1.0, 2.0)
+    assert schedules.awaiting_comparison(staged, target, work_dir) == []

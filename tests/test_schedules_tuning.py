@@ -132,7 +132,8 @@ def test_an_interrupted_run_keeps_its_records(tmp_path, mlp, llvm, sig):
     # TMPDIR: a killed run cannot remove its build artifacts; keep them in tmp_path.
     proc = subprocess.Popen([sys.executable, "-c", _INTERRUPTED_RUN, work_dir],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "TMPDIR": str(tmp_path)})
+                            env={**os.environ, "TMPDIR": str(tmp_path)},
+                            start_new_session=True)
     try:
         # The first record takes a compile and a measurement: minutes on a loaded 2-core box.
         deadline = time.monotonic() + 300
@@ -140,7 +141,7 @@ def test_an_interrupted_run_keeps_its_records(tmp_path, mlp, llvm, sig):
             assert proc.poll() is None, proc.stdout.read()
             assert time.monotonic() < deadline, "no record within 300 s"
             time.sleep(0.2)
-        proc.send_signal(sig)
+        os.killpg(proc.pid, sig)  # as a terminal sends it: to the builder's workers too
         # SIGINT ends the run after the search step in flight (seconds; generous for a loaded
         # machine).
         out, _ = proc.communicate(timeout=180)
@@ -151,9 +152,13 @@ def test_an_interrupted_run_keeps_its_records(tmp_path, mlp, llvm, sig):
     if sig == signal.SIGINT:
         assert "stopping after the search step in flight" in out
         assert "tuning interrupted" in out and "kept in" in out and "KeyboardInterrupt" in out
+        # The workers leave the signal to the run: no traceback of theirs, no candidate of the
+        # step in flight stored as a build error.
+        assert "popen_worker" not in out and "cannot join" not in out, out
     db = schedules.open_database(schedules.database_dir(work_dir, llvm))
     kept = len(db)
     assert kept >= 1
+    assert all(float(t) < 1e9 for r in db.get_all_tuning_records() for t in r.run_secs)
     # Resuming counts what was kept: with that budget there is nothing left to tune.
     again = driver.tune(mlp.mod, llvm, work_dir, kept, log=lambda line: None, library=False)
     assert again.trials_before == kept and again.trials_run == 0
@@ -181,3 +186,16 @@ def test_cuda_without_gpu_builds_candidates_and_times_none(tmp_path, mlp, capsys
     again = driver.tune(mlp.mod, target, work_dir, 4, measure=False, log=lambda line: None,
                         library=False)
     assert again.trials_run == 0
+
+
+def test_search_steps_end_on_the_budget():
+    """MetaSchedule measures whole steps; a step size that divides what is left ends on the
+    budget (a resumed run with 49 left measured 51 in steps of 16 or 12)."""
+    from tvm_ext.schedules.tuning import step_size
+
+    assert (step_size(49, 4), step_size(64, 4), step_size(2, 3), step_size(500, 5)) == \
+        (7, 16, 2, 10)
+    for remaining in range(1, 300):
+        size = step_size(remaining, 3)
+        cap = min(16, max(4, remaining // 3), remaining)
+        assert (cap + 1) // 2 <= size <= cap and -remaining % size < size

@@ -61,6 +61,7 @@ from tvm_ext.schedules import (
     ApplyTuningDatabase,
 )
 
+from . import interrupts
 from .ir.targets import is_cpu, is_gpu
 from .runtime.blas import cublas_workspace_bytes
 
@@ -308,6 +309,7 @@ def tvm_ext_pipeline(
                     continue
                 mod = tvm.transform.Sequential(passes, name=name)(mod)
                 _dump(dump_dir, i + 1, name, mod)
+        interrupts.enter("codegen")  # what tvm.compile does after the pipeline
         return mod
 
     return _pipeline

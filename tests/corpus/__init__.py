@@ -3,8 +3,10 @@ at tiny sizes (random weights, no downloads) and small torch modules for single 
 exported with `torch.export` exactly as a user would (`torch.export.save` to a `.pt2`).
 
 Each entry is a `CorpusModel`: a name, a builder returning `(module, example_inputs)` in eval
-mode, and the modes the sweep runs on it. Sizes are picked so that every dim a partition may
-cut (batch 2 or 4, sequence 16, hidden 32 or 64) divides by 2, 4 and 8.
+mode, and the modes the sweep runs on it. Most models are wrapped to return one tensor; some
+are exported as `transformers` returns them (`*_unwrapped`: an output dataclass). Sizes are
+picked so that every dim a partition may cut (batch 2 or 4, sequence 16, hidden 32 or 64)
+divides by 2, 4 and 8.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class CorpusModel:
     kind: str  # "language", "vision", "audio", "op"
     # Whether the training step (loss over the first output, gradients) is swept.
     training: bool = True
+    # The CI modes the default tests run (None: all); the others go to the sweep.
+    ci_modes: tuple[str, ...] | None = None
 
 
 def _seed():
@@ -238,6 +242,64 @@ def segformer(widths: tuple[int, ...] = (8, 16), image: int = 32, batch: int = 1
     return build
 
 
+def falcon():
+    """Multi-query attention, attention and MLP in parallel, rotary embeddings; the attention
+    picks its key and value heads by negative indices (`qkv[:, :, [-2]]`)."""
+    def build():
+        torch = _seed()
+        import transformers as tf
+
+        cfg = tf.FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                              num_attention_heads=4, multi_query=True, parallel_attn=True,
+                              new_decoder_architecture=False, alibi=False, bias=False,
+                              max_position_embeddings=SEQ)
+        return _Logits.wrap(tf.FalconForCausalLM(cfg).eval()), (_ids(torch),)
+    return build
+
+
+def deberta_v2():
+    """Disentangled attention (content-to-position and position-to-content) over log-bucketed
+    relative positions: integer positions divided and logged, as floats in PyTorch."""
+    def build():
+        torch = _seed()
+        import transformers as tf
+
+        cfg = tf.DebertaV2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                 num_attention_heads=4, intermediate_size=64,
+                                 max_position_embeddings=SEQ, relative_attention=True,
+                                 pos_att_type=["p2c", "c2p"], position_buckets=8)
+        model = _Logits.wrap(tf.DebertaV2Model(cfg).eval(), "last_hidden_state")
+        return model, (_ids(torch), _padding_mask(torch))
+    return build
+
+
+def mobilenet_v2(image: int = 32):
+    """Inverted residual blocks: depthwise 3x3 convolutions, ReLU6, TensorFlow-style padding."""
+    def build():
+        torch = _seed()
+        import transformers as tf
+
+        cfg = tf.MobileNetV2Config(num_channels=3, image_size=image, depth_multiplier=0.5,
+                                   num_labels=8)
+        model = _bn_statistics(tf.MobileNetV2ForImageClassification(cfg)).eval()
+        return _Logits.wrap(model), (torch.randn(2, 3, image, image),)
+    return build
+
+
+def opt_unwrapped():
+    """OPT exported as `transformers` returns it, unwrapped: a `CausalLMOutputWithPast`, which
+    the file names in its output spec."""
+    def build():
+        torch = _seed()
+        import transformers as tf
+
+        cfg = tf.OPTConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, ffn_dim=64,
+                           num_attention_heads=4, max_position_embeddings=SEQ,
+                           word_embed_proj_dim=32, use_cache=False)
+        return tf.OPTForCausalLM(cfg).eval(), (_ids(torch),)
+    return build
+
+
 def _op(forward: Callable, *shapes, dtype: str = "float32", init=None):
     """A one-operator torch module with a submodule built by `init(torch)`, or else a learned
     scale of its first input (so that the training step has a parameter to differentiate)."""
@@ -304,6 +366,10 @@ MODELS: list[CorpusModel] = [
     CorpusModel("segformer", segformer(), "vision"),
     *(CorpusModel(name, build, "op", training=not name.startswith("linear_b"))
       for name, build in OPS.items()),
+    CorpusModel("falcon", falcon(), "language", ci_modes=("plain", "training")),
+    CorpusModel("deberta_v2", deberta_v2(), "language", ci_modes=("plain",)),
+    CorpusModel("mobilenet_v2", mobilenet_v2(), "vision", ci_modes=("plain",)),
+    CorpusModel("opt_unwrapped", opt_unwrapped(), "language", ci_modes=("plain",)),
 ]
 
 BY_NAME = {m.name: m for m in MODELS}

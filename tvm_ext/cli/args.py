@@ -23,6 +23,26 @@ def _parse_value(text: str):
     return text
 
 
+def values_that_look_negative(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`argv` with a value that starts with "-" joined to its option (`--device-memory -5%` as
+    `--device-memory=-5%`): argparse would take it for an option and say only "expected one
+    argument", where the option's own check says what is wrong with the value."""
+    takes_value = {s for a in parser._actions if a.option_strings and a.nargs is None
+                   and a.const is None for s in a.option_strings}
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        value = argv[i + 1] if i + 1 < len(argv) else ""
+        if arg in takes_value and value[:1] == "-" and value[1:2] in set("0123456789."):
+            out.append(f"{arg}={value}")
+            i += 2
+        else:
+            out.append(arg)
+            i += 1
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="compile.py",

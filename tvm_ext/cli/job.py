@@ -8,7 +8,7 @@ import platform
 import sys
 import time
 
-from tvm_ext import driver, pipeline, schedules
+from tvm_ext import driver, interrupts, pipeline, schedules
 from tvm_ext.ir.targets import is_cpu
 from tvm_ext.models import ZOO, ModelLoadError, load_model
 from tvm_ext.runtime.cuda import DEFAULT_ARCH, CudaUnavailableError
@@ -26,6 +26,7 @@ from .training import run_training, with_optimizer
 def compile_model(args) -> int:
     """Load, plan, build, export, run and check the model the arguments name; the exit status."""
     report: dict = {"model": args.model, "target": args.target, "host": platform.node()}
+    interrupts.enter("loading")
     loaded = _load(args, report)
     if loaded is None:
         return 2
@@ -45,11 +46,18 @@ def compile_model(args) -> int:
 
     planning = None
     if args.device_memory:
+        interrupts.enter("planning")
         planning, swap_info = plan_swaps_for(args, model, graph, target)
         if planning is None:
             return 2
         report["swap"] = swap_info
+        if swap_info["budget"] >= swap_info["no_swap_peak"]:
+            swap_info["note"] = (f"the budget is at or above the no-swap peak "
+                                 f"({format_size(swap_info['no_swap_peak'])}): the model fits "
+                                 "as it is, nothing needs to leave the device")
+            print(f"swap    {swap_info['note']}")
     start = time.perf_counter()
+    interrupts.enter("build")  # "codegen" once the pipeline's passes are done
     executable = driver.build(model, target, dump_dir=args.dump_dir, tune_db=tune_db,
                               swap_plan=None if planning is None else planning.plan,
                               library=args.library)
@@ -59,6 +67,7 @@ def compile_model(args) -> int:
         _export(args, report, executable, planning)
     status = 0
     if args.run or args.check:
+        interrupts.enter("running")
         status = _run(args, report, model, planning, executable, target, tune_db, live,
                       gradient_model)
     write_report(args, report)
@@ -88,6 +97,14 @@ def _load(args, report: dict):
     kind = "training step" if model.training else "inference"
     print(f"model   {model.name} ({kind}), {len(model.params)} parameters, "
           f"{format_size(model.param_bytes)}")
+    if "returns" in model.config:
+        outputs = model.config["outputs"]
+        if model.training:
+            said = f"the loss is computed over its first tensor, {outputs[0]}"
+        else:
+            first = " (the logits first)" if outputs[0] == "logits" and len(outputs) > 1 else ""
+            said = f"its tensors are the outputs{first}: {', '.join(outputs)}"
+        print(f"model   the program returns a {model.config['returns']}: {said}")
     gradient_model = None
     if args.optimizer:
         built = with_optimizer(args, model, lambda: load_model(
@@ -197,7 +214,10 @@ def _tune(args, model, target, report: dict) -> tuple[int, str | None]:
             "hardware": hardware, "strategy": args.strategy, "link": args.link})
     if args.tune_trials:
         try:
-            tuning = driver.tune(model.mod, target, work_dir, args.tune_trials, **popts)
+            with interrupts.phase("tuning", f"the tuning records so far are kept in "
+                                            f"{work_dir}; the same command resumes",
+                                  hooked=False):  # (the hook fires after a search step)
+                tuning = driver.tune(model.mod, target, work_dir, args.tune_trials, **popts)
         except KeyboardInterrupt:
             print("tuning interrupted: the records so far are kept; run the same command "
                   "again to resume", file=sys.stderr)
@@ -209,8 +229,12 @@ def _tune(args, model, target, report: dict) -> tuple[int, str | None]:
         return 2, None
     staged = pipeline.module_at_schedule_phase(model.mod, target, **popts)
     tuned, default = schedules.coverage(staged, target, work_dir)
-    report.setdefault("tuning", {}).update(kernels_tuned=tuned, kernels_default=default)
+    waiting = schedules.awaiting_comparison(staged, target, work_dir)
+    report.setdefault("tuning", {}).update(kernels_tuned=tuned, kernels_default=default,
+                                           kernels_awaiting_comparison=waiting)
     print(f"tuning  {len(tuned)} of {len(tuned) + len(default)} kernels scheduled from "
           f"{schedules.database_dir(work_dir, target)}"
-          + (f"; {len(default)} keep the default schedules" if default else ""))
+          + (f"; {len(default)} keep the default schedules" if default else "")
+          + (f" ({len(waiting)} until an interrupted tuning run compares their records with "
+             "them: the same --tune-trials command finishes it)" if waiting else ""))
     return 0, work_dir

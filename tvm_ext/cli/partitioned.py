@@ -4,13 +4,14 @@ against the single-device module, and report (see `tvm_ext.driver.partitioned`).
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 
 import numpy as np
 import tvm
 
-from tvm_ext import driver
+from tvm_ext import driver, interrupts
 from tvm_ext.driver.partitioned import build_partitioned, run_partitioned_build
 from tvm_ext.driver.training import compare_training
 from tvm_ext.errors import CheckError
@@ -39,15 +40,38 @@ def load_plan(path: str):
     """A plan from a JSON file: a plan, a --report of a partitioned build, or an --output
     sidecar."""
     with open(path) as f:
-        data = json.load(f)
-    if "partition" in data and "plan" in data["partition"]:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds no partition plan: it holds a JSON "
+                         f"{type(data).__name__}, not an object")
+    if isinstance(data.get("partition"), dict) and "plan" in data["partition"]:
         data = data["partition"]["plan"]
     elif "plan" in data and "layout" in data:
         data = data["plan"]
     try:
         return PartitionPlan.from_dict(data)
-    except TypeError as err:
-        raise ValueError(f"{path} holds no partition plan ({err})") from err
+    except (TypeError, AttributeError, KeyError, ValueError) as err:
+        raise ValueError(f"{path} holds no partition plan: {_schema_problem(err)}; give a "
+                         "plan, a --report of a partitioned build or an --output sidecar"
+                         ) from None
+
+
+def _schema_problem(err: Exception) -> str:
+    """What a record of the JSON lacks or has too many of, from the dataclass' TypeError."""
+    text = str(err)
+    record = re.match(r"(\w+)\.__init__\(\)", text)
+    where = f"a {record.group(1)} record" if record else "a record"
+    extra = re.search(r"unexpected keyword argument '(\w+)'", text)
+    if extra:
+        return f"{where} has a field {extra.group(1)!r} a plan does not have"
+    missing = re.search(r"missing \d+ required (?:positional |keyword-only )?arguments?: (.+)$",
+                        text)
+    if missing:
+        return f"{where} lacks {missing.group(1)}"
+    return f"a record is not what a plan holds ({type(err).__name__})"
 
 
 def main_partitioned(args, report: dict, model, target, tune_db, gradient_model=None) -> int:
@@ -75,6 +99,7 @@ def main_partitioned(args, report: dict, model, target, tune_db, gradient_model=
         if args.planner == "swapadvisor":
             swap_options["time_budget_s"] = args.swap_time_budget
     start = time.perf_counter()
+    interrupts.enter("planning")  # then "build" and "codegen" (the pipeline's)
     try:
         build = build_partitioned(
             model, target, k, hardware=hardware, strategy=args.strategy, link=args.link,
@@ -94,6 +119,7 @@ def main_partitioned(args, report: dict, model, target, tune_db, gradient_model=
 
     status = 0
     if measure:
+        interrupts.enter("running")
         if not cpu:
             print(f"error: --run/--check of a {target.kind.name} module needs {k} GPUs; this "
                   "build runs partitioned modules on cpu workers only (--target llvm)",
@@ -165,8 +191,14 @@ def _report_plan(report: dict, build, k: int) -> None:
 
 
 def _report_run(args, report: dict, build, result, k: int) -> int:
-    predicted = build.predicted_peak
+    predicted, what = build.predicted_peak, "plan"
     measured = result.peak_bytes
+    if build.swap_plan is not None:
+        # Against what the swap plan predicts for each device (constants included, as the
+        # budget counts them), not the partition's unswapped peak.
+        constants = build.worker_graph.bytes_of_kind("constant")
+        measured = [m + constants for m in measured]
+        predicted, what = build.swap_plan.predicted_peak, "swap plan"
     run = {"latency_ms_median": float(np.median(result.latencies_ms)) if result.latencies_ms
            else None, "latencies_ms": result.latencies_ms,
            "measured_peak_bytes_per_worker": measured,
@@ -179,7 +211,7 @@ def _report_run(args, report: dict, build, result, k: int) -> int:
         print(f"run     {run['latency_ms_median']:.3f} ms (median of {args.repeat}) on {k} cpu "
               "workers")
     print(f"memory  measured peak per worker {', '.join(format_size(m) for m in measured)}; "
-          f"plan {format_size(predicted)} (measured / predicted: {ratios})")
+          f"{what} {format_size(predicted)} (measured / predicted: {ratios})")
     status = 0
     if build.swap_plan is not None:
         budget = build.swap_plan.budget

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from tvm_ext import interrupts
 from tvm_ext.units import json_default
 
 
@@ -21,9 +22,13 @@ def replacing(*paths: str):
         # Keep the suffix: export_library and savefig pick the format from it.
         temps.append(os.path.join(head, f".{tail}.{os.getpid()}.tmp{os.path.splitext(tail)[1]}"))
     try:
-        yield temps
-        for temp, path in zip(temps, paths, strict=True):
-            os.replace(temp, path)
+        # An interrupt removes the temporaries; it waits for the renames (all or none).
+        with interrupts.phase("writing", hooked=False), interrupts.writing(*temps):
+            yield temps
+            interrupts.hook("writing")  # (a test's: the temporaries are written by now)
+            with interrupts.critical():
+                for temp, path in zip(temps, paths, strict=True):
+                    os.replace(temp, path)
     finally:
         for temp in temps:
             with contextlib.suppress(FileNotFoundError):

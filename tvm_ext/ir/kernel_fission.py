@@ -137,6 +137,10 @@ class _Fission(relax.expr_functor.PyExprMutator):
         for part, gv in zip(self.parts[name], self.part_gvs[name], strict=True):
             params = [p for p in part.func.params if getattr(p, "shape", None) is not None]
             out_bufs = params[len(part.inputs):]
+            if not out_bufs:
+                # A loop nest whose results nothing reads (a batch norm's running statistics
+                # in inference) computes nothing the kernel returns.
+                continue
             types = [_out_type(b) for b in out_bufs]
             result = self.builder_.emit(relax.op.call_tir(
                 gv, relax.Tuple([values[k] for k in part.inputs]),

@@ -19,7 +19,7 @@ import tvm
 from tvm import relax
 
 from ..runtime import random_arrays
-from . import gradients
+from . import dropout, gradients
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,12 +131,16 @@ def model_from_function(
     input_specs: Sequence[TensorSpec] | None = None,
     param_specs: Sequence[TensorSpec] | None = None,
     config: dict | None = None,
+    module: tvm.IRModule | None = None,
 ) -> Model:
-    """Wrap a forward Relax function (inputs first) as a `Model` named `main`."""
+    """Wrap a forward Relax function (inputs first) as a `Model` named `main`; `module`: the
+    one it came from, whose kernels it may call (`kernels_of`)."""
     func = func.with_attr("num_input", num_input).with_attr("global_symbol", "main")
     params = list(func.params)
     if input_specs is None:
-        input_specs = [_spec_of_var(v, init="normal") for v in params[:num_input]]
+        extents = _indexed_extents(func)
+        input_specs = [_spec_of_var(v, init="normal", high=extents.get(v.name, 2))
+                       for v in params[:num_input]]
     if param_specs is None:
         param_specs = [
             default_param_spec(v.name, _shape_of(v), str(v.ty.dtype)) for v in params[num_input:]
@@ -146,8 +150,24 @@ def model_from_function(
             f"{name}: {len(params)} function parameters but {len(input_specs)} input and "
             f"{len(param_specs)} parameter specs"
         )
-    mod = tvm.IRModule({"main": func})
+    mod = with_main(func, module)
     return Model(name, mod, list(input_specs), list(param_specs), False, dict(config or {}))
+
+
+def kernels_of(mod: tvm.IRModule | None) -> tvm.IRModule:
+    """The PrimFuncs of `mod` (kernels a frontend made, such as dropout masks), without its
+    Relax functions: a module to build a new `main` in."""
+    if mod is None:
+        return tvm.IRModule({})
+    return tvm.IRModule({gv: f for gv, f in mod.functions_items()
+                         if isinstance(f, tvm.tirx.PrimFunc)})
+
+
+def with_main(func: relax.Function, kernels_from: tvm.IRModule | None = None) -> tvm.IRModule:
+    """A module of `func` as `main` with the kernels of `kernels_from` it may call."""
+    mod = kernels_of(kernels_from)
+    mod["main"] = func
+    return mod
 
 
 def _shape_of(var: relax.Var) -> tuple[int, ...]:
@@ -162,11 +182,58 @@ def _shape_of(var: relax.Var) -> tuple[int, ...]:
         ) from err
 
 
-def _spec_of_var(var: relax.Var, init: str) -> TensorSpec:
+def _spec_of_var(var: relax.Var, init: str, high: int = 2) -> TensorSpec:
+    """Integers are drawn in [0, high): token ids across the table they index, other integer
+    inputs (masks) as 0 or 1."""
     dtype = str(var.ty.dtype)
+    if var.name == dropout.SEED_INPUT:  # any seed: its own masks
+        return TensorSpec(var.name, (), dtype, init="randint", high=2**31 - 1)
     if dtype.startswith("int") or dtype.startswith("uint"):
-        return TensorSpec(var.name, _shape_of(var), dtype, init="randint", high=2)
+        return TensorSpec(var.name, _shape_of(var), dtype, init="randint", high=high)
     return TensorSpec(var.name, _shape_of(var), dtype, init=init)
+
+
+# Ops whose result holds values of their first argument unchanged: ids reshaped on their way
+# to a lookup are still ids.
+_KEEPS_VALUES = ("relax.reshape", "relax.expand_dims", "relax.squeeze", "relax.permute_dims",
+                 "relax.broadcast_to", "relax.flatten")
+
+
+def _indexed_extents(func: relax.Function) -> dict[str, int]:
+    """Parameter name -> the smallest extent of a table axis its values index (`take`) in
+    `func`, for the parameters used as indices (possibly reshaped first)."""
+    origin = {v: v.name for v in func.params}
+    extents: dict[str, int] = {}
+    body = func.body
+    for block in getattr(body, "blocks", []):
+        for binding in block.bindings:
+            value = getattr(binding, "value", None)
+            if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op) or \
+                    not value.args:
+                continue
+            name = value.op.name
+            if name == "relax.astype" and str(value.attrs.dtype).startswith(("int", "uint")):
+                name = _KEEPS_VALUES[0]  # a cast between integer types (ids to int32)
+            if name in _KEEPS_VALUES and value.args[0] in origin:
+                origin[binding.var] = origin[value.args[0]]
+            elif name == "relax.take" and value.args[1] in origin:
+                extent = _axis_extent(value.args[0], value.attrs.axis)
+                if extent is not None:
+                    source = origin[value.args[1]]
+                    extents[source] = min(extents.get(source, extent), extent)
+    return extents
+
+
+def _axis_extent(table: relax.Expr, axis) -> int | None:
+    """The static extent of `table` along `axis` (all of it when None), else None."""
+    ty = table.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    try:
+        shape = [int(d) for d in ty.shape.values]
+    except TypeError:
+        return None
+    return int(np.prod(shape)) if axis is None else shape[int(axis)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -188,8 +255,9 @@ def make_training_step(
     The step computes the loss of the forward function as it stands, in the mode it was built or
     exported in: a batch norm built for inference (a torch module exported after `eval()`)
     normalizes with its running statistics, which stay fixed and get no gradient, as PyTorch's
-    loss of the eval-mode module does; one built for training uses batch statistics. Dropout
-    is left out in both modes (TVM's torch frontend drops it), so the step is deterministic.
+    loss of the eval-mode module does; one built for training uses batch statistics. A
+    train-mode export's dropouts apply the seeded masks of `dropout` (its `dropout_seed`
+    input), so the step is deterministic for a seed.
     `config["training_semantics"]` records which: "eval", "train", "mixed" (both kinds of batch
     norm), or "n/a" (nothing depends on the mode).
 
@@ -226,7 +294,7 @@ def make_training_step(
                   training_semantics=training_semantics(model), loss_scaling=loss_scale)
     return Model(
         model.name,
-        tvm.IRModule({"main": step}),
+        with_main(step, mod),
         [*model.inputs, label_spec, *scale_spec],
         list(model.params),
         True,
@@ -267,7 +335,7 @@ def _loss_module(model: Model, fwd: relax.Function, loss: str, label_spec: Tenso
                  out_shape: tuple[int, ...], scale_spec: list[TensorSpec]) -> tvm.IRModule:
     """A module whose `main(inputs..., labels, [loss_scale], params...)` returns the loss of
     `fwd` (times the scale)."""
-    bb = relax.BlockBuilder()
+    bb = relax.BlockBuilder(kernels_of(model.mod))
     fwd_gv = bb.add_func(fwd, "forward")
     inputs = [relax.Var(s.name, relax.TensorType(s.shape, s.dtype)) for s in model.inputs]
     labels = relax.Var("labels", relax.TensorType(label_spec.shape, label_spec.dtype))

@@ -11,7 +11,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..errors import InputError
+from ..errors import InputError, install_hint
 from .base import Model, TensorSpec, model_from_function
 
 SUFFIXES = (".pt2", ".onnx", ".py")
@@ -36,8 +36,7 @@ def load_file(path: str, **kwargs) -> Model:
     except ModelLoadError:
         raise
     except ImportError as err:
-        raise ModelLoadError(f"{path}: {err}; install the frontends extra: "
-                             "pip install 'tvm_ext[frontends]'") from err
+        raise ModelLoadError(f"{path}: {err}; {install_hint('torch')}") from err
     except Exception as err:
         raise ModelLoadError(f"{path} does not parse as a {suffix} model: "
                              f"{type(err).__name__}: {err}") from err
@@ -55,7 +54,7 @@ def _with_weights(name: str, mod: tvm.IRModule, path: str, config: dict | None =
     num_input = int(func.attrs["num_input"])
     config = {"file": os.path.abspath(path), **(config or {})}
     try:
-        model = model_from_function(name, func, num_input, config=config)
+        model = model_from_function(name, func, num_input, config=config, module=mod)
     except ValueError as err:  # e.g. a symbolic shape
         raise ModelLoadError(f"{path}: tvm_ext cannot use this model: {err}") from err
     weights = [np.asarray(w.numpy()) for w in params.get("main", [])]
@@ -66,21 +65,25 @@ def _with_weights(name: str, mod: tvm.IRModule, path: str, config: dict | None =
 
 
 def _load_pt2(path: str, **_) -> Model:
-    import torch
-
-    from .torch_import import import_exported_program
+    from . import pt2_files
+    from .torch_import import import_exported_program, reorder_outputs
 
     try:
-        program = torch.export.load(path)
-    except Exception as err:
-        raise ModelLoadError(f"{path} does not parse as a .pt2 model: "
-                             f"{type(err).__name__}: {err}") from err
+        program = pt2_files.load_program(path)
+    except pt2_files.Pt2ParseError as err:
+        raise ModelLoadError(f"{path} does not parse as a .pt2 model: {err}") from err
+    container, names = pt2_files.output_names(program)
+    order = pt2_files.logits_first(names)
     try:
-        mod, mode = import_exported_program(program)
+        with pt2_files.quiet_torch():
+            mod, mode = import_exported_program(program)
+        mod = reorder_outputs(mod, order)
     except Exception as err:
         raise _cannot_import(path, err) from err
     # The training step follows the mode the module was exported in.
     config = {"export_mode": mode} if mode else {}
+    if container is not None:  # said by the CLI: which tensors of the container are outputs
+        config.update(returns=container, outputs=[names[i] for i in order])
     return _with_weights(os.path.basename(path), mod, path, config)
 
 

@@ -44,7 +44,7 @@ from tvm import relax, te, tirx
 
 from ..errors import InputError
 from ..ir.pass_records import STATE_ATTR, UPDATES_ATTR
-from .base import Model, TensorSpec
+from .base import Model, TensorSpec, kernels_of
 from .mixed_precision import LossScaler
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
@@ -319,7 +319,7 @@ def _step_module(step: Model, trainable: list[int], state_specs: list[TensorSpec
     """The module of the optimizer step: `main` inlines the training step, then updates;
     the update kernels are its PrimFuncs."""
     grad_fn = step.main.without_attr("global_symbol")
-    bb = relax.BlockBuilder()
+    bb = relax.BlockBuilder(kernels_of(step.mod))  # the step may call kernels (dropout)
     gv = bb.add_func(grad_fn, "training_step")
     args = [relax.Var(p.name, p.ty) for p in grad_fn.params]
     state = [relax.Var(s.name, relax.TensorType(s.shape, s.dtype)) for s in state_specs]

@@ -26,11 +26,16 @@ accumulated over a reduction, not bit equality:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-import warnings
+import functools
+import os
 from collections.abc import Sequence
 
 import numpy as np
+
+from ..errors import require
+from . import dropout, pt2_files
 
 TOLERANCES = {
     "float64": (1e-7, 1e-9),
@@ -57,7 +62,7 @@ def torch_reference(
 ) -> list[np.ndarray]:
     """Outputs of the exported program in `path`, run eagerly on `inputs` (its user inputs in
     order) with `params` (named by their Relax argument names) in place of its weights."""
-    import torch
+    torch = _torch()
 
     with torch.no_grad():
         return [_to_numpy(t) for t in _run(path, inputs, params, param_names)[0]]
@@ -74,7 +79,7 @@ def torch_training_step(
 ) -> list[np.ndarray]:
     """`[loss, *grads]`: the loss of the first output against `labels` and its gradients with
     respect to the parameters named in `gradients`, in that order."""
-    import torch
+    torch = _torch()
 
     outputs, weights = _run(path, inputs, params, param_names, requires_grad=gradients)
     out, target = outputs[0], _to_torch(labels)
@@ -98,7 +103,7 @@ def torch_training_step(
 def torch_optimizer(optimizer, tensors):
     """The `torch.optim` optimizer of a `tvm_ext.models.optimizer.Optimizer` over `tensors`
     (single-tensor path, as the compiled update follows)."""
-    import torch
+    torch = _torch()
 
     o = optimizer
     if o.kind in ("sgd", "momentum"):
@@ -134,7 +139,7 @@ def optimizer_steps(gradient, params: Sequence[np.ndarray], trainable: Sequence[
     """`len(batches)` steps of `torch.optim` from `params` and zero state, as torch starts:
     `gradient(params, batch)` gives (loss, gradients of the parameters at `trainable`), the
     optimizer updates those."""
-    import torch
+    torch = _torch()
 
     values = [_to_torch(p, copy=True) for p in params]
     opt = torch_optimizer(optimizer, [values[i] for i in trainable])
@@ -183,23 +188,61 @@ def has_batch_norm(path: str) -> bool:
 _RANDOM_OPS = {"bernoulli", "bernoulli_", "rand", "rand_like", "randn", "randn_like", "randint",
                "randint_like", "randperm", "normal", "normal_", "uniform", "uniform_",
                "multinomial", "exponential_", "geometric_", "poisson"}
-_DROPOUT_OPS = {"dropout", "dropout_", "feature_dropout", "alpha_dropout", "native_dropout"}
+# Dropouts the compiled module does not apply (whole channels, alpha): random in PyTorch.
+_UNSEEDED_DROPOUTS = {"feature_dropout", "alpha_dropout"}
 
 
 def random_ops(path: str) -> list[str]:
-    """The ops of the program that are random in eager mode (a dropout exported in train
-    mode, any sampling op): PyTorch's outputs then differ from run to run."""
+    """The ops of the program that are random in eager mode and the compiled module does not
+    reproduce (a sampling op, a dropout of channels exported in train mode): PyTorch's
+    outputs then differ from run to run. A train-mode dropout is not one: both apply the
+    seeded mask of `dropout`."""
     found = []
     for node in _calls(_load(path)):
         name = _op_name(node)
-        if name in _DROPOUT_OPS:
-            p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
-            train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
-            if p and train is not False:
-                found.append(name)
+        if name in _UNSEEDED_DROPOUTS and dropout.active(node) is not None:
+            found.append(name)
         elif name in _RANDOM_OPS:
             found.append(name)
     return sorted(set(found))
+
+
+def _active_dropouts(program) -> list:
+    """The dropout nodes that drop (train mode, p > 0), in graph order."""
+    return [n for n in program.graph.nodes if n.op == "call_function"
+            and _op_name(n) in dropout.OPS and dropout.active(n) is not None]
+
+
+class _SeededDropout:
+    """A dropout node of the program run with the seeded mask the compiled module applies."""
+
+    __name__ = "seeded_dropout"
+
+    def __init__(self, seed: int, op: int, p: float, returns_kept: bool):
+        self.seed, self.op, self.p, self.returns_kept = seed, op, p, returns_kept
+
+    def __call__(self, x, *_args, **_kwargs):
+        torch = _torch()
+        mask = torch.from_numpy(dropout.mask_numpy(self.seed, self.op, tuple(x.shape),
+                                                   self.p)).to(x.dtype)
+        out = x * mask
+        return (out, mask != 0) if self.returns_kept else out
+
+
+def _with_seeded_dropouts(program, inputs: list) -> tuple[object, list]:
+    """(the program's module, its inputs) with each train-mode dropout applying the seeded
+    mask of `dropout` (the last input, `dropout_seed`, is the seed), numbered as the import
+    numbers them: in the order of the decomposed program."""
+    if not _active_dropouts(program):
+        return program.module(), inputs
+    decomposed = program.run_decompositions()
+    seed = int(np.asarray(inputs[-1]))
+    module = decomposed.module()
+    for op, node in enumerate(_active_dropouts(module)):
+        node.target = _SeededDropout(seed, op, dropout.active(node),
+                                     _op_name(node) == "native_dropout")
+    module.recompile()
+    return module, inputs[:-1]
 
 
 def _calls(program) -> list:
@@ -212,17 +255,28 @@ def _op_name(node) -> str:
     return name.split(".")[0]
 
 
-def _load(path: str):
-    import torch
+def _torch():
+    return require("torch", "comparing with PyTorch")
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # torch's own pytree deprecations
-        return torch.export.load(path)
+
+def _load(path: str):
+    """The program in `path`, deserialized once per version of the file (a check reads it
+    three times: its random ops, its weights, its run) and copied for each caller (a run in
+    train mode updates batch norm statistics in place)."""
+    stat = os.stat(path)
+    with pt2_files.quiet_torch():
+        return copy.deepcopy(_load_version(os.path.abspath(path), stat.st_mtime_ns,
+                                           stat.st_size))
+
+
+@functools.lru_cache(maxsize=2)
+def _load_version(path: str, _mtime_ns: int, _size: int):
+    return pt2_files.load_program(path)
 
 
 def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = ()):
     """(tensor outputs flattened, {param name: tensor fed}) of one eager call."""
-    import torch
+    torch = _torch()
     from torch.utils import _pytree
 
     program = _load(path)
@@ -231,14 +285,21 @@ def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = ()):
     fed = {n: _to_torch(p, copy=True) for n, p in zip(names, params, strict=True)}
     for n in requires_grad:
         fed[n].requires_grad_()
+    with pt2_files.quiet_torch():
+        module, inputs = _with_seeded_dropouts(program, list(inputs))
     tensors = [_to_torch(x) for x in inputs]
     in_spec = program.call_spec.in_spec
     args, kwargs = (_pytree.tree_unflatten(tensors, in_spec) if in_spec is not None
                     else (tuple(tensors), {}))
     weights = {t: fed[n] for n, t in zip(names, targets, strict=True)}
-    module = program.module()
-    out = torch.func.functional_call(module, weights, tuple(args), dict(kwargs), strict=False)
-    return [t for t in _pytree.tree_leaves(out) if isinstance(t, torch.Tensor)], fed
+    with pt2_files.quiet_torch():
+        out = torch.func.functional_call(module, weights, tuple(args), dict(kwargs),
+                                         strict=False)
+    leaves = _pytree.tree_leaves(out)
+    # In the order the loader gives the compiled module's outputs (the logits first).
+    leaves = [leaves[i] for i in pt2_files.logits_first(pt2_files.output_names(program)[1])] \
+        if len(leaves) == len(pt2_files.output_names(program)[1]) else leaves
+    return [t for t in leaves if isinstance(t, torch.Tensor)], fed
 
 
 def _parameter_targets(program, names: list[str], count: int) -> list[str]:
@@ -258,7 +319,7 @@ def _parameter_targets(program, names: list[str], count: int) -> list[str]:
 def _to_torch(array, copy: bool = False):
     """A torch tensor of a numpy array; bfloat16 (ml_dtypes', which torch cannot read) goes
     through float32, which holds every bfloat16 value exactly."""
-    import torch
+    torch = _torch()
 
     array = np.asarray(array)
     if array.dtype.name == "bfloat16":
@@ -267,7 +328,7 @@ def _to_torch(array, copy: bool = False):
 
 
 def _to_numpy(tensor) -> np.ndarray:
-    import torch
+    torch = _torch()
 
     tensor = tensor.detach().cpu()
     if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16; TVM returns ml_dtypes'

@@ -4,15 +4,9 @@
   scaled dot-product attention) gives their results other strides than eager mode does, and a
   later `view` of such a result then fails although PyTorch runs the program; a reshape is the
   same value and decomposes to a view or a copy as the strides allow.
-- The frontend computes matmuls, linear layers and convolutions with a float32 result whatever
-  the input dtype, so the bias add of a float16 / bfloat16 layer mixes dtypes. Those ops (and
-  the norms and softmaxes) run in float32 here, as PyTorch accumulates them on CPU, with their
-  result cast back. Sums and cumulative sums of bool or small integers accumulate in the dtype
-  torch gives their result (the frontend would add bools as bools).
+- Ops the frontend converts with other semantics than PyTorch's (dtypes, negative indices,
+  `alpha`, embedding gradients) go through the converters of `torch_converters`.
 - `aten.cat` drops the 1-d empty inputs that torch skips (and the frontend rejects).
-- `aten.embedding` with a `padding_idx` keeps its value but passes no gradient from the
-  positions that hold the padding index, as PyTorch's embedding backward does
-  (`relax.grad.no_grad` stops it; tvm_ext registers its gradient as none).
 - The mode the module was exported in (train or eval), read from the ops whose behaviour
   depends on it, for the training step to follow.
 """
@@ -25,41 +19,10 @@ from typing import TYPE_CHECKING
 import tvm
 from tvm import relax
 
+from . import dropout, torch_converters
+
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
-
-# Ops run in float32 for float16 / bfloat16 inputs: the frontend fixes a float32 result for
-# matmuls and convolutions; TVM lowers no bfloat16 layer norm or power; and PyTorch accumulates
-# these in float32 on CPU anyway.
-_FLOAT32_OPS = (
-    "_log_softmax.default",
-    "_softmax.default",
-    "addmm.default",
-    "baddbmm.default",
-    "bmm.default",
-    "conv1d.default",
-    "conv2d.default",
-    "conv3d.default",
-    "conv_transpose1d.default",
-    "conv_transpose2d.input",
-    "convolution.default",
-    "group_norm.default",
-    "layer_norm.default",
-    "linear.default",
-    "matmul.default",
-    "mm.default",
-    "native_group_norm.default",
-    "native_layer_norm.default",
-    "pow.Scalar",
-    "pow.Tensor_Scalar",
-    "pow.Tensor_Tensor",
-)
-_REDUCED_FLOATS = ("float16", "bfloat16")
-# Frontend ops that accumulate in their input dtype where torch promotes (a cumsum of bool
-# counts in int64); they run in their result dtype here.
-_ACCUMULATING_OPS = ("cumprod.default", "cumsum.default", "prod.default", "prod.dim_int",
-                     "sum.default", "sum.dim_IntList")
-
 
 def import_exported_program(program: ExportedProgram) -> tuple[tvm.IRModule, str | None]:
     """`main(inputs..., params...)` of `program` (weights in the `params` attribute) and the
@@ -68,6 +31,7 @@ def import_exported_program(program: ExportedProgram) -> tuple[tvm.IRModule, str
     Errors raised here mean the TVM frontend cannot import the program.
     """
     mode = export_mode(program)
+    _refuse_unseeded_dropouts(program)
     _views_to_reshapes(program)
     # As TVM's own entry point does: sparse tensors do not go through the decompositions.
     if not _has_sparse_tensors(program):
@@ -75,7 +39,43 @@ def import_exported_program(program: ExportedProgram) -> tuple[tvm.IRModule, str
     _drop_empty_cat_inputs(program)
     importer = _importer_class()()
     mod = importer.from_exported_program(program, True, True, False, None)
+    seed = getattr(importer, "dropout_seed", None)
+    if seed is not None:  # the last input: after the program's own
+        func = mod["main"]
+        n = int(func.attrs["num_input"])
+        params = [*func.params[:n], seed, *func.params[n:]]
+        mod = mod.clone()
+        mod["main"] = relax.Function(params, func.body, func.ret_ty, True,
+                                     func.attrs).with_attr("num_input", n + 1)
     return mod, mode
+
+
+def reorder_outputs(mod: tvm.IRModule, order: list[int]) -> tvm.IRModule:
+    """`mod` with `main` returning its outputs in `order` (indices into the tuple it returns);
+    unchanged where that is the order it has."""
+    if order == sorted(order):
+        return mod
+    func = mod["main"]
+    body = func.body
+    fields = relax.Tuple([relax.TupleGetItem(body.body, i) for i in order])
+    ret = relax.TupleType([body.body.ty.fields[i] for i in order])
+    out = relax.Function(func.params, relax.SeqExpr(body.blocks, fields), ret, True,
+                         func.attrs)
+    mod = mod.clone()
+    mod["main"] = out
+    return relax.transform.CanonicalizeBindings()(relax.transform.Normalize()(mod))
+
+
+def decomposed_ops(program: ExportedProgram) -> set[str]:
+    """The aten ops the import converts for `program` ("add.Tensor", ...): those left after
+    the decompositions it runs."""
+    import torch
+
+    if not _has_sparse_tensors(program):
+        program = program.run_decompositions()
+    return {str(node.target).removeprefix("aten.") for node in program.graph.nodes
+            if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+            and node.target.namespace == "aten"}
 
 
 def export_mode(program: ExportedProgram) -> str | None:
@@ -109,6 +109,25 @@ def export_mode(program: ExportedProgram) -> str | None:
     if not modes:
         return None
     return modes.pop() if len(modes) == 1 else "mixed"
+
+
+# Train-mode dropouts whose masks are not `dropout.py`'s (whole channels, alpha dropout's
+# affine correction): the frontend turns their Bernoulli draw into its input, uninitialized.
+_UNSEEDED_DROPOUTS = ("feature_dropout", "feature_dropout_", "alpha_dropout", "alpha_dropout_",
+                      "feature_alpha_dropout", "feature_alpha_dropout_")
+
+
+def _refuse_unseeded_dropouts(program) -> None:
+    """Raise ValueError naming a train-mode dropout the import cannot apply."""
+    for node in program.graph.nodes:
+        name = getattr(node.target, "__name__", "").split(".")[0]
+        if node.op == "call_function" and name in _UNSEEDED_DROPOUTS:
+            p = dropout.active(node)
+            if p is not None:
+                raise ValueError(f"{name} in train mode (p={p:g}): tvm_ext applies the mask of "
+                                 "nn.Dropout only, not one of whole channels (Dropout2d/3d) "
+                                 "or AlphaDropout's; export the module in eval mode, or with "
+                                 "nn.Dropout")
 
 
 def _has_sparse_tensors(program) -> bool:
@@ -221,7 +240,7 @@ _IMPORTER = None
 
 
 def _importer_class():
-    """TVM's importer with the dtype fixes above."""
+    """TVM's importer with the converters of `torch_converters`."""
     global _IMPORTER
     if _IMPORTER is not None:
         return _IMPORTER
@@ -229,70 +248,7 @@ def _importer_class():
 
     class Importer(ExportedProgramImporter):
         def create_convert_map(self):
-            table = super().create_convert_map()
-            rules = ((_FLOAT32_OPS, _float32_for_reduced, _REDUCED_FLOATS.__contains__),
-                     (_ACCUMULATING_OPS, _result_dtype, lambda dtype: True))
-            for names, pick, cast in rules:
-                for name in names:
-                    if name in table:
-                        table[name] = self._computed_in(table[name], pick, cast)
-            table["embedding.default"] = self._embedding
-            return table
-
-        def _embedding(self, node):
-            """The frontend's lookup, with the positions holding `padding_idx` cut off from the
-            gradient (PyTorch gives the padding row none from them): `where(is_pad,
-            no_grad(e), e)` is `e` in value, and its gradient reaches `e` only elsewhere."""
-            bb, op = self.block_builder, relax.op
-            ids = self.env[node.args[1]]
-            out = self._embedding_impl(ids, self.env[node.args[0]])
-            pad = _arg(node, 2, "padding_idx", -1)
-            if pad is None or pad < 0:  # aten's -1: no padding row
-                return out
-            is_pad = bb.emit(op.equal(ids, relax.const(pad, str(ids.ty.dtype))))
-            is_pad = bb.emit(op.expand_dims(is_pad, -1))
-            return bb.emit(op.where(is_pad, bb.emit(op.grad.no_grad(out)), out))
-
-        def _computed_in(self, convert: Callable, pick: Callable, cast: Callable) -> Callable:
-            """`convert` with its tensor arguments whose dtype satisfies `cast` cast to
-            `pick(node)` (None: unchanged), and its result cast back to the node's dtype."""
-
-            def wrapped(node):
-                dtype, compute = _result_dtype(node), pick(node)
-                if compute is None:
-                    return convert(node)
-                saved = {}
-                for arg in node.all_input_nodes:
-                    var = self.env.get(arg)
-                    ty = getattr(var, "ty", None)
-                    if (isinstance(ty, relax.TensorType) and str(ty.dtype) != compute
-                            and cast(str(ty.dtype))):
-                        saved[arg] = var
-                        self.env[arg] = self.block_builder.emit(relax.op.astype(var, compute))
-                if not saved:
-                    return convert(node)
-                try:
-                    out = convert(node)
-                finally:
-                    self.env.update(saved)
-                if isinstance(out.ty, relax.TensorType) and str(out.ty.dtype) != dtype:
-                    out = self.block_builder.emit(relax.op.astype(out, dtype))
-                return out
-
-            return wrapped
+            return torch_converters.with_torch_semantics(self, super().create_convert_map())
 
     _IMPORTER = Importer
     return Importer
-
-
-def _float32_for_reduced(node) -> str | None:
-    return "float32" if _result_dtype(node) in _REDUCED_FLOATS else None
-
-
-def _result_dtype(node) -> str | None:
-    """The dtype of the node's (first) result."""
-    val = node.meta.get("val")
-    if isinstance(val, (list, tuple)) and val:
-        val = val[0]
-    dtype = getattr(val, "dtype", None)
-    return None if dtype is None else str(dtype).removeprefix("torch.")

@@ -1,8 +1,10 @@
-"""The Python side of the tvm_ext runtime library: loading it (`library`), device memory
-accounting (`memory`), asynchronous swap copy streams (`swap_streams`; `swap_calls` builds the
-Relax calls a swap pass emits), Disco sessions and collectives (`distributed`), CUDA without a
-driver (`cuda`), running and checking a module (`vm_run`), timing kernels (`kernel_timing`) and
-offline tuning candidates (`candidate_batch`), and the checks a GPU bundle runs (`gpu_checks`).
+"""The Python side of the tvm_ext runtime library: running an exported module (`load`: its
+sidecar read, each argument placed; `exported`), loading the library (`library`), device
+memory accounting (`memory`), asynchronous swap copy streams (`swap_streams`; `swap_calls`
+builds the Relax calls a swap pass emits), Disco sessions and collectives (`distributed`), CUDA
+without a driver (`cuda`), running and checking a module (`vm_run`), timing kernels
+(`kernel_timing`) and offline tuning candidates (`candidate_batch`), and the checks a GPU
+bundle runs (`gpu_checks`).
 
 Nothing here but `swap_calls` needs TVM's compiler: an exported module runs with TVM's runtime
 and this package.
@@ -10,6 +12,7 @@ and this package.
 
 from __future__ import annotations
 
+from .exported import ExportedModule, load
 from .library import LIBRARY_NAME, RuntimeLibraryError, get_function, library_path, load_library
 from .memory import (
     MemoryStats,
@@ -24,6 +27,7 @@ from .memory import (
 
 __all__ = [
     "LIBRARY_NAME",
+    "ExportedModule",
     "MemoryStats",
     "PeakMeasurement",
     "RuntimeLibraryError",
@@ -31,6 +35,7 @@ __all__ = [
     "get_function",
     "is_tracked",
     "library_path",
+    "load",
     "load_library",
     "measure_peak",
     "memory_stats",

@@ -8,6 +8,7 @@ model, run side by side on the device with arguments drawn here from the model's
 - time against the unswapped build, and the fraction of the copy time hidden behind compute:
   1 - (swapped - unswapped) / (the bytes the streams moved at the measured bandwidths); on the
   CPU stand-in the runtime also measures it directly (copy time while no caller waited);
+- the module run again as a user runs it (`tvm_ext.runtime.load`), outputs bit for bit the same;
 - the measured iteration against the swap simulator's, fed the kernel times measured here and
   the measured bandwidths; and the unswapped iteration call by call (each kernel timed in its
   place: in sequence against alone, and the time between calls). The simulator needs numba;
@@ -25,9 +26,10 @@ import numpy as np
 import tvm
 from tvm.runtime.vm import VirtualMachine
 
-from ...errors import CheckError
+from ...errors import CheckError, InputError
 from .. import swap_streams
 from ..call_profile import profile_calls
+from ..exported import load
 from ..kernel_timing import kernel_arguments, time_kernel
 from ..random_arrays import sample_all
 from ..vm_run import compare, run
@@ -123,11 +125,27 @@ def check_budget(suite: SuiteRun, spec: dict, entry: dict) -> dict:
                             else (0.0, 0.0) for o in result.outputs])
     except CheckError as err:
         problems.append(f"outputs differ from the unswapped build: {err}")
+    problems += _deployed(suite, entry, result.outputs, data)
     if measured > entry["budget"]:
         problems.append(f"measured peak {measured} bytes exceeds the budget {entry['budget']}")
     if problems:
         raise Failed("; ".join(problems), data)
     return data
+
+
+def _deployed(suite: SuiteRun, entry: dict, outputs: list, data: dict) -> list[str]:
+    """The module as a user runs it (`tvm_ext.runtime.load`: devices and argument placement
+    from its sidecar) against the measured run's outputs, bit for bit."""
+    try:
+        module = load(suite.bundle.path(entry["module"]))
+        if module.devices != [suite.device, suite.host]:
+            return [f"tvm_ext.runtime.load runs it on {module.devices}, not "
+                    f"{[suite.device, suite.host]}"]
+        compare(module(*suite.swap_arguments), outputs, tolerances=[(0.0, 0.0)] * len(outputs))
+    except (CheckError, InputError) as err:
+        return [f"tvm_ext.runtime.load: {err}"]
+    data["runtime_load"] = "outputs equal the measured run's"
+    return []
 
 
 def _overlap(suite: SuiteRun, spec: dict, calls: int, swapped_ms: float,

@@ -1,0 +1,248 @@
+"""Converters of aten ops with PyTorch's semantics where TVM's torch frontend computes
+something else, as wrappers of the frontend's own converters (`with_torch_semantics`):
+
+- dtypes: the frontend computes matmuls, linear layers and convolutions with a float32 result
+  whatever the input dtype, so the bias add of a float16 / bfloat16 layer mixes dtypes. Those
+  ops (and the norms and softmaxes) run in float32 here, as PyTorch accumulates them on CPU,
+  with their result cast back. Sums and cumulative sums of bool or small integers accumulate
+  in the dtype torch gives their result (the frontend would add bools as bools). Arithmetic
+  and math on integer or bool operands whose result PyTorch makes floating point (`ids / 4`,
+  `n * 0.5`, `log(n)`) casts those operands first (the frontend divides integers, rounds the
+  scalar to an integer, or rejects the op).
+- `alpha` of add and sub scales the second operand (the frontend ignores it).
+- A negative index of `aten.index` / `index_put` counts from the end of its axis (the frontend
+  reads out of bounds: a Falcon attention picking its key head by `[-2]` got garbage).
+- Dropout in train mode is applied (the frontend drops it): a seeded mask, `dropout.py`; the
+  seed is a variable the import makes an input of `main` (`dropout_seed`).
+- `aten.embedding` with a `padding_idx` keeps its value but passes no gradient from the
+  positions that hold the padding index, as PyTorch's embedding backward does
+  (`relax.grad.no_grad` stops it; tvm_ext registers its gradient as none).
+
+tests/test_torch_import.py runs every aten op the corpus exports against PyTorch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tvm
+from tvm import relax
+
+from . import dropout
+
+# Ops run in float32 for float16 / bfloat16 inputs: the frontend fixes a float32 result for
+# matmuls and convolutions; TVM lowers no bfloat16 layer norm or power; and PyTorch accumulates
+# these in float32 on CPU anyway.
+_FLOAT32_OPS = (
+    "_log_softmax.default",
+    "_softmax.default",
+    "addmm.default",
+    "baddbmm.default",
+    "bmm.default",
+    "conv1d.default",
+    "conv2d.default",
+    "conv3d.default",
+    "conv_transpose1d.default",
+    "conv_transpose2d.input",
+    "convolution.default",
+    "group_norm.default",
+    "layer_norm.default",
+    "linear.default",
+    "matmul.default",
+    "mm.default",
+    "native_group_norm.default",
+    "native_layer_norm.default",
+    "pow.Scalar",
+    "pow.Tensor_Scalar",
+    "pow.Tensor_Tensor",
+)
+_REDUCED_FLOATS = ("float16", "bfloat16")
+# Frontend ops that accumulate in their input dtype where torch promotes (a cumsum of bool
+# counts in int64); they run in their result dtype here.
+_ACCUMULATING_OPS = ("cumprod.default", "cumsum.default", "prod.default", "prod.dim_int",
+                     "sum.default", "sum.dim_IntList")
+# Ops PyTorch computes in floating point for integer or bool operands (`ids / 4`, `log(n)`,
+# `n * 0.5`), which the frontend computes in the integer dtype or rejects: their integer and
+# bool operands are cast to the (floating) result dtype first.
+_PROMOTING_OPS = (
+    "add.Scalar", "add.Tensor", "cos.default", "cosh.default", "div.Scalar", "div.Tensor",
+    "erf.default", "exp.default", "expm1.default", "log.default", "log10.default",
+    "log1p.default", "log2.default", "mul.Scalar", "mul.Tensor", "pow.Scalar",
+    "pow.Tensor_Scalar", "pow.Tensor_Tensor", "reciprocal.default", "rsqrt.default",
+    "rsub.Scalar", "rsub.Tensor", "sigmoid.default", "sin.default", "sinh.default",
+    "sqrt.default", "sub.Scalar", "sub.Tensor", "tan.default", "tanh.default",
+)
+# Ops whose `alpha` scales their second operand, which the frontend ignores.
+_ALPHA_OPS = ("add.Tensor", "add.Scalar", "sub.Tensor", "sub.Scalar", "rsub.Tensor",
+              "rsub.Scalar")
+# Ops that take a list of index tensors, one per leading axis (None: every index), where
+# PyTorch counts a negative index from the end of its axis (the frontend reads out of bounds).
+_INDEXING_OPS = ("index.Tensor", "index_put.default", "index_put_.default")
+
+
+def with_torch_semantics(importer, table: dict) -> dict:
+    """The frontend's converter `table` of `importer` with the converters above wrapped."""
+    rules = ((_FLOAT32_OPS, _float32_for_reduced, _REDUCED_FLOATS.__contains__),
+             (_ACCUMULATING_OPS, _result_dtype, lambda dtype: True),
+             (_PROMOTING_OPS, _float_result, _is_integer))
+    for names, pick, cast in rules:
+        for name in names:
+            if name in table:
+                table[name] = _computed_in(importer, table[name], pick, cast)
+    for name in _ALPHA_OPS:
+        if name in table:
+            table[name] = _scaled_by_alpha(importer, table[name])
+    for name in _INDEXING_OPS:
+        if name in table:
+            table[name] = _wrapping_negative_indices(importer, table[name])
+    table["embedding.default"] = lambda node: _embedding(importer, node)
+    for name in _DROPOUT_OPS:
+        table[name] = _applying_dropout(importer, table.get(name))
+    return table
+
+
+def _applying_dropout(importer, frontend: Callable | None) -> Callable:
+    return lambda node: _dropout(importer, node, frontend)
+
+
+_DROPOUT_OPS = tuple(f"{name}.default" for name in dropout.OPS)
+
+
+def _dropout(importer, node, frontend):
+    """`x * mask` with the seeded mask of `dropout.mask_compute`, the mask out of the gradient
+    (PyTorch's backward multiplies by the same mask: the multiply's own gradient); the k-th
+    active dropout of the program is op k of the mask. `native_dropout` also gives the kept
+    elements (bool)."""
+    p = dropout.active(node)
+    if p is None:
+        return frontend(node) if frontend is not None else importer.env[node.args[0]]
+    bb, x = importer.block_builder, importer.env[node.args[0]]
+    seed = getattr(importer, "dropout_seed", None)
+    if seed is None:
+        seed = importer.dropout_seed = relax.Var(dropout.SEED_INPUT,
+                                                 relax.TensorType((), "int64"))
+        importer.dropout_count = 0
+    op, importer.dropout_count = importer.dropout_count, importer.dropout_count + 1
+    shape = [int(d) for d in x.ty.shape]
+    mask = bb.emit_te(dropout.mask_compute, seed, op, shape, p, str(x.ty.dtype),
+                      primfunc_name_hint="dropout_mask")
+    out = bb.emit(relax.op.multiply(x, bb.emit(relax.op.grad.no_grad(mask))))
+    if str(node.target) != "aten.native_dropout.default":
+        return out
+    kept = bb.emit(relax.op.not_equal(mask, relax.const(0, str(x.ty.dtype))))
+    return (out, kept)
+
+
+def _computed_in(importer, convert: Callable, pick: Callable, cast: Callable) -> Callable:
+    """`convert` with its tensor arguments whose dtype satisfies `cast` cast to `pick(node)`
+    (None: unchanged), and its result cast back to the node's dtype."""
+
+    def wrapped(node):
+        dtype, compute = _result_dtype(node), pick(node)
+        if compute is None:
+            return convert(node)
+        casts = {}
+        for arg in node.all_input_nodes:
+            var = importer.env.get(arg)
+            ty = getattr(var, "ty", None)
+            if (isinstance(ty, relax.TensorType) and str(ty.dtype) != compute
+                    and cast(str(ty.dtype))):
+                casts[arg] = relax.op.astype(var, compute)
+        if not casts:
+            return convert(node)
+        out = _with_env(importer, casts, convert, node)
+        if isinstance(out.ty, relax.TensorType) and str(out.ty.dtype) != dtype:
+            out = importer.block_builder.emit(relax.op.astype(out, dtype))
+        return out
+
+    return wrapped
+
+
+def _scaled_by_alpha(importer, convert: Callable) -> Callable:
+    """`convert` of `a op alpha * b` where the node has an `alpha` other than 1."""
+
+    def wrapped(node):
+        alpha = node.kwargs.get("alpha", 1)
+        other = node.args[1]
+        if alpha == 1:
+            return convert(node)
+        var = importer.env.get(other) if not isinstance(other, (int, float)) else None
+        if not isinstance(var, relax.Expr):  # a Python number
+            node.args = (node.args[0], other * alpha, *node.args[2:])
+            return convert(node)
+        const = relax.const(alpha, str(var.ty.dtype))
+        return _with_env(importer, {other: relax.op.multiply(var, const)}, convert, node)
+
+    return wrapped
+
+
+def _wrapping_negative_indices(importer, convert: Callable) -> Callable:
+    """`convert` with each integer index tensor `i` of axis `a` read as
+    `where(i < 0, i + extent(a), i)`, as PyTorch indexes."""
+
+    def wrapped(node):
+        data = importer.env[node.args[0]]
+        wrapped_indices = {}
+        for axis, index in enumerate(node.args[1]):
+            var = importer.env.get(index) if index is not None else None
+            dtype = str(var.ty.dtype) if var is not None else "bool"
+            if dtype == "bool" or not _is_integer(dtype):
+                continue
+            extent = data.ty.shape[axis]
+            if not isinstance(extent, (int, tvm.tirx.IntImm)):
+                raise ValueError(f"{node.target}: indices into axis {axis}, of symbolic "
+                                 f"extent {extent}")
+            negative = relax.op.less(var, relax.const(0, dtype))
+            shifted = relax.op.add(var, relax.const(int(extent), dtype))
+            wrapped_indices[index] = relax.op.where(negative, shifted, var)
+        return _with_env(importer, wrapped_indices, convert, node)
+
+    return wrapped
+
+
+def _with_env(importer, values: dict, convert: Callable, node):
+    """`convert(node)` with the fx nodes in `values` bound to those expressions."""
+    saved = {n: importer.env[n] for n in values}
+    for n, expr in values.items():
+        importer.env[n] = importer.block_builder.emit(expr)
+    try:
+        return convert(node)
+    finally:
+        importer.env.update(saved)
+
+
+def _embedding(importer, node):
+    """The frontend's lookup, with the positions holding `padding_idx` cut off from the
+    gradient (PyTorch gives the padding row none from them): `where(is_pad, no_grad(e), e)` is
+    `e` in value, and its gradient reaches `e` only elsewhere."""
+    bb, op = importer.block_builder, relax.op
+    ids = importer.env[node.args[1]]
+    out = importer._embedding_impl(ids, importer.env[node.args[0]])
+    pad = node.args[2] if len(node.args) > 2 else node.kwargs.get("padding_idx", -1)
+    if pad is None or pad < 0:  # aten's -1: no padding row
+        return out
+    is_pad = bb.emit(op.equal(ids, relax.const(pad, str(ids.ty.dtype))))
+    is_pad = bb.emit(op.expand_dims(is_pad, -1))
+    return bb.emit(op.where(is_pad, bb.emit(op.grad.no_grad(out)), out))
+
+
+def _float_result(node) -> str | None:
+    dtype = _result_dtype(node)
+    return dtype if dtype is not None and dtype.startswith(("float", "bfloat")) else None
+
+
+def _is_integer(dtype: str) -> bool:
+    return dtype == "bool" or dtype.startswith(("int", "uint"))
+
+
+def _float32_for_reduced(node) -> str | None:
+    return "float32" if _result_dtype(node) in _REDUCED_FLOATS else None
+
+
+def _result_dtype(node) -> str | None:
+    """The dtype of the node's (first) result."""
+    val = node.meta.get("val")
+    if isinstance(val, (list, tuple)) and val:
+        val = val[0]
+    dtype = getattr(val, "dtype", None)
+    return None if dtype is None else str(dtype).removeprefix("torch.")
