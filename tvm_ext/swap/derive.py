@@ -29,7 +29,7 @@ from .split import (
     SplitOption,
     added_seconds,
     choose_splits,
-    finest_working_set,
+    largest_working_set,
     scratch_bytes,
 )
 
@@ -158,11 +158,7 @@ class Evaluator:
         self.problem = problem
         self.mode = MODES[mode]
         self.mode_name = mode
-        counts = [len(problem.needs(op)) for op in range(problem.num_ops)]
-        self.need_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self.need_idx = np.array([t for op in range(problem.num_ops) for t in problem.needs(op)],
-                                 dtype=np.int64)
-        self.need_op = np.repeat(np.arange(problem.num_ops), counts)
+        self.need_ptr, self.need_idx, self.need_op = problem.needs_csr()
         self.producer = np.asarray(problem.producers, dtype=np.int64)
         self.is_output = np.zeros(problem.num_tensors, dtype=bool)
         self.is_output[problem.outputs] = True
@@ -201,16 +197,7 @@ class Evaluator:
 
     def _max_working_set(self, fixed: np.ndarray) -> int:
         """The most any op needs in the arena, split in time where that needs less."""
-        p = self.problem
-        w = p.sizes[self.need_idx] * ~fixed[self.need_idx]
-        if not len(w):
-            return 0
-        whole = np.bincount(self.need_op, weights=w, minlength=p.num_ops)
-        for op in range(p.num_ops):
-            finest = finest_working_set(p.sizes, p.needs(op), fixed, self.split_options[op])
-            if finest is not None:
-                whole[op] = min(whole[op], finest)
-        return int(whole.max())
+        return largest_working_set(self.problem, fixed)[0]
 
     # ---------------------------------------------------------------- splitting in time
     def splits(self, keep: float) -> SplitSetup:

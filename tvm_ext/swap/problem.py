@@ -31,7 +31,7 @@ from ..errors import InputError
 from ..graph import DataflowGraph
 from ..units import format_size, parse_size
 from .alignment import align
-from .split import SplitOption, finest_working_set
+from .split import SplitOption, finest_working_set, largest_working_set
 
 
 class InfeasibleBudgetError(InputError):
@@ -92,6 +92,9 @@ class SwapProblem:
     # Compute-stream seconds each kernel call beyond an op's first costs (`Hardware`): what
     # every further chunk of an op split in time pays besides its share of the work.
     launch_overhead: float = 0.0
+    # The kernel each op calls (None: unknown): ops of one kernel do the same work at the same
+    # shapes, which shows the search the repeats of a block (`repeats.py`).
+    op_kernels: list[str] | None = None
 
     def __post_init__(self):
         self.durations = np.asarray(self.durations, dtype=np.float64)
@@ -175,6 +178,7 @@ class SwapProblem:
             copy_issue=hw.copy_issue_overhead, sync_latency=hw.sync_overhead,
             copy_wake=hw.copy_wake,
             launch_overhead=hw.launch_overhead,
+            op_kernels=[op.kernel for op in graph.ops],
             op_writes=[graph.overwritten(op.id) for op in graph.ops],
             end_on_host=_returned_from_host(graph),
         )
@@ -182,7 +186,7 @@ class SwapProblem:
     def with_budget(self, budget: int) -> SwapProblem:
         """This problem under another budget (what does not depend on it is not recomputed)."""
         other = dataclasses.replace(self, budget=int(budget))
-        for name in ("_split_options", "_min_budget"):
+        for name in ("_split_options", "_min_budget", "_needs", "_needs_csr", "_written"):
             if name in self.__dict__:
                 other.__dict__[name] = self.__dict__[name]
         return other
@@ -197,9 +201,16 @@ class SwapProblem:
         return len(self.tensor_names)
 
     def needs(self, op: int) -> list[int]:
-        """Base tensors that must be resident while `op` runs (pinned ones included)."""
-        scratch = self.op_scratch[op] if self.count_scratch else []
-        return _unique([*self.op_inputs[op], *self.op_outputs[op], *scratch])
+        """Base tensors that must be resident while `op` runs (pinned ones included); the
+        caller must not change the list (built once per problem: planners ask per op, again
+        and again)."""
+        return self._needs[op]
+
+    @functools.cached_property
+    def _needs(self) -> list[list[int]]:
+        return [_unique([*self.op_inputs[op], *self.op_outputs[op],
+                         *(self.op_scratch[op] if self.count_scratch else [])])
+                for op in range(self.num_ops)]
 
     def is_topological(self, order: Sequence[int]) -> bool:
         if len(order) != self.num_ops or sorted(order) != list(range(self.num_ops)):
@@ -226,6 +237,25 @@ class SwapProblem:
         kinds = self.op_kinds or ["kernel"] * self.num_ops
         return (kinds[op] == "kernel" and len(self.op_outputs[op]) == 1
                 and not self.op_writes[op] and not self._written & set(self.needs(op)))
+
+    def needs_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The needs of every op as flat arrays: (ptr, tensors, op of each entry), op `k`'s
+        needs being tensors[ptr[k]:ptr[k + 1]] (for vectorised sums over ops' needs)."""
+        return self._needs_csr
+
+    @functools.cached_property
+    def _needs_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        counts = np.array([len(n) for n in self._needs], dtype=np.int64)
+        ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        idx = np.array([t for n in self._needs for t in n], dtype=np.int64)
+        return ptr, idx, np.repeat(np.arange(self.num_ops, dtype=np.int64), counts)
+
+    def whole_working_sets(self, fixed: np.ndarray) -> np.ndarray:
+        """Per op, the bytes of its needs that are not `fixed` (what it needs in the pools
+        run whole)."""
+        _, idx, op_of = self.needs_csr()
+        return np.bincount(op_of, weights=self.sizes[idx] * ~fixed[idx],
+                           minlength=self.num_ops).astype(np.int64)
 
     @functools.cached_property
     def _written(self) -> set[int]:
@@ -277,9 +307,8 @@ class SwapProblem:
     def _min_budget(self) -> tuple[int, int]:
         if self.num_ops == 0:
             return self.pinned_bytes, -1
-        sets = [self.op_working_set(op) for op in range(self.num_ops)]
-        op = int(np.argmax(sets))
-        return self.pinned_bytes + sets[op], op
+        most, op = largest_working_set(self, self.pinned)
+        return self.pinned_bytes + most, op
 
     def check_feasible(self) -> None:
         """Raise `InfeasibleBudgetError` if no plan can run the graph within the budget."""

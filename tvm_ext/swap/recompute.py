@@ -48,19 +48,46 @@ def recomputable(problem: SwapProblem) -> np.ndarray:
     return np.array([problem.may_run_again(op) for op in range(problem.num_ops)], dtype=bool)
 
 
-def _use_positions(problem: SwapProblem, order: np.ndarray) -> list[list[int]]:
-    uses: list[list[int]] = [[] for _ in range(problem.num_tensors)]
-    for i, op in enumerate(order):
-        for t in problem.needs(int(op)):
-            uses[t].append(i)
-    return uses
+class _Uses:
+    """The positions at which each tensor is used under an order (the positions of the ops
+    that need it, increasing), and per tensor used at least twice its drop point: the use
+    ending the longest gap between consecutive uses (the first such), and that gap; built
+    with array operations (the search asks for them at every evaluation)."""
 
+    def __init__(self, problem: SwapProblem, order: np.ndarray):
+        need_ptr, need_idx, _ = problem.needs_csr()
+        lengths = np.diff(need_ptr)[order]
+        total = int(lengths.sum())
+        offsets = np.cumsum(lengths) - lengths
+        gather = np.repeat(need_ptr[order] - offsets, lengths) + np.arange(total)
+        tensors = need_idx[gather]
+        by_tensor = np.argsort(tensors, kind="stable")
+        self.pos = np.repeat(np.arange(len(order), dtype=np.int64), lengths)[by_tensor]
+        count = np.bincount(tensors, minlength=problem.num_tensors)
+        self.ptr = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
+        self.count = count
+        self.drop_index = np.full(problem.num_tensors, -1, dtype=np.int64)
+        self.drop_gap = np.full(problem.num_tensors, -1, dtype=np.int64)
+        multi = np.nonzero(count >= 2)[0]
+        if not len(multi):
+            return
+        seg = np.repeat(np.arange(problem.num_tensors), count)
+        same = seg[1:] == seg[:-1]
+        gaps = np.where(same, np.diff(self.pos), -1)
+        starts = self.ptr[multi]
+        longest = np.maximum.reduceat(gaps, starts)
+        full = np.full(problem.num_tensors, -2, dtype=np.int64)
+        full[multi] = longest
+        at = np.where(same & (gaps == full[seg[:-1]]), np.arange(len(gaps)), len(gaps))
+        self.drop_index[multi] = np.minimum.reduceat(at, starts) - starts + 1
+        self.drop_gap[multi] = longest
 
-def _drop_point(uses: list[int]) -> tuple[int, int]:
-    """(use index ending the longest gap between consecutive uses, that gap)."""
-    gaps = np.diff(np.asarray(uses, dtype=np.int64))
-    j = int(np.argmax(gaps))
-    return j + 1, int(gaps[j])
+    def of(self, t: int) -> np.ndarray:
+        return self.pos[self.ptr[t]:self.ptr[t + 1]]
+
+    def drop_point(self, t: int) -> tuple[int, int]:
+        """(use index ending the longest gap between consecutive uses, that gap)."""
+        return int(self.drop_index[t]), int(self.drop_gap[t])
 
 
 def candidates(problem: SwapProblem, order) -> np.ndarray:
@@ -70,20 +97,20 @@ def candidates(problem: SwapProblem, order) -> np.ndarray:
     ok = recomputable(problem)
     returned = np.zeros(problem.num_tensors, dtype=bool)
     returned[problem.outputs] = True
-    uses = _use_positions(problem, order)
+    uses = _Uses(problem, order)
     eligible = [t for t in range(problem.num_tensors)
                 if problem.producers[t] >= 0 and ok[problem.producers[t]] and not returned[t]
                 and not problem.pinned[t] and not problem.host_start[t]
-                and problem.sizes[t] > 0 and len(uses[t]) >= 2]
-    gapped = {t for t in eligible if _drop_point(uses[t])[1] >= MIN_GAP}
+                and problem.sizes[t] > 0 and uses.count[t] >= 2]
+    gapped = {t for t in eligible if uses.drop_gap[t] >= MIN_GAP}
     read = {x for t in gapped for x in problem.op_inputs[problem.producers[t]]}
     return np.asarray([t for t in eligible if t in gapped or t in read], dtype=np.int64)
 
 
 def chain_links(problem: SwapProblem, order, cands: np.ndarray) -> np.ndarray:
     """Per candidate: whether it is a chain link only (no gap of its own to drop it in)."""
-    uses = _use_positions(problem, np.asarray(order, dtype=np.int64))
-    return np.array([_drop_point(uses[t])[1] < MIN_GAP for t in cands], dtype=bool)
+    uses = _Uses(problem, np.asarray(order, dtype=np.int64))
+    return uses.drop_gap[np.asarray(cands, dtype=np.int64)] < MIN_GAP
 
 
 def augment(problem: SwapProblem, order, chosen) -> np.ndarray:
@@ -93,12 +120,12 @@ def augment(problem: SwapProblem, order, chosen) -> np.ndarray:
     chosen = [int(t) for t in chosen]
     if not chosen:
         return order
-    uses = _use_positions(problem, order)
+    uses = _Uses(problem, order)
     at: dict[int, int] = {}  # tensor -> position its second run goes before
     for t in chosen:
-        j, gap = _drop_point(uses[t])
+        j, gap = uses.drop_point(t)
         if gap >= MIN_GAP:  # a chain link runs again only before a run that reads it
-            at[t] = uses[t][j]
+            at[t] = int(uses.of(t)[j])
     position = np.empty(problem.num_ops, dtype=np.int64)
     position[order] = np.arange(len(order))
     # A chosen input of a second run is made again before it, unless it is still there (not
@@ -114,28 +141,28 @@ def augment(problem: SwapProblem, order, chosen) -> np.ndarray:
             continue
         for x in problem.op_inputs[problem.producers[t]]:
             if x in chosen_set and at.get(x, len(order)) > at[t] and \
-                    _dropped_before(uses[x], at[t]):
+                    _dropped_before(uses, x, at[t]):
                 if x not in depth:
                     heapq.heappush(heap, (-int(position[problem.producers[x]]), x))
                 at[x] = at[t]
                 depth[x] = max(depth.get(x, 0), depth[t] + 1)
-    runs: dict[int, list[int]] = {}
-    for t, pos in at.items():
-        runs.setdefault(pos, []).append(problem.producers[t])
-    out: list[int] = []
-    for i, op in enumerate(order):
-        # Second runs in the order of their first ones: inputs before the runs that read them.
-        out.extend(sorted(runs.get(i, ()), key=lambda p: position[p]))
-        out.append(int(op))
-    return np.asarray(out, dtype=np.int64)
+    if not at:
+        return order
+    before = np.fromiter(at.values(), dtype=np.int64, count=len(at))
+    ops = np.asarray(problem.producers, dtype=np.int64)[np.fromiter(at, dtype=np.int64,
+                                                                    count=len(at))]
+    # Second runs in the order of their first ones: inputs before the runs that read them.
+    rank = np.lexsort((position[ops], before))
+    return np.insert(order, before[rank], ops[rank]).astype(np.int64)
 
 
-def _dropped_before(uses: list[int], pos: int) -> bool:
-    """Whether a tensor with these uses is not used in the gap ending at `pos` (so a run at
-    `pos` finds it dropped): its longest gap ends at or after `pos` (a chain link: its last
-    use is before `pos`)."""
-    j, gap = _drop_point(uses)
-    return uses[j - 1] < pos if gap >= MIN_GAP else uses[-1] < pos
+def _dropped_before(uses: _Uses, x: int, pos: int) -> bool:
+    """Whether tensor `x` is not used in the gap ending at `pos` (so a run at `pos` finds it
+    dropped): its longest gap ends at or after `pos` (a chain link: its last use is before
+    `pos`)."""
+    j, gap = uses.drop_point(x)
+    mine = uses.of(x)
+    return int(mine[j - 1]) < pos if gap >= MIN_GAP else int(mine[-1]) < pos
 
 
 def cheapest_sets(problem: SwapProblem, cands: np.ndarray,

@@ -46,6 +46,7 @@ from .derive import Evaluator, Knobs
 from .plan import SwapPlan
 from .problem import SwapProblem
 from .recompute import MAX_CHAIN, candidates, chain_links, cheapest_sets, checkpoint_set
+from .repeats import repeat_groups
 
 _KEEP_CHOICES = (0.0, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 _KNOB_RANGE = {"beta": (0.0, 3.0), "gamma": (0.0, 10.0), "delta": (0.0, 3.0)}
@@ -64,6 +65,10 @@ class SearchConfig:
     order_mutation_rate: float = 0.3
     knob_mutation_rate: float = 0.8
     recompute_mutation_rate: float = 0.3
+    # Of the order and recompute mutations, the share applied to every repeat of the op or
+    # tensor mutated (`repeats.py`: the same op in each layer) rather than to it alone.
+    tie_repeats: float = 0.0
+    max_evaluations: int | None = None  # per phase; None: no limit
 
 
 @dataclasses.dataclass
@@ -78,40 +83,61 @@ class Individual:
 
 def memory_aware_order(problem: SwapProblem) -> list[int]:
     """A greedy topological order that runs, among the ready ops, the one that adds the
-    fewest bytes (outputs made minus inputs freed), ties broken by IR position."""
+    fewest bytes (outputs made minus inputs freed), ties broken by IR position.
+
+    A ready op's bytes change only when one of its inputs comes down to its last reader, so
+    the ready ops sit in a heap whose stale entries (an older stamp) are skipped."""
     n = problem.num_ops
-    ir_pos = {op: i for i, op in enumerate(problem.order)}
+    ir_pos = np.empty(n, dtype=np.int64)
+    ir_pos[np.asarray(problem.order, dtype=np.int64)] = np.arange(n)
     succs: list[list[int]] = [[] for _ in range(n)]
     indeg = np.zeros(n, dtype=np.int64)
     for op in range(n):
         for d in set(problem.op_deps[op]):
             succs[d].append(op)
             indeg[op] += 1
-    remaining = np.zeros(problem.num_tensors, dtype=np.int64)
+    readers: list[list[int]] = [[] for _ in range(problem.num_tensors)]
     for op in range(n):
-        for t in problem.needs(op):
-            remaining[t] += 1
+        for t in problem.op_inputs[op]:
+            readers[t].append(op)
+    _, need_idx, _ = problem.needs_csr()
+    remaining = np.bincount(need_idx, minlength=problem.num_tensors)
     keep = problem.host_start | problem.pinned
     keep[problem.outputs] = True
+    sizes = problem.sizes
+    made = [int(sizes[problem.op_outputs[op]].sum()) for op in range(n)]
 
     def delta(op: int) -> int:
-        made = sum(int(problem.sizes[t]) for t in problem.op_outputs[op])
-        freed = sum(int(problem.sizes[t]) for t in problem.op_inputs[op]
-                    if remaining[t] == 1 and not keep[t])
-        return made - freed
+        return made[op] - sum(int(sizes[t]) for t in problem.op_inputs[op]
+                              if remaining[t] == 1 and not keep[t])
 
-    ready = [op for op in range(n) if indeg[op] == 0]
+    stamp = np.zeros(n, dtype=np.int64)
+    ready = np.zeros(n, dtype=bool)
+    heap = []
+    for op in np.nonzero(indeg == 0)[0].tolist():
+        ready[op] = True
+        heap.append((delta(op), int(ir_pos[op]), op, 0))
+    heapq.heapify(heap)
     order: list[int] = []
-    while ready:
-        best = min(ready, key=lambda op: (delta(op), ir_pos[op]))
-        ready.remove(best)
+    while heap:
+        _, _, best, version = heapq.heappop(heap)
+        if version != stamp[best] or not ready[best]:
+            continue
+        ready[best] = False
         order.append(best)
+        changed: set[int] = set()
         for t in problem.needs(best):
             remaining[t] -= 1
+            if remaining[t] == 1:
+                changed.update(r for r in readers[t] if ready[r])
         for s in succs[best]:
             indeg[s] -= 1
             if indeg[s] == 0:
-                ready.append(s)
+                ready[s] = True
+                changed.add(s)
+        for op in changed:
+            stamp[op] += 1
+            heapq.heappush(heap, (delta(op), int(ir_pos[op]), op, int(stamp[op])))
     return order
 
 
@@ -184,6 +210,16 @@ class GeneticSearch:
             [x for x in xs if not self.links[x] and cheap[x] and
              2 * problem.sizes[self.candidates[x]] >= problem.sizes[t]]
             for t, xs in zip(self.candidates, inputs, strict=True)]
+        # The repeats of each op, and of each candidate (those its producer's repeats make).
+        self.repeats = repeat_groups(problem)
+        role = np.array([int(g[0]) for g in self.repeats], dtype=np.int64)
+        cand_role = role[producers[self.candidates]] if len(self.candidates) else \
+            np.zeros(0, dtype=np.int64)
+        by_role: dict[int, list[int]] = {}
+        for k, r in enumerate(cand_role.tolist()):
+            by_role.setdefault(r, []).append(k)
+        self.candidate_repeats = [np.asarray(by_role[r], dtype=np.int64)
+                                  for r in cand_role.tolist()]
 
     def recomputed(self, ind: Individual) -> np.ndarray | None:
         """The tensors `ind` makes again."""
@@ -218,10 +254,11 @@ class GeneticSearch:
         counts[b] += drop * int(sizes[a]) // int(sizes[b])
         return counts
 
-    def _mutate_recompute(self, mask: np.ndarray | None) -> np.ndarray | None:
+    def _mutate_recompute(self, mask: np.ndarray | None, tied: bool = False
+                          ) -> np.ndarray | None:
         """Flip one to three candidates other than chain links, half of the time drawn by
-        the bytes they free per second of recompute; a candidate turned on brings its chain
-        (`close_chains`)."""
+        the bytes they free per second of recompute (`tied`: each with its repeats, set as
+        it is set); a candidate turned on brings its chain (`close_chains`)."""
         own = np.nonzero(~self.links)[0]
         if not len(own):
             return mask
@@ -230,7 +267,12 @@ class GeneticSearch:
         weights = self.candidate_weights[own] if self.rng.random() < 0.5 else None
         picks = own[self.rng.choice(len(own), size=min(flips, len(own)), replace=False,
                                     p=weights)]
-        mask[picks] = ~mask[picks]
+        if tied:
+            for k in picks:
+                mask[self.candidate_repeats[k]] = not mask[k]
+            picks = np.unique(np.concatenate([self.candidate_repeats[k] for k in picks]))
+        else:
+            mask[picks] = ~mask[picks]
         return self.close_chains(mask, picks[mask[picks]], self.rng.random() < 0.5)
 
     def close_chains(self, mask: np.ndarray, roots=None, big: bool = False) -> np.ndarray:
@@ -269,8 +311,10 @@ class GeneticSearch:
             values[name] = float(np.clip(base * math.exp(r.normal(0, 0.5)), lo, hi))
         return Knobs(**values)
 
-    def _mutate_order(self, order: np.ndarray, stalls: np.ndarray | None = None) -> np.ndarray:
-        """Move one op to a slot between its last producer and first consumer."""
+    def _mutate_order(self, order: np.ndarray, stalls: np.ndarray | None = None,
+                      tied: bool = False) -> np.ndarray:
+        """Move one op to a slot between its last producer and first consumer (`tied`: each
+        of its repeats too, to the same place in its own range)."""
         n = len(order)
         if n < 2:
             return order
@@ -283,8 +327,7 @@ class GeneticSearch:
             else:
                 k = int(self.rng.integers(n))
             op = order[k]
-            lo = int(pos[self.preds[op]].max()) + 1 if len(self.preds[op]) else 0
-            hi = int(pos[self.succs[op]].min()) - 1 if len(self.succs[op]) else n - 1
+            lo, hi = self._slots(pos, op, n)
             if hi > lo:
                 break
         else:
@@ -293,10 +336,30 @@ class GeneticSearch:
         # move e.g. a weight's transpose far from its use, to be swapped out and prefetched.
         roll = self.rng.random()
         target = lo if roll < 1 / 3 else hi if roll < 2 / 3 else int(self.rng.integers(lo, hi + 1))
+        if not tied:
+            return self._move(order, k, target)
+        share = (target - lo) / (hi - lo)
+        for other in self.repeats[op]:
+            k = int(pos[other])
+            lo, hi = self._slots(pos, other, n)
+            if hi > lo:
+                order = self._move(order, k, lo + round(share * (hi - lo)))
+                pos[order] = np.arange(n)
+        return order
+
+    def _slots(self, pos: np.ndarray, op: int, n: int) -> tuple[int, int]:
+        """The first and last positions `op` may move to (after its last producer, before
+        its first consumer)."""
+        lo = int(pos[self.preds[op]].max()) + 1 if len(self.preds[op]) else 0
+        hi = int(pos[self.succs[op]].min()) - 1 if len(self.succs[op]) else n - 1
+        return lo, hi
+
+    @staticmethod
+    def _move(order: np.ndarray, k: int, target: int) -> np.ndarray:
+        """`order` with the op at position k moved to position `target`."""
         if target == k:
             return order
-        rest = np.delete(order, k)
-        return np.insert(rest, target, op).astype(np.int64)
+        return np.insert(np.delete(order, k), target, order[k]).astype(np.int64)
 
     def _crossover(self, a: Individual, b: Individual) -> Individual:
         n = len(a.order)
@@ -316,6 +379,10 @@ class GeneticSearch:
             mask = np.where(self.rng.random(len(masks[0])) < 0.5, *masks)
         return Individual(order, knobs, counts, mask)
 
+    def _tied(self) -> bool:
+        """Whether the next mutation applies to the repeats too (`tie_repeats`)."""
+        return self.config.tie_repeats > 0 and self.rng.random() < self.config.tie_repeats
+
     def _tournament(self, pop: list[Individual]) -> Individual:
         picks = self.rng.choice(len(pop), size=min(3, len(pop)), replace=False)
         return min((pop[i] for i in picks), key=lambda ind: ind.fitness)
@@ -328,10 +395,10 @@ class GeneticSearch:
         else:
             child = Individual(a.order, a.knobs, a.counts, a.recompute)
         if self.rng.random() < c.recompute_mutation_rate:
-            child.recompute = self._mutate_recompute(child.recompute)
+            child.recompute = self._mutate_recompute(child.recompute, self._tied())
         if self.rng.random() < c.order_mutation_rate:
             child.order = self._mutate_order(child.order, a.stalls if child.order is a.order
-                                             else None)
+                                             else None, self._tied())
         if self.rng.random() < c.knob_mutation_rate:
             child.knobs = self._mutate_knobs(child.knobs)
         if child.counts is not None and self.rng.random() < c.knob_mutation_rate:
@@ -391,11 +458,18 @@ class GeneticSearch:
         seeds = self.seeds() if seeds is None else seeds
         # The first evaluation compiles the core when its on-disk cache is cold (once per
         # installation): the search budget starts after it.
+        first = self.evaluator.evaluations
         pop = [seeds[0] if math.isfinite(seeds[0].fitness) else self._evaluate(seeds[0])]
         deadline = time.perf_counter() + c.time_budget_s
+
+        def spent() -> bool:
+            return time.perf_counter() > deadline or (
+                c.max_evaluations is not None and
+                self.evaluator.evaluations - first >= c.max_evaluations)
+
         for ind in seeds[1:]:
             pop.append(ind if math.isfinite(ind.fitness) else self._evaluate(ind))
-            if time.perf_counter() > deadline and len(pop) >= 2:
+            if spent() and len(pop) >= 2:
                 break
         pop.sort(key=lambda ind: ind.fitness)
         best = pop[0]
@@ -403,7 +477,7 @@ class GeneticSearch:
         stale = 0
         self.generations = 0
         for _gen in range(c.generations):
-            if time.perf_counter() > deadline:
+            if spent():
                 break
             children = [dataclasses.replace(ind) for ind in pop[: c.elite]]
             while len(children) < len(pop):
@@ -417,11 +491,11 @@ class GeneticSearch:
                 if trial.counts is not None and roll < 0.3:
                     trial.counts = self._mutate_counts(trial.counts)
                 elif len(self.candidates) and roll < 0.45:
-                    trial.recompute = self._mutate_recompute(trial.recompute)
+                    trial.recompute = self._mutate_recompute(trial.recompute, self._tied())
                 elif roll < 0.65:
                     trial.knobs = self._mutate_knobs(trial.knobs)
                 else:
-                    trial.order = self._mutate_order(trial.order, lead.stalls)
+                    trial.order = self._mutate_order(trial.order, lead.stalls, self._tied())
                 self._evaluate(trial)
                 if trial.fitness < lead.fitness:
                     children[0] = trial

@@ -40,6 +40,8 @@ import dataclasses
 import functools
 import math
 
+import numpy as np
+
 from .alignment import ALIGNMENT, align
 
 
@@ -197,6 +199,26 @@ def finest_working_set(sizes, needs, fixed, options) -> int | None:
     return best
 
 
+def largest_working_set(problem, fixed) -> tuple[int, int]:
+    """(the most any op needs in the pools besides the `fixed` tensors, split in time where
+    that needs less (`finest_working_set`); the op that needs it, -1 when there are no ops).
+    Ops are visited largest whole working set first, and the visit stops at the first whose
+    whole working set is less than the largest found (a split never needs more); of ops that
+    need as much, the first."""
+    whole = problem.whole_working_sets(fixed)
+    options = problem.split_options()
+    best, best_op = -1, -1
+    for op in np.argsort(-whole, kind="stable"):
+        op = int(op)
+        if whole[op] < best:
+            break
+        finest = finest_working_set(problem.sizes, problem.needs(op), fixed, options[op])
+        ws = int(whole[op]) if finest is None else min(int(whole[op]), finest)
+        if ws > best or (ws == best and op < best_op):
+            best, best_op = ws, op
+    return max(best, 0), best_op
+
+
 def choose_splits(problem, room: int, fixed) -> dict[int, tuple[SplitOption, int, int]]:
     """{op: (option, chunks, buffers)} for every op whose needs (not `fixed`) exceed `room`
     bytes: per option and buffer count, the fewest chunks that fit (each chunk more is a kernel
@@ -205,10 +227,8 @@ def choose_splits(problem, room: int, fixed) -> dict[int, tuple[SplitOption, int
     that cannot fit either way are left whole (the caller refuses the budget)."""
     out: dict[int, tuple[SplitOption, int, int]] = {}
     options = problem.split_options()
-    for op in range(problem.num_ops):
+    for op in np.nonzero(problem.whole_working_sets(fixed) > room)[0].tolist():
         needs = problem.needs(op)
-        if sum(int(problem.sizes[t]) for t in needs if not fixed[t]) <= room:
-            continue
         best = None
         for option in (o.on_device(fixed) for o in options[op]):
             if option is None:
