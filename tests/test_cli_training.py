@@ -97,3 +97,33 @@ def test_bf16_steps_track_the_float32_curve(capsys):
     out = capsys.readouterr().out
     assert "GEMMs and convolutions in bf16" in out
     assert "check   OK: 5 bf16 losses track the float32 curve of torch.optim" in out
+
+
+
+def test_tied_weights_train_as_one_parameter(tmp_path, capsys):
+    """A language model's head tied to its embedding: the export keeps both names; the module
+    takes the tensor once, its gradient sums both uses, and AdamW's steps match torch.optim
+    on the tied module."""
+    torch = pytest.importorskip("torch")
+    from tvm_ext.models import load_model
+
+    class TiedHead(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(16, 8)
+            self.head = torch.nn.Linear(8, 16, bias=False)
+            self.head.weight = self.embed.weight
+
+        def forward(self, ids):
+            return self.head(torch.tanh(self.embed(ids)))
+
+    torch.manual_seed(0)
+    path = tmp_path / "tied.pt2"
+    torch.export.save(torch.export.export(TiedHead(), (torch.zeros(2, 5, dtype=torch.long),)),
+                      str(path))
+    model = load_model(str(path))
+    assert [p.name for p in model.params] == ["p_embed_weight"]
+    assert model.config["tied_parameters"] == {"p_head_weight": "p_embed_weight"}
+    argv = [str(path), "--training", "--optimizer", "adamw", "--lr", "0.05", "--check"]
+    assert main(argv) == 0
+    assert "check   OK: 5 steps match torch.optim" in capsys.readouterr().out

@@ -47,9 +47,14 @@ def _cannot_import(path: str, err: Exception) -> ModelLoadError:
                           f"{type(err).__name__}: {err}")
 
 
-def _with_weights(name: str, mod: tvm.IRModule, path: str, config: dict | None = None) -> Model:
-    """A frontend module whose `main` carries its weights in the `params` attribute."""
+def _with_weights(name: str, mod: tvm.IRModule, path: str, config: dict | None = None,
+                  aliases: dict[str, str] | None = None) -> Model:
+    """A frontend module whose `main` carries its weights in the `params` attribute; each
+    parameter `aliases` names becomes the one it is tied to."""
     mod, params = relax.frontend.detach_params(mod)
+    weights = [np.asarray(w.numpy()) for w in params.get("main", [])]
+    if aliases:
+        mod, weights = _without_aliases(mod, weights, aliases)
     func = mod["main"]
     num_input = int(func.attrs["num_input"])
     config = {"file": os.path.abspath(path), **(config or {})}
@@ -57,11 +62,26 @@ def _with_weights(name: str, mod: tvm.IRModule, path: str, config: dict | None =
         model = model_from_function(name, func, num_input, config=config, module=mod)
     except ValueError as err:  # e.g. a symbolic shape
         raise ModelLoadError(f"{path}: tvm_ext cannot use this model: {err}") from err
-    weights = [np.asarray(w.numpy()) for w in params.get("main", [])]
     if len(weights) != len(model.params):
         raise ModelLoadError(f"{path}: {len(weights)} weights for {len(model.params)} parameters")
     model.weights = weights
     return model
+
+
+def _without_aliases(mod: tvm.IRModule, weights: list, aliases: dict[str, str]
+                     ) -> tuple[tvm.IRModule, list]:
+    """`main` with each parameter `aliases` names replaced by the one it is tied to."""
+    func = mod["main"]
+    num_input = int(func.attrs["num_input"])
+    by_name = {p.name: p for p in func.params[num_input:]}
+    merge = {by_name[a]: by_name[k] for a, k in aliases.items()
+             if a in by_name and k in by_name}
+    if not merge:
+        return mod, weights
+    kept = [k for k, p in enumerate(func.params[num_input:]) if p not in merge]
+    mod = mod.clone()
+    mod["main"] = func.bind_params(merge)
+    return mod, [weights[k] for k in kept]
 
 
 def _load_pt2(path: str, **_) -> Model:
@@ -84,7 +104,10 @@ def _load_pt2(path: str, **_) -> Model:
     config = {"export_mode": mode} if mode else {}
     if container is not None:  # said by the CLI: which tensors of the container are outputs
         config.update(returns=container, outputs=[names[i] for i in order])
-    return _with_weights(os.path.basename(path), mod, path, config)
+    aliases = pt2_files.tied_aliases(program)
+    if aliases:  # one argument, trained as PyTorch trains the one tensor
+        config["tied_parameters"] = aliases
+    return _with_weights(os.path.basename(path), mod, path, config, aliases)
 
 
 def _load_onnx(path: str, **_) -> Model:

@@ -188,3 +188,27 @@ def logits_first(names: list[str]) -> list[int]:
     """The order of the outputs with the logits first, the others as they come."""
     first = [i for i, n in enumerate(names) if n == "logits"][:1]
     return first + [i for i in range(len(names)) if i not in first]
+
+
+def tied_aliases(program: ExportedProgram) -> dict[str, str]:
+    """{placeholder: the earlier placeholder of the same tensor} for each parameter of the
+    export whose tensor is an earlier parameter's: weights tied in the module (a language
+    model's head and embedding), one parameter to torch and to its optimizer, which
+    torch.export keeps as two placeholders (every use routed to one of them)."""
+    from torch.export.graph_signature import InputKind
+
+    specs = [s for s in program.graph_signature.input_specs if s.kind == InputKind.PARAMETER]
+    state = program.state_dict
+    first: dict = {}
+    aliases = {}
+    for spec in specs:
+        t = state.get(spec.target)
+        if t is None or t.numel() == 0:
+            continue
+        view = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+                tuple(t.stride()), t.dtype)
+        if view in first:
+            aliases[spec.arg.name] = first[view]
+        else:
+            first[view] = spec.arg.name
+    return aliases

@@ -264,9 +264,17 @@ def _load(path: str):
     three times: its random ops, its weights, its run) and copied for each caller (a run in
     train mode updates batch norm statistics in place)."""
     stat = os.stat(path)
+    original = _load_version(os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
     with pt2_files.quiet_torch():
-        return copy.deepcopy(_load_version(os.path.abspath(path), stat.st_mtime_ns,
-                                           stat.st_size))
+        program = copy.deepcopy(original)
+    # Read before copying: a deep copy gives tied parameters a storage each.
+    program.tvm_ext_tied = pt2_files.tied_aliases(original)
+    return program
+
+
+def _tied(program) -> dict[str, str]:
+    """`pt2_files.tied_aliases` of a program `_load` gave."""
+    return program.tvm_ext_tied
 
 
 @functools.lru_cache(maxsize=2)
@@ -291,7 +299,7 @@ def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = ()):
     in_spec = program.call_spec.in_spec
     args, kwargs = (_pytree.tree_unflatten(tensors, in_spec) if in_spec is not None
                     else (tuple(tensors), {}))
-    weights = {t: fed[n] for n, t in zip(names, targets, strict=True)}
+    weights = _with_tied(program, {t: fed[n] for n, t in zip(names, targets, strict=True)})
     with pt2_files.quiet_torch():
         out = torch.func.functional_call(module, weights, tuple(args), dict(kwargs),
                                          strict=False)
@@ -302,12 +310,27 @@ def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = ()):
     return [t for t in leaves if isinstance(t, torch.Tensor)], fed
 
 
+def _with_tied(program, weights: dict) -> dict:
+    """`weights` (state-dict key -> tensor) with each tied parameter the module loaded as one
+    (`pt2_files.tied_aliases`) fed under its other names too: the same tensor."""
+    from torch.export.graph_signature import InputKind
+
+    target = {s.arg.name: s.target for s in program.graph_signature.input_specs
+              if s.kind == InputKind.PARAMETER}
+    for alias, kept in _tied(program).items():
+        if target[kept] in weights and target[alias] not in weights:
+            weights[target[alias]] = weights[target[kept]]
+    return weights
+
+
 def _parameter_targets(program, names: list[str], count: int) -> list[str]:
     """The state-dict key of each parameter argument: by the placeholder name where every name
     is known, else by the graph signature's order (the frontend's order)."""
     from torch.export.graph_signature import InputKind
 
-    specs = [s for s in program.graph_signature.input_specs if s.kind == InputKind.PARAMETER]
+    aliases = _tied(program)  # loaded as the parameter they are tied to
+    specs = [s for s in program.graph_signature.input_specs if s.kind == InputKind.PARAMETER
+             and s.arg.name not in aliases]
     by_name = {s.arg.name: s.target for s in specs}
     if names and len(names) == count and all(n in by_name for n in names):
         return [by_name[n] for n in names]
