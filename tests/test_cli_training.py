@@ -127,3 +127,15 @@ def test_tied_weights_train_as_one_parameter(tmp_path, capsys):
     argv = [str(path), "--training", "--optimizer", "adamw", "--lr", "0.05", "--check"]
     assert main(argv) == 0
     assert "check   OK: 5 steps match torch.optim" in capsys.readouterr().out
+
+
+def test_a_float16_model_is_checked_at_float16_tolerance(tmp_path, capsys):
+    """A model whose weights are float16: AdamW's updates differ from torch.optim's by an ulp
+    of float16, within float16's tolerance (1e-2 / 1e-3), not float32's."""
+    pytest.importorskip("torch")
+    import corpus
+
+    path, _ = corpus.export(corpus.BY_NAME["linear_fp16"], str(tmp_path))
+    argv = [path, "--training", "--optimizer", "adamw", "--check"]
+    assert main(argv) == 0
+    assert "check   OK: 5 steps match torch.optim" in capsys.readouterr().out

@@ -11,6 +11,7 @@ from tvm_ext.driver import training
 from tvm_ext.errors import CheckError, InputError
 from tvm_ext.models.mixed_precision import low_precision_step
 from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
+from tvm_ext.models.reference import tolerance
 from tvm_ext.units import format_size
 
 from .check import torch_file
@@ -101,6 +102,14 @@ def reference_of(args, step, gradient_model, target, batch, steps: int):
 LOW_PRECISION_BOUND = {"bf16": (3e-2, 1e-3), "fp16": (1e-2, 1e-3)}
 
 
+def _tolerance_of(step) -> tuple[float, float]:
+    """The loosest of the float32 tolerance and those of the step's parameter dtypes (a
+    float16 model's updates differ from torch.optim's by an ulp of float16)."""
+    pairs = [tolerance(p.dtype) for p in step.params
+             if str(p.dtype).startswith(("float", "bfloat"))]
+    return max([(1e-4, 1e-5), *pairs])
+
+
 def check_training(args, report, step, gradient_model, target, batch, results, params,
                    state, reference=None) -> int:
     """N steps against N steps of torch.optim (`reference_of`, or `reference` if given); in
@@ -109,8 +118,9 @@ def check_training(args, report, step, gradient_model, target, batch, results, p
                                           len(results))
     if args.dtype != "fp32":
         return _check_loss_curve(args, report, results, ref, what)
-    rtol = 1e-4 if args.rtol is None else args.rtol
-    atol = 1e-5 if args.atol is None else args.atol
+    rtol, atol = _tolerance_of(step)
+    rtol = rtol if args.rtol is None else args.rtol
+    atol = atol if args.atol is None else args.atol
     optimizer = optimizer_of(args)
     try:
         check = training.compare_training([r.loss for r in results], params, state, ref,
