@@ -15,7 +15,7 @@ from tvm_ext import driver, pipeline
 from tvm_ext.ir.targets import vm_devices
 from tvm_ext.models import ModelLoadError, load_model, reference
 from tvm_ext.models.dropout import SEED_INPUT, mask_compute, mask_numpy
-from tvm_ext.swap import baselines, plan_swaps, recompute, validate
+from tvm_ext.swap import baselines, recompute, validate
 from tvm_ext.swap.placement import argument_devices
 
 torch = pytest.importorskip("torch")
@@ -104,9 +104,8 @@ def test_the_mask_is_the_same_where_a_plan_splits_the_op(tmp_path):
     chunk's global indices): the output is PyTorch's under the same mask."""
     path = _export(_mlp(64).train(), tmp_path / "train.pt2", batch=16)
     model = load_model(path)
-    graph, problem, fissioned = driver.swap_problem(model, LLVM, "min", "cpu")
-    plan = plan_swaps(problem, "swapadvisor", time_budget_s=1.0, seed=0)
-    plan.fissioned = fissioned
+    planning = driver.plan_swap(model, LLVM, "min", hardware="cpu", time_budget_s=1.0)
+    graph, problem, plan = planning.graph, planning.problem, planning.plan
     validate(problem, plan)
     split = {graph.ops[sp.op].kernel for sp in plan.splits}
     assert split & _masking_kernels(model), split
@@ -125,7 +124,8 @@ def test_the_mask_is_the_same_where_a_plan_recomputes_the_op(tmp_path):
     backward pass): loss and gradients are PyTorch's under the same mask."""
     path = _export(_mlp(64).train(), tmp_path / "train.pt2", batch=16)
     step = load_model(path, training=True)
-    graph, problem, _ = driver.swap_problem(step, LLVM, "100%", "cpu")
+    planning = driver.plan_swap(step, LLVM, "100%", hardware="cpu", time_budget_s=1.0)
+    graph, problem = planning.graph, planning.problem
     masking = _masking_kernels(step)
     chosen = [t for t in recompute.candidates(problem, problem.order)
               if graph.ops[problem.producers[t]].kernel in masking]

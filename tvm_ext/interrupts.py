@@ -134,5 +134,9 @@ def _exit(signum: int) -> None:
     note = next((n for n in reversed(_notes) if n), None)
     line = (f"interrupted by {signal.Signals(signum).name} during {current_phase()}: stopped, "
             "no file left half written" + (f"; {note}" if note else ""))
-    os.write(2, (line + "\n").encode())
+    try:  # sys.stderr: the terminal's even where descriptor 2 holds TVM's log (cli.tvm_log)
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except Exception:  # a closed or odd stream: the descriptor, as a last resort
+        os.write(2, (line + "\n").encode())
     os._exit(128 + signum)
