@@ -196,3 +196,28 @@ def test_a_swap_in_takes_the_window_free_earliest():
     assert (fetch.after, fetch.before) == (-1, 3)
     window = next(r for r in plan.residencies if r.tensor == 4)
     assert window.offset >= 8192
+
+
+def test_the_recompute_phase_starts_from_the_checkpoint_baselines_plans():
+    """Each plan the checkpoint baseline compares (sqrt(n) checkpointing in the IR order, each
+    initial residency) is a seed of the recompute phase, so the search that keeps its best
+    is never slower than that baseline (on the link-bound bf16 Llama step the swap-only
+    phase's orders alone lost to it: benchmarks/out_of_core.py)."""
+    from swap_dags import random_problem
+
+    from tvm_ext.swap import SearchConfig, plan_swaps
+    from tvm_ext.swap.baselines import KEEP_CHOICES
+    from tvm_ext.swap.recompute import candidates, checkpoint_set
+    from tvm_ext.swap.search import GeneticSearch
+
+    problem = random_problem(3, num_ops=24, budget_frac=0.15, bandwidth=200.0, training=True)
+    search = GeneticSearch(problem, SearchConfig(recompute=True), seed=0)
+    ckpt = plan_swaps(problem, "checkpoint")
+    ir = list(problem.order)
+    chosen = sorted(int(t) for t in checkpoint_set(problem, ir, candidates(problem, ir)))
+    assert chosen
+    seeded = {ind.knobs.keep for ind in search.recompute_seeds([])
+              if list(ind.order) == ir and sorted(search.recomputed(ind).tolist()) == chosen}
+    assert seeded == set(KEEP_CHOICES)
+    sa = plan_swaps(problem, "swapadvisor", time_budget_s=0.3, seed=0)
+    assert sa.predicted_time <= ckpt.predicted_time * (1 + 1e-9)

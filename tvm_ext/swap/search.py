@@ -42,6 +42,7 @@ import time
 
 import numpy as np
 
+from .baselines import KEEP_CHOICES as BASELINE_KEEPS
 from .derive import Evaluator, Knobs
 from .plan import SwapPlan
 from .problem import SwapProblem
@@ -443,12 +444,24 @@ class GeneticSearch:
 
     def recompute_seeds(self, population: list[Individual]) -> list[Individual]:
         """A swap-only search's final `population` (already scored), and its two best with
-        each seed recompute choice added."""
+        each seed recompute choice added, and the checkpoint baseline's plans."""
         seeds = [dataclasses.replace(ind) for ind in population]
         for lead in sorted(population, key=lambda ind: ind.fitness)[:2]:
             for mask in self._recompute_masks(lead.order):
                 seeds.append(Individual(lead.order, lead.knobs, lead.counts, mask))
-        return seeds
+        return seeds + self._checkpoint_seeds()
+
+    def _checkpoint_seeds(self) -> list[Individual]:
+        """The `checkpoint` baseline's plans as individuals (sqrt(n) checkpointing in the IR
+        order, each initial-residency choice): the search starts no worse than it, which on a
+        link-bound step the swap-only population's orders can be."""
+        if not len(self.candidates):
+            return []
+        ir = np.asarray(self.problem.order, dtype=np.int64)
+        mask = np.isin(self.candidates, checkpoint_set(self.problem, ir, self.candidates))
+        if not mask.any():
+            return []
+        return [Individual(ir, Knobs(keep=keep), None, mask.copy()) for keep in BASELINE_KEEPS]
 
     def run(self, seeds: list[Individual] | None = None) -> Individual:
         """The best individual, from `seeds` (default `self.seeds()`; those already scored
