@@ -179,7 +179,7 @@ def test_bad_options_exit_2(tmp_path, argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.slow
+@pytest.mark.sweep  # the quick bundle's test covers the same build and load path
 def test_full_size_artefacts_build_and_load(tmp_path):
     """The GPU suite's full-size parts (the swapped gpt `medium` training step at 50%, 25% and
     the smallest budget, the `large` GEMMs, the partitioned gpt `small`), bounded: one zoo
