@@ -344,6 +344,26 @@ def _first_output(torch, out):
     return torch.from_dlpack(value)
 
 
+def _time_columns(s: Sides, row: dict, args: list, run, rounds: int, round_s: float,
+                  with_compile: bool, progress) -> None:
+    """The VM's calls of one tvm_ext call, then every column timed in interleaved rounds:
+    tvm_ext, `run` (torch: `run(bf16, fn)`, fn the model or its compiled form) eager and
+    under bf16 autocast, and with `with_compile` both compiled once (compile time recorded)."""
+    row["vm_calls"] = count_vm_calls(s.vm, lambda: s.main(*args))
+    progress(row)
+    calls = {"tvm_ext": (lambda: s.main(*args), s.dev.sync), "eager": (run, s.sync),
+             "bf16_autocast": (lambda: run(True), s.sync)}
+    if with_compile:
+        fn = compiled(s.torch, s.model, row, "compile_s", lambda f: run(fn=f))
+        start = time.perf_counter()
+        run(True, fn)
+        row["compile_bf16_s"] = round(time.perf_counter() - start, 2)
+        calls["compile"] = (lambda: run(fn=fn), s.sync)
+        calls["compile_bf16"] = (lambda: run(True, fn), s.sync)
+        progress(row)
+    medians(time_interleaved(calls, rounds, round_s), row)
+
+
 def inference_row(s: Sides, row: dict, rounds: int, round_s: float, with_compile: bool,
                   progress) -> None:
     """tvm_ext's outputs against eager float32 (and bf16 autocast's, for what it loses),
@@ -368,19 +388,7 @@ def inference_row(s: Sides, row: dict, rounds: int, round_s: float, with_compile
     row["bf16_autocast_max_abs_error"] = output_errors(torch, low, theirs, 1, 1)["max_abs_error"]
     del ours, theirs, low
     progress(row)
-    row["vm_calls"] = count_vm_calls(s.vm, lambda: s.main(*args))
-    progress(row)
-    calls = {"tvm_ext": (lambda: s.main(*args), s.dev.sync), "eager": (eager, s.sync),
-             "bf16_autocast": (lambda: eager(True), s.sync)}
-    if with_compile:
-        fn = compiled(torch, s.model, row, "compile_s", lambda f: eager(fn=f))
-        start = time.perf_counter()
-        eager(True, fn)
-        row["compile_bf16_s"] = round(time.perf_counter() - start, 2)
-        calls["compile"] = (lambda: eager(fn=fn), s.sync)
-        calls["compile_bf16"] = (lambda: eager(True, fn), s.sync)
-        progress(row)
-    medians(time_interleaved(calls, rounds, round_s), row)
+    _time_columns(s, row, args, eager, rounds, round_s, with_compile, progress)
 
 
 def _loss_fn(torch, loss: str):
@@ -476,19 +484,7 @@ def training_row(s: Sides, entry: dict, row: dict, rounds: int, round_s: float,
     with s.memory.torch_peak(row, f"{other}_peak_bytes", owned):
         step(other == "bf16_autocast")
     progress(row)
-    row["vm_calls"] = count_vm_calls(s.vm, lambda: s.main(*args))
-    progress(row)
-    calls = {"tvm_ext": (lambda: s.main(*args), s.dev.sync), "eager": (step, s.sync),
-             "bf16_autocast": (lambda: step(True), s.sync)}
-    if with_compile:
-        fn = compiled(torch, s.model, row, "compile_s", lambda f: step(fn=f))
-        start = time.perf_counter()
-        step(True, fn)
-        row["compile_bf16_s"] = round(time.perf_counter() - start, 2)
-        calls["compile"] = (lambda: step(fn=fn), s.sync)
-        calls["compile_bf16"] = (lambda: step(True, fn), s.sync)
-        progress(row)
-    medians(time_interleaved(calls, rounds, round_s), row)
+    _time_columns(s, row, args, step, rounds, round_s, with_compile, progress)
 
 
 def measure_row(directory: str, entry: dict, device: str, rounds: int, round_s: float,
