@@ -49,6 +49,7 @@ def import_program(name: str, program) -> Imported:
     from torch.export.graph_signature import InputKind
     from tvm import relax
 
+    from tvm_ext.models import pt2_files
     from tvm_ext.models.base import model_from_function
     from tvm_ext.models.torch_import import import_exported_program
 
@@ -62,18 +63,12 @@ def import_program(name: str, program) -> Imported:
     if [v.name for v in variables] != [s.arg.name for s in specs]:
         raise RuntimeError(f"{name}: the module's parameters are not the export's "
                            "parameters in signature order")
-    kept: dict = {}
-    merge, names, tied = {}, [], {}
-    for var, spec in zip(variables, specs, strict=True):
-        tensor = program.state_dict[spec.target]
-        identity = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()))
-        if identity in kept:
-            first_var, first_name = kept[identity]
-            merge[var] = first_var
-            tied[spec.target] = first_name
-        else:
-            kept[identity] = (var, spec.target)
-            names.append(spec.target)
+    aliases = pt2_files.tied_aliases(program)  # placeholder -> the earlier one it is tied to
+    var_of = {spec.arg.name: var for var, spec in zip(variables, specs, strict=True)}
+    target_of = {spec.arg.name: spec.target for spec in specs}
+    merge = {var_of[a]: var_of[k] for a, k in aliases.items()}
+    names = [spec.target for spec in specs if spec.arg.name not in aliases]
+    tied = {target_of[a]: target_of[k] for a, k in aliases.items()}
     func = func.bind_params(merge) if merge else func
     return Imported(model_from_function(name, func, num_input), names, tied)
 
