@@ -67,7 +67,8 @@ def test_pt2_steps_check_against_torch_optim(pt2_net, capsys):
      "--steps takes a number of steps >= 1"),
     (["mlp", "--training", "--optimizer", "adam", "--betas", "0.9"], "--betas 0.9: takes two"),
     (["mlp", "--training", "--optimizer", "adam", "--lr", "-1"], "--lr takes a number >= 0"),
-    (["mlp", "--training", "--dtype", "bf16"], "--dtype applies to an optimizer step"),
+    (["mlp", "--training", "--dtype", "bf16"], "--dtype of a training step computes it in mixed "
+                                               "precision for an optimizer step"),
 ])
 def test_idle_training_options_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:

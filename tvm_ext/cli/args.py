@@ -74,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="relative tolerance of --check (default 1e-5 against TVM; per dtype "
                         "against PyTorch, see tvm_ext.models.reference)")
     p.add_argument("--atol", type=float, default=None, help="absolute tolerance of --check")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"],
+                   help="compute in bfloat16 or float16 (default fp32). Inference: torch."
+                        "autocast's policy (GEMMs and convolutions in the dtype with float32 "
+                        "accumulation; softmax, norms, reductions and losses in float32; "
+                        "parameters stay float32); --check compares with PyTorch under "
+                        "autocast. With --training --optimizer: mixed precision training "
+                        "(GEMMs and convolutions in the dtype; master weights and optimizer "
+                        "state float32; fp16 with dynamic loss scaling)")
     p.add_argument("--no-library", dest="library", action="store_false",
                    help="generate every kernel with TVM, GEMMs and convolutions included "
                         "(default: they call OpenBLAS on CPU, cuBLAS on CUDA)")
@@ -146,10 +154,6 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
                        help="weight decay (default 0; 0.01 for adamw, decoupled)")
     train.add_argument("--betas", metavar="B1,B2", help="Adam's betas (default 0.9,0.999)")
     train.add_argument("--eps", type=float, help="Adam's eps (default 1e-8)")
-    train.add_argument("--dtype", choices=["fp32", "bf16", "fp16"],
-                       help="compute GEMMs and convolutions in bfloat16 or float16 (float32 "
-                            "accumulation, master weights and optimizer state; fp16 with "
-                            "dynamic loss scaling); default fp32")
     train.add_argument("--steps", type=int, metavar="N",
                        help="with --run/--check: run N steps on a fixed synthetic batch and "
                             "print each step's loss, time and peak (default 5); --check "
@@ -258,14 +262,17 @@ def _refuse_idle_link_options(parser: argparse.ArgumentParser, args) -> None:
 
 
 _OPTIMIZER_OPTIONS = {"lr": None, "weight_decay": None, "momentum": ("momentum",),
-                      "betas": ("adam", "adamw"), "eps": ("adam", "adamw"), "steps": None,
-                      "dtype": None}
+                      "betas": ("adam", "adamw"), "eps": ("adam", "adamw"), "steps": None}
 
 
 def _refuse_idle_training_options(parser: argparse.ArgumentParser, args, given) -> None:
     """--optimizer and its options, where they would do nothing."""
     if given("optimizer") and not args.training:
         parser.error("--optimizer adds the update to the training step: it needs --training")
+    if given("dtype") and args.training and not given("optimizer"):
+        parser.error("--dtype of a training step computes it in mixed precision for an "
+                     "optimizer step: it needs --optimizer (or drop --training for inference "
+                     "in the dtype)")
     for name, kinds in _OPTIMIZER_OPTIONS.items():
         flag = f"--{name.replace('_', '-')}"
         if given(name) and not given("optimizer"):

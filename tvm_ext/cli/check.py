@@ -26,16 +26,18 @@ def check_against_reference(args, report: dict, model, target, device, arguments
     tvm_ext, and the report says so and by how much."""
     # Two TVM builds may round a float16 / bfloat16 result differently by one step.
     low = [tolerance(o.dtype) for o in outputs if str(o.dtype) in ("float16", "bfloat16")]
+    low += [t for t in [autocast_tolerance(model)] if t is not None]
     rtol = max([1e-5, *(t[0] for t in low)]) if args.rtol is None else args.rtol
     atol = max([1e-5, *(t[1] for t in low)]) if args.atol is None else args.atol
     reference = driver.build_reference(model, target)
     ref = driver.run(reference, arguments, device, repeat=0)
     torch_status, expected = torch_expected(args, report, model, arguments)
+    least = autocast_tolerance(model)
     entry = {"reference": what, "rtol": rtol, "atol": atol}
     try:
         check = driver.compare(outputs, ref.outputs, rtol, atol)
     except CheckError as err:
-        arbiter = _plain_farther_from_torch(args, outputs, ref.outputs, expected)
+        arbiter = _plain_farther_from_torch(args, outputs, ref.outputs, expected, least)
         if arbiter is None:
             report.setdefault("check", {}).update(ok=False, error=str(err), **entry)
             print(f"check   FAILED against {what} (rtol {rtol:g}, atol {atol:g}): {err}",
@@ -56,19 +58,34 @@ def check_against_reference(args, report: dict, model, target, device, arguments
         status = 0
     if expected is None:
         return max(status, torch_status)
-    return max(status, compare_with_torch(args, report, outputs, expected))
+    return max(status, compare_with_torch(args, report, outputs, expected, least))
 
 
-def _plain_farther_from_torch(args, outputs, plain, expected) -> dict | None:
+def autocast_tolerance(model) -> tuple[float, float] | None:
+    """The (rtol, atol) of an autocast model's low dtype, which its float32 outputs carry the
+    rounding of too; None for a model computed in its own dtypes."""
+    if not model.config.get("autocast"):
+        return None
+    return reference.tolerance(model.config["compute_dtype"])
+
+
+def _output_tolerance(args, dtype, least) -> tuple[float, float]:
+    """(rtol, atol) of one output against PyTorch: its dtype's, at least `least`, or the
+    command's --rtol / --atol."""
+    rtol, atol = reference.tolerance(dtype)
+    if least is not None and str(dtype).startswith(("float", "bfloat")):
+        rtol, atol = max(rtol, least[0]), max(atol, least[1])
+    return (rtol if args.rtol is None else args.rtol, atol if args.atol is None else args.atol)
+
+
+def _plain_farther_from_torch(args, outputs, plain, expected, least=None) -> dict | None:
     """{"plain_vs_torch", "ours_vs_torch"} (largest relative errors) when every output meets
     PyTorch's tolerance and some output of the plain build does not; None otherwise."""
     if expected is None or len(expected) != len(outputs) or len(plain) != len(outputs):
         return None
     plain_misses, worst_plain, worst_ours = False, 0.0, 0.0
     for ours, base, exp in zip(outputs, plain, expected, strict=True):
-        rtol, atol = reference.tolerance(ours.dtype)
-        rtol = rtol if args.rtol is None else args.rtol
-        atol = atol if args.atol is None else args.atol
+        rtol, atol = _output_tolerance(args, ours.dtype, least)
         try:
             mine = driver.compare([ours], [exp], rtol, atol)
         except CheckError:
@@ -119,7 +136,11 @@ def torch_expected(args, report: dict, model, arguments) -> tuple[int, list | No
             entry.update(ok=None, skipped=skipped)
             print(f"check   not compared with {what}: {skipped}")
             return 0, None
-        if model.training:
+        if model.config.get("autocast"):
+            dtype = model.config["compute_dtype"]
+            entry["reference"] = what = f"PyTorch eager under autocast to {dtype} ({name})"
+            expected = reference.torch_reference(path, inputs, params, names, autocast=dtype)
+        elif model.training:
             expected = reference.torch_training_step(
                 path, inputs[:-1], inputs[-1], params, names, model.config["gradients"],
                 model.config.get("loss", "mse"))
@@ -142,12 +163,13 @@ def check_against_torch(args, report: dict, model, arguments, outputs) -> int:
     """--check of a .pt2 model against PyTorch eager alone (see `torch_expected`). Returns the
     exit status; 0 where there is nothing to compare with."""
     status, expected = torch_expected(args, report, model, arguments)
-    return status if expected is None else compare_with_torch(args, report, outputs, expected)
+    return status if expected is None else compare_with_torch(
+        args, report, outputs, expected, autocast_tolerance(model))
 
 
-def compare_with_torch(args, report: dict, outputs, expected: list) -> int:
+def compare_with_torch(args, report: dict, outputs, expected: list, least=None) -> int:
     """`outputs` against PyTorch's `expected` (from `torch_expected`), at the tolerance of
-    each output's dtype (or --rtol/--atol). Returns the exit status."""
+    each output's dtype, at least `least` (or --rtol/--atol). Returns the exit status."""
     entry = report["check"]["torch"]
     what = entry["reference"]
     stale = entry.pop("stale", [])
@@ -161,9 +183,7 @@ def compare_with_torch(args, report: dict, outputs, expected: list) -> int:
             raise CheckError(f"{len(outputs)} outputs, {what} has {len(expected)}")
         max_abs = max_rel = 0.0
         for i, (out, exp) in enumerate(zip(outputs, expected, strict=True)):
-            rtol, atol = reference.tolerance(out.dtype)
-            rtol = rtol if args.rtol is None else args.rtol
-            atol = atol if args.atol is None else args.atol
+            rtol, atol = _output_tolerance(args, out.dtype, least)
             tolerances[str(out.dtype)] = (rtol, atol)
             try:
                 one = driver.compare([out], [exp], rtol, atol)

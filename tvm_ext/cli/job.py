@@ -9,8 +9,10 @@ import sys
 import time
 
 from tvm_ext import driver, interrupts, pipeline, schedules
+from tvm_ext.errors import InputError
 from tvm_ext.ir.targets import is_cpu
 from tvm_ext.models import ZOO, ModelLoadError, load_model
+from tvm_ext.models.autocast import autocast_inference
 from tvm_ext.runtime.cuda import DEFAULT_ARCH, CudaUnavailableError
 from tvm_ext.units import format_size
 
@@ -106,6 +108,15 @@ def _load(args, report: dict):
             said = f"its tensors are the outputs{first}: {', '.join(outputs)}"
         print(f"model   the program returns a {model.config['returns']}: {said}")
     gradient_model = None
+    if not model.training and args.dtype != "fp32":
+        try:
+            model = autocast_inference(model, args.dtype)
+        except InputError as err:
+            print(f"error: --dtype {args.dtype}: {err}", file=sys.stderr)
+            return None
+        print(f"model   autocast to {model.config['compute_dtype']}: GEMMs and convolutions "
+              "in it with float32 accumulation; softmax, norms, reductions and losses in "
+              "float32")
     if args.optimizer:
         built = with_optimizer(args, model, lambda: load_model(
             args.model, args.size, True, loss_scale=True, **overrides))

@@ -29,7 +29,7 @@ from ..errors import InputError
 from .base import Model
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-_GEMMS = ("relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d",
+GEMM_OPS = ("relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d",
           "relax.nn.conv1d_transpose", "relax.nn.conv2d_transpose")
 
 
@@ -74,7 +74,7 @@ class _LowPrecisionGemms(relax.expr_functor.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, dtype: str):
         super().__init__(mod)
         self.mod_, self.dtype = mod, dtype
-        self.ops = {tvm.ir.Op.get(name) for name in _GEMMS}
+        self.ops = {tvm.ir.Op.get(name) for name in GEMM_OPS}
         self.count = 0
 
     def transform(self) -> tvm.IRModule:
@@ -96,10 +96,10 @@ class _LowPrecisionGemms(relax.expr_functor.PyExprMutator):
             return call
         self.count += 1
         cast = [self.builder_.emit(relax.op.astype(a, self.dtype)) for a in operands]
-        return _float32_out(call, *cast)
+        return float32_out(call, *cast)
 
 
-def _float32_out(call: relax.Call, data: relax.Expr, weight: relax.Expr) -> relax.Expr:
+def float32_out(call: relax.Call, data: relax.Expr, weight: relax.Expr) -> relax.Expr:
     """`call` on new operands, accumulating and returning float32."""
     name = call.op.name.split(".")[-1]
     if name == "matmul":

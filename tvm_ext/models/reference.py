@@ -26,6 +26,7 @@ accumulated over a reduction, not bit equality:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -59,12 +60,16 @@ def torch_reference(
     inputs: Sequence[np.ndarray],
     params: Sequence[np.ndarray] = (),
     param_names: Sequence[str] = (),
+    autocast: str | None = None,
 ) -> list[np.ndarray]:
     """Outputs of the exported program in `path`, run eagerly on `inputs` (its user inputs in
-    order) with `params` (named by their Relax argument names) in place of its weights."""
+    order) with `params` (named by their Relax argument names) in place of its weights; under
+    `torch.autocast` to `autocast` ("bfloat16", "float16") where given."""
     torch = _torch()
 
-    with torch.no_grad():
+    cast = contextlib.nullcontext() if autocast is None else torch.autocast(
+        "cpu", dtype=getattr(torch, autocast))
+    with torch.no_grad(), cast:
         return [_to_numpy(t) for t in _run(path, inputs, params, param_names)[0]]
 
 

@@ -1,0 +1,166 @@
+"""Inference with torch.autocast's policy (`tvm_ext.models.autocast`, `--dtype bf16|fp16`
+without `--training`): the rewrite op by op, its refusals, and whole corpus models checked
+against PyTorch eager under `torch.autocast`."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+from tvm_ext import cli
+from tvm_ext.errors import InputError
+from tvm_ext.models import get_model
+from tvm_ext.models.autocast import autocast_inference
+from tvm_ext.models.base import make_training_step, model_from_function
+
+
+def _model(func: relax.Function, num_input: int = 1):
+    return model_from_function("m", func, num_input)
+
+
+def _main(mod: tvm.IRModule) -> relax.Function:
+    return mod["main"].with_attr("global_symbol", "main")
+
+
+def test_gemms_take_low_operands_and_round_once_after_their_bias():
+    """The bias add joins the GEMM's float32 result; the softmax (float32) reads it unrounded,
+    the GELU rounded; a float32 and a bfloat16 tensor meet in float32, a 0-d float32 constant
+    takes the tensor's bfloat16."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((2, 3), "float32"), w: R.Tensor((4, 3), "float32"),
+                 b: R.Tensor((4,), "float32")):
+            R.func_attr({"num_input": 1})
+            with R.dataflow():
+                lv = R.permute_dims(w)
+                y = R.matmul(x, lv)
+                z = R.add(y, b)
+                s = R.nn.softmax(z)
+                h = R.nn.gelu(z)
+                t = R.add(s, h)
+                u = R.multiply(h, R.const(0.5, "float32"))
+                gv = (t, u)
+                R.output(gv)
+            return gv
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((2, 3), "float32"), w: R.Tensor((4, 3), "float32"),
+                 b: R.Tensor((4,), "float32")):
+            R.func_attr({"num_input": 1})
+            with R.dataflow():
+                lv = R.permute_dims(w)
+                x1 = R.astype(x, "bfloat16")
+                lv1 = R.astype(lv, "bfloat16")
+                y = R.matmul(x1, lv1, out_dtype="float32")
+                z = R.add(y, b)
+                s = R.nn.softmax(z)
+                z1 = R.astype(z, "bfloat16")
+                h = R.nn.gelu(z1)
+                h1 = R.astype(h, "float32")
+                t = R.add(s, h1)
+                half = R.astype(R.const(0.5, "float32"), "bfloat16")
+                u = R.multiply(h, half)
+                gv = (t, u)
+                R.output(gv)
+            return gv
+
+    after = autocast_inference(_model(Before["main"]), "bf16")
+    tvm.ir.assert_structural_equal(_main(after.mod), _model(Expected["main"]).main)
+    assert after.config["compute_dtype"] == "bfloat16" and after.config["autocast"]
+
+
+def test_a_returned_gemm_result_is_rounded_and_weights_feed_a_gemm_cast():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((2, 3), "float32"), w: R.Tensor((3, 4), "float32")):
+            R.func_attr({"num_input": 1})
+            with R.dataflow():
+                gv = R.matmul(x, w)
+                R.output(gv)
+            return gv
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((2, 3), "float32"), w: R.Tensor((3, 4), "float32")):
+            R.func_attr({"num_input": 1})
+            with R.dataflow():
+                x1 = R.astype(x, "float16")
+                w1 = R.astype(w, "float16")
+                y = R.matmul(x1, w1, out_dtype="float32")
+                gv = R.astype(y, "float16")
+                R.output(gv)
+            return gv
+
+    after = autocast_inference(_model(Before["main"]), "fp16")
+    tvm.ir.assert_structural_equal(_main(after.mod), _model(Expected["main"]).main)
+
+
+def test_norms_compute_in_float32_and_every_convolution_in_the_low_dtype():
+    model = autocast_inference(get_model("resnet", "tiny"), "bf16")
+    convs, norms = [], []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+            if expr.op.name == "relax.nn.conv2d":
+                convs.append((str(expr.args[0].ty.dtype), str(expr.args[1].ty.dtype),
+                              str(expr.ty.dtype)))
+            elif expr.op.name == "relax.nn.batch_norm":
+                norms.append(str(expr.args[0].ty.dtype))
+
+    relax.analysis.post_order_visit(model.main, visit)
+    assert convs and set(convs) == {("bfloat16", "bfloat16", "float32")}
+    assert norms and set(norms) == {"float32"}
+
+
+def test_what_autocast_cannot_change_is_refused():
+    @I.ir_module
+    class NoGemm:
+        @R.function
+        def main(x: R.Tensor((2, 3), "float32")):
+            R.func_attr({"num_input": 1})
+            with R.dataflow():
+                gv = R.nn.relu(x)
+                R.output(gv)
+            return gv
+
+    with pytest.raises(InputError, match="no matmul or convolution to compute in bfloat16"):
+        autocast_inference(_model(NoGemm["main"]), "bf16")
+    step = make_training_step(get_model("mlp", "tiny"), loss="mse")
+    with pytest.raises(InputError, match="autocast applies to inference"):
+        autocast_inference(step, "bf16")
+    with pytest.raises(InputError, match="unknown compute dtype"):
+        autocast_inference(get_model("mlp", "tiny"), "int8")
+
+
+@pytest.mark.parametrize("name, dtype", [("gpt2_eager", "bf16"), ("resnet", "fp16")])
+def test_corpus_models_match_pytorch_under_autocast(name, dtype, tmp_path):
+    torch = pytest.importorskip("torch")  # noqa: F841
+    corpus = pytest.importorskip("corpus")
+    path, _ = corpus.export(corpus.BY_NAME[name], str(tmp_path))
+    report = tmp_path / "report.json"
+    assert cli.main([path, "--dtype", dtype, "--run", "--check", "--report",
+                     str(report)]) == 0
+    check = json.loads(report.read_text())["check"]
+    low = {"bf16": "bfloat16", "fp16": "float16"}[dtype]
+    assert check["ok"] and check["torch"]["ok"]
+    assert check["torch"]["reference"].startswith(f"PyTorch eager under autocast to {low}")
+    rtol = {"bf16": 5e-2, "fp16": 1e-2}[dtype]
+    assert {r for r, _ in check["torch"]["tolerances"].values()} == {rtol}
+
+
+def test_a_bf16_inference_compiles_for_cuda(cuda_target, tmp_path):
+    out = str(tmp_path / "gpt_bf16.so")
+    assert cli.main(["gpt", "--dtype", "bf16", "--target", "cuda", "--output", out]) == 0
+    assert os.path.getsize(out) > 0
