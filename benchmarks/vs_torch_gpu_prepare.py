@@ -141,6 +141,7 @@ def prepare_one(directory: str, name: str, mode: str, dtype: str, size_name: str
     import vs_torch
 
     from tvm_ext import driver
+    from tvm_ext.models.autocast import autocast_inference
 
     start = time.perf_counter()
     training = mode == "training"
@@ -157,7 +158,8 @@ def prepare_one(directory: str, name: str, mode: str, dtype: str, size_name: str
     del module, inputs
     gc.collect()  # the weights: nothing below needs them
     built = time.perf_counter()
-    executable = driver.build(step if training else imported.model, target, library=True)
+    model = step if training else autocast_inference(imported.model, dtype)
+    executable = driver.build(model, target, library=True)
     path = os.path.join(directory, module_file(name, mode, dtype))
     _write_whole(path, lambda tmp: driver.export(executable, tmp))
     if buffers:
