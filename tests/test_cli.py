@@ -151,6 +151,9 @@ def test_device_memory_size_errors(capsys):
     assert "cannot read 'lots' as a size" in capsys.readouterr().err
 
 
+# In the sweep: test_schedules_default_gpu compiles swapped steps for CUDA, test_cli exports
+# CUDA modules and test_cli_partitioned partitioned ones.
+@pytest.mark.sweep
 def test_cuda_swapped_export(tmp_path):
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not on PATH: CUDA code cannot be compiled here")

@@ -33,6 +33,7 @@ def test_run_check_report(gpt_report, capsys):
         assert abs(measured - predicted) <= 0.1 * predicted
 
 
+@pytest.mark.sweep  # test_partition_plan applies a saved plan (tests/data/partition_plan.json)
 def test_saved_plan_is_applied(gpt_report, capsys):
     argv = ["gpt", "--training", "--devices", "2", "--partition-plan", str(gpt_report),
             "--run", "--check", "--repeat", "0"]

@@ -3,10 +3,10 @@
 unmodified TVM build AND against PyTorch eager (gradients against torch.autograd for the
 training step), at the tolerances of `tvm_ext.models.reference`.
 
-CI runs every model plain and trained, and one language and one vision model (with every
-operator model) also swapped at 50% and partitioned over 2 and 4 devices (a model with
-`ci_modes` only in those); `pytest -m sweep` runs the other cells: those modes for every
-model, k = 3 and 8, the smallest swap budget, partition + swap and AdamW steps.
+CI runs the cells that cover code no faster test covers (`IN_SWEEP` lists the others of
+plain and training, `SWAPPED_IN_CI` the models swapped at 50% and partitioned over 2 and 4
+devices besides the operator models); `pytest -m sweep` runs every other cell: every mode
+for every model, k = 3 and 8, the smallest swap budget, partition + swap and AdamW steps.
 """
 
 from __future__ import annotations
@@ -35,11 +35,20 @@ EXPECTED_REFUSALS: dict[tuple[str, str], str] = {}
 SWAPPED_IN_CI = ("gpt2_eager", "resnet")
 
 
-# Cells whose code paths a faster CI test covers: the sdpa variants' training steps (their
-# eager twins' cells, and test_gradients' sdpa step against torch.autograd), T5 with sdpa
-# (its eager twin, and sdpa in the other models), wav2vec2's training step (test_loaders').
+# Cells whose code paths faster CI tests cover, line for line (measured with pytest-cov's
+# per-test contexts over the CI set: moving them leaves its line coverage unchanged): the
+# sdpa variants (their eager twins, test_gradients' sdpa step, test_torch_import's op cases),
+# the training steps of the language models but GPT-2 (test_loaders' BERT, Llama and
+# wav2vec2 steps against torch.autograd, test_gradients op by op), ViT's and SegFormer's
+# cells, and the swapped and partitioned cells but one of each model.
 IN_SWEEP = {("bert_sdpa", "training"), ("gpt2_sdpa", "training"), ("llama_sdpa", "training"),
-            ("t5_sdpa", "training"), ("t5_sdpa", "plain"), ("wav2vec2", "training")}
+            ("t5_sdpa", "training"), ("t5_sdpa", "plain"), ("wav2vec2", "training"),
+            ("bert_sdpa", "plain"), ("gpt2_sdpa", "plain"), ("llama_sdpa", "plain"),
+            ("bert_eager", "plain"), ("bert_eager", "training"), ("llama_eager", "training"),
+            ("t5_eager", "training"), ("falcon", "training"), ("gpt2_eager", "plain"),
+            ("vit", "training"), ("segformer", "plain"), ("segformer", "training"),
+            ("resnet", "training"), ("gpt2_eager", "swap50"), ("gpt2_eager", "k4"),
+            ("resnet", "k2"), ("resnet", "k4"), ("sdpa_causal", "training")}
 
 
 def _in_ci(model, mode: str) -> bool:

@@ -100,6 +100,7 @@ def test_partitioned_build_dispatches_each_chunk_and_matches(zoo_cache, llvm):
     driver.compare(result.outputs, plain, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.sweep  # test_swap_offload's library cases run dispatched kernels in chunks
 def test_swapped_build_with_dispatch_is_exact_and_within_budget(tmp_path):
     report = tmp_path / "report.json"
     with counted_library_calls() as counts:
@@ -193,6 +194,7 @@ def test_transposed_convolutions_call_the_library_and_match(build, shapes, llvm)
     np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.sweep  # test_cuda_convolutions_are_gemms_over_their_column_matrix: the same step
 def test_conv_training_step_dispatches_every_convolution(zoo_cache, llvm):
     """Forward, data-gradient and weight-gradient convolutions all call the library."""
     model = zoo_cache("resnet", training=True)

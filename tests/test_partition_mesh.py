@@ -165,6 +165,7 @@ def test_local_kernel_global_index_of_strided_blocks(mesh, levels):
         np.testing.assert_allclose(res.numpy(), shard(want, mesh, layout, w), rtol=1e-6)
 
 
+@pytest.mark.sweep  # test_corpus's gpt2_eager cells and test_cli_partitioned at four devices
 def test_gpt2_at_four_devices_matches_torch(tmp_path):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)

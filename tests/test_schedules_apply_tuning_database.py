@@ -102,6 +102,7 @@ def test_run_phases_rejects_an_unknown_phase():
                              through="quantize")
 
 
+@pytest.mark.sweep  # test_schedules_tuning's runs time their records the same way
 def test_tuning_times_each_record_beside_the_default_schedule(partly_tuned, tmp_path):
     """tune_tasks times the best record of each kernel it tuned beside its default schedule,
     keyed as the build's kernels are looked up."""

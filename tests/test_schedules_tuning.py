@@ -125,6 +125,9 @@ _INTERRUPTED_RUN = textwrap.dedent("""
 """)
 
 
+# In the sweep: test_interrupts interrupts a tuning run through the CLI, and
+# test_schedules_interrupt covers how the records are kept.
+@pytest.mark.sweep
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_an_interrupted_run_keeps_its_records(tmp_path, mlp, llvm, sig):
     work_dir = str(tmp_path / "db")
@@ -165,6 +168,7 @@ def test_an_interrupted_run_keeps_its_records(tmp_path, mlp, llvm, sig):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc to compile CUDA with")
+@pytest.mark.sweep  # test_schedules_offline builds CUDA candidates without a GPU
 def test_cuda_without_gpu_builds_candidates_and_times_none(tmp_path, mlp, capsys):
     target = driver.resolve_target("cuda")
     work_dir = str(tmp_path / "db")

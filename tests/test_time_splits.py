@@ -5,6 +5,7 @@ every output is reduced over by one block with an init, which cuts some inputs a
 
 from __future__ import annotations
 
+import pytest
 from one_op import one_op_module
 from tvm import relax
 
@@ -168,6 +169,7 @@ def test_a_tensor_read_along_two_axes_is_not_cut_by_its_reduction():
     assert not any(o[7] for o in options)
 
 
+@pytest.mark.sweep  # test_halo_chunks and test_kernel_chunks lower the same splits
 def test_every_chunk_count_an_option_allows_lowers(zoo_cache):
     """Each split option of a training step's kernels (the zoo resnet: convolutions, their
     input and weight gradients, strided and windowed) lowers at every chunk count it allows:

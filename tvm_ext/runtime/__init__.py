@@ -3,8 +3,8 @@ sidecar read, each argument placed; `exported`), loading the library (`library`)
 memory accounting (`memory`), asynchronous swap copy streams (`swap_streams`; `swap_calls`
 builds the Relax calls a swap pass emits), Disco sessions and collectives (`distributed`), CUDA
 without a driver (`cuda`), running and checking a module (`vm_run`), timing kernels
-(`kernel_timing`) and offline tuning candidates (`candidate_batch`), and the checks a GPU
-bundle runs (`gpu_checks`).
+(`kernel_timing`) and offline tuning candidates (`candidate_batch`), TVM's CPU thread pool
+(`thread_pool`), and the checks a GPU bundle runs (`gpu_checks`).
 
 Nothing here but `swap_calls` needs TVM's compiler: an exported module runs with TVM's runtime
 and this package.
