@@ -18,13 +18,12 @@ from . import _layout
 _layout.install(os.path.dirname(os.path.abspath(__file__)))
 
 from . import runtime  # noqa: E402
-from .runtime import thread_pool  # noqa: E402
 
 __version__ = "0.1.0"
 RUNTIME_ONLY = bool(tvm._RUNTIME_ONLY)
 
 runtime.load_library()
-thread_pool.release_main_thread()
+runtime.thread_pool.release_main_thread()
 
 if RUNTIME_ONLY:
     __all__ = ["RUNTIME_ONLY", "__version__", "runtime"]

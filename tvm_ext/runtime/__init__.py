@@ -12,6 +12,7 @@ and this package.
 
 from __future__ import annotations
 
+from . import thread_pool
 from .exported import ExportedModule, load
 from .library import LIBRARY_NAME, RuntimeLibraryError, get_function, library_path, load_library
 from .memory import (
@@ -40,5 +41,6 @@ __all__ = [
     "measure_peak",
     "memory_stats",
     "reset_peak",
+    "thread_pool",
     "to_device",
 ]
