@@ -19,7 +19,7 @@ from tvm_ext.swap.timeline_plot import plot_plan
 from tvm_ext.units import format_size
 
 from .args import link_gbps
-from .check import check_against_torch
+from .check import autocast_tolerance, check_against_torch
 from .presets import default_hardware
 from .report import failed_check, replacing
 from .training import check_training, print_steps, step_report
@@ -173,7 +173,7 @@ def run_swapped(args, report, model, planning, executable, target, arguments,
     status = 0
     if args.check:
         inexact = planning.inexact_splits
-        tolerances = _tolerances(swapped.outputs, inexact)
+        tolerances = _tolerances(swapped.outputs, inexact, autocast_tolerance(model))
         try:
             driver.compare(swapped.outputs, plain.outputs, tolerances=tolerances)
         except CheckError as err:
@@ -251,10 +251,17 @@ def run_swapped_training(args, report, step, gradient_model, planning, executabl
                           session.parameters(), session.state())
 
 
-def _tolerances(outputs, inexact: list[str]) -> list[tuple[float, float]]:
+def _tolerances(outputs, inexact: list[str], least=None) -> list[tuple[float, float]]:
     """Exact, unless the plan runs ops in chunks that may round differently (`swap.exactness`:
-    kernels that reduce): then the float tolerance of each output's dtype."""
-    return [tolerance(o.dtype) if inexact else (0.0, 0.0) for o in outputs]
+    kernels that reduce): then the float tolerance of each output's dtype, at least `least`
+    (an autocast model's low dtype, whose roundings its float32 outputs carry)."""
+    if not inexact:
+        return [(0.0, 0.0) for _ in outputs]
+    pairs = [tolerance(o.dtype) for o in outputs]
+    if least is None:
+        return pairs
+    # Integer outputs (tolerance 0) stay exact.
+    return [p if p == (0.0, 0.0) else (max(p[0], least[0]), max(p[1], least[1])) for p in pairs]
 
 
 def _how_equal(inexact: list[str], exactly: str = "exactly (rtol 0, atol 0)") -> str:
