@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Install tvm_ext with its test extras into a fresh virtual environment (.venv-test) and run
 # the lint and the test suite: one pytest worker per core, up to 4 (TVM_EXT_TEST_WORKERS
-# sets the number; a module marked xdist_group runs on one worker, its module-scoped fixtures
-# built once), the 15 slowest tests listed at the end.
+# sets the number), the 15 slowest tests listed at the end.
 # Usage: bash scripts/test.sh [pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,5 +11,5 @@ python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet ".[test,frontends]"
 "$VENV/bin/python" -m ruff check .
-"$VENV/bin/python" -m pytest -q -n "${TVM_EXT_TEST_WORKERS:-auto}" --maxprocesses 4 --dist loadgroup \
+"$VENV/bin/python" -m pytest -q -n "${TVM_EXT_TEST_WORKERS:-auto}" --maxprocesses 4 \
     --durations=15 "$@"

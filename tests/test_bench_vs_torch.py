@@ -11,10 +11,6 @@ from pathlib import Path
 
 import pytest
 
-# One pytest-xdist worker runs this module: its module-scoped fixtures (the benchmark's run)
-# are built once, not once per worker.
-pytestmark = pytest.mark.xdist_group("bench_vs_torch")
-
 ROOT = Path(__file__).resolve().parents[1]
 
 pytest.importorskip("torch")

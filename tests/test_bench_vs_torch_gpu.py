@@ -16,10 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-# One pytest-xdist worker runs this module: its module-scoped fixtures (the modules and
-# rows) are built once, not once per worker.
-pytestmark = pytest.mark.xdist_group("bench_vs_torch_gpu")
-
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "vs_torch_gpu.py"
 sys.path.insert(0, str(ROOT / "benchmarks"))

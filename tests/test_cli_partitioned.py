@@ -10,10 +10,6 @@ import pytest
 
 from tvm_ext.cli import main
 
-# One pytest-xdist worker runs this module: its module-scoped fixtures (the partitioned
-# gpt's report) are built once, not once per worker.
-pytestmark = pytest.mark.xdist_group("cli_partitioned")
-
 
 @pytest.fixture(scope="module")
 def gpt_report(tmp_path_factory):

@@ -20,10 +20,6 @@ from tvm_ext.driver import gpu_bundle
 from tvm_ext.runtime.cuda import CudaUnavailableError, ensure_cuda_runtime
 from tvm_ext.runtime.gpu_checks.bundle import Bundle
 
-# One pytest-xdist worker runs this module: its module-scoped fixtures (the bundle)
-# are built once, not once per worker.
-pytestmark = pytest.mark.xdist_group("gpu_bundle")
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "scripts", "gpu_bundle.py")
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"

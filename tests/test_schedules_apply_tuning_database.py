@@ -19,10 +19,6 @@ from tvm_ext.schedules.default_times import (
     workload_key,
 )
 
-# One pytest-xdist worker runs this module: its module-scoped fixtures (the partly tuned database)
-# are built once, not once per worker.
-pytestmark = pytest.mark.xdist_group("schedules_apply_tuning_database")
-
 
 def _tuned(mod: tvm.IRModule) -> dict[str, bool]:
     return {gv.name_hint: bool(f.attrs.get(TUNED_ATTR, False))

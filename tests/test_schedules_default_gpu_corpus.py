@@ -21,10 +21,6 @@ import pytest
 
 from tvm_ext.schedules.default_gpu import MAX_SERIAL_ITERATIONS
 
-# One pytest-xdist worker runs this module: its module-scoped fixtures (the corpus at
-# real size, compiled in two processes) are built once, not once per worker.
-pytestmark = pytest.mark.xdist_group("schedules_default_gpu_corpus")
-
 
 def _slow_kernels(name: str) -> dict[str, list[tuple[str, float]]]:
     """{mode: [(kernel, serial iterations per thread)] over the bound} of one model."""

@@ -25,10 +25,6 @@ from tvm_ext.schedules.cost_model import COST_MODEL_FILE
 from tvm_ext.schedules.database import RECORD_FILE, WORKLOAD_FILE, best_seconds, open_database
 from tvm_ext.schedules.default_times import load_default_times, workload_key
 
-# One pytest-xdist worker runs this module: its module-scoped fixtures (the tuning runs)
-# are built once, not once per worker.
-pytestmark = pytest.mark.xdist_group("schedules_tuning")
-
 TRIALS = 6
 
 
