@@ -40,7 +40,6 @@ _FLOAT32_OPS = (
     "relax.std", "relax.cumsum", "relax.cumprod", "relax.tan", "relax.sinh", "relax.cosh",
     "relax.asin", "relax.acos", "relax.nn.softplus",
 )
-_LOW = ("float16", "bfloat16")
 
 
 def _ops(names) -> list[tvm.ir.Op]:
