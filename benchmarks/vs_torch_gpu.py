@@ -38,18 +38,18 @@ the Llama modules peak at 6.2 GiB of memory):
     python benchmarks/vs_torch_gpu.py prepare gpu_vs_torch/real --size real
     python benchmarks/vs_torch_gpu.py site gpu_vs_torch/site
 
-Then calls of at most 4 minutes, each carrying gpu_vs_torch/site (16.8 MiB) and
-gpu_vs_torch/real (30.2 MiB: 3.4-9.6 MiB per model), with J=vs_torch_gpu_real.json copied back
-here into benchmarks/results/gpu/ after each call:
+Then device calls, each carrying gpu_vs_torch/site and gpu_vs_torch/real (58 MiB with the
+working tree), with J=vs_torch_gpu_real.json copied back here into benchmarks/results/gpu/
+after each call (on an H200 the first call took 427 s, the second 323 s):
 
-    cp benchmarks/results/gpu/$J "$OUT/" 2>/dev/null; python3 benchmarks/vs_torch_gpu.py run \
-        gpu_vs_torch/real --site gpu_vs_torch/site --json "$OUT/$J" --missing ARGS
+    cp benchmarks/results/gpu/$J "$OUT/" 2>/dev/null; R="python3 benchmarks/vs_torch_gpu.py \
+        run gpu_vs_torch/real --site gpu_vs_torch/site --json $OUT/$J"
 
-    call 1: --models gpt2,bert --timeout 60           call 2: --models vit,resnet --timeout 60
-    call 3: --models llama --timeout 100
-    call 4: --models gpt2,bert,vit --modes inference --compile --timeout 110 (no --missing)
-    call 5: --models llama,resnet --modes inference --compile --timeout 110 (no --missing)
-    then one model per call: --models M --modes training --compile --timeout 200
+    call 1: $R --missing --modes training --models gpt2,bert,vit,resnet --timeout 60;
+            $R --missing --modes training --models llama --timeout 100;
+            $R --missing --modes inference --timeout 50
+    call 2: $R --modes inference --dtypes fp32 --compile --timeout 90
+    then one model per call: $R --models M --modes training --compile --timeout 200
 """
 
 from __future__ import annotations
@@ -166,6 +166,8 @@ def child_argv(args, folder: str, key: str, out_path: str) -> list[str]:
         argv += ["--site", os.path.abspath(args.site)]
     if args.compile:
         argv.append("--compile")
+    if args.profile:
+        argv.append("--profile")
     return argv
 
 
@@ -216,7 +218,8 @@ def row_main(args) -> int:
         os.replace(tmp, args.out)
 
     row = measure.measure_row(args.directory, entry, args.device, args.rounds,
-                              args.round_seconds, args.compile, args.seed, progress)
+                              args.round_seconds, args.compile, args.seed, progress,
+                              args.profile)
     row["machine"] = machine(args.device)
     row["complete"] = True
     progress(row)
@@ -335,6 +338,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                    help="seconds each row may take, torch.compile included")
     r.add_argument("--compile", action="store_true", help="torch.compile columns too")
+    r.add_argument("--profile", action="store_true",
+                   help="tvm_ext's call timed call by call too (its slowest kernels)")
     r.add_argument("--missing", action="store_true",
                    help="only the rows the JSON lacks or holds an error for")
     r.add_argument("--rounds", type=int, default=5)
@@ -350,6 +355,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--round-seconds", type=float, default=0.3)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--compile", action="store_true")
+    c.add_argument("--profile", action="store_true")
     return parser
 
 

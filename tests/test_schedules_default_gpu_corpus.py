@@ -6,14 +6,12 @@ to the schedule phase, inference and training step (loss, gradients and AdamW's 
 updates); every kernel's serial iterations per GPU thread are read from its scheduled TIR
 (schedules/thread_work.py) and must stay within `MAX_SERIAL_ITERATIONS`: a kernel left on one
 thread, or a reduction left serial inside each thread, fails here. No code is generated (nvcc is
-not needed): what is checked is the schedule. The models are compiled in two processes, one per
-core.
+not needed): what is checked is the schedule. Each model is its own test, so that pytest-xdist's
+workers share the models out (a module fixture computing them all was built by every worker).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import multiprocessing
 import warnings
 
 import corpus
@@ -32,7 +30,6 @@ def _slow_kernels(name: str) -> dict[str, list[tuple[str, float]]]:
     from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
     from tvm_ext.models.torch_import import import_exported_program
 
-    warnings.simplefilter("ignore")
     module, inputs = corpus.REAL[name]()
     with torch.no_grad():
         program = torch.export.export(module, inputs)
@@ -79,14 +76,6 @@ def _kernel_work(staged, target) -> list[tuple[str, float]]:
 
 
 @pytest.fixture(scope="module")
-def slow_kernels(cuda_target_module) -> dict:
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(2, mp_context=context) as pool:
-        futures = {name: pool.submit(_slow_kernels, name) for name in corpus.REAL}
-        return {name: f.result() for name, f in futures.items()}
-
-
-@pytest.fixture(scope="module")
 def cuda_target_module():
     import shutil
 
@@ -95,6 +84,9 @@ def cuda_target_module():
 
 
 @pytest.mark.parametrize("name", list(corpus.REAL))
-def test_no_kernel_leaves_a_gpu_thread_long_serial_work(name, slow_kernels):
-    assert slow_kernels[name] == {mode: [] for mode in slow_kernels[name]}
-    assert "inference" in slow_kernels[name]
+def test_no_kernel_leaves_a_gpu_thread_long_serial_work(name, cuda_target_module):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        slow = _slow_kernels(name)
+    assert slow == {mode: [] for mode in slow}
+    assert "inference" in slow
