@@ -25,6 +25,7 @@ pytest.importorskip("transformers")
 
 import vs_torch_gpu  # noqa: E402
 import vs_torch_gpu_measure as measure  # noqa: E402
+from built_once import built_once  # noqa: E402
 
 KEYS = ("gpt2/inference/fp32,gpt2/inference/bf16,gpt2/training/fp32,gpt2/training/bf16,"
         "resnet/inference/fp32,resnet/training/fp32")
@@ -38,27 +39,30 @@ def _script(*args, env=None, timeout=600):
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("vs_torch_gpu")
-    proc, out = _script("prepare", str(folder), "--target", "llvm", "--size", "quick",
-                        "--keys", KEYS, timeout=900)
-    assert proc.returncode == 0, out
-    return folder
+    def build(folder: Path) -> None:
+        proc, out = _script("prepare", str(folder), "--target", "llvm", "--size", "quick",
+                            "--keys", KEYS, timeout=900)
+        assert proc.returncode == 0, out
+
+    return built_once(tmp_path_factory, "vs_torch_gpu", build)
 
 
 @pytest.fixture(scope="module")
 def results(prepared, tmp_path_factory) -> tuple[dict, str]:
-    """Two `run` calls into one JSON (gpt2's rows, then resnet's), with TVM's runtime alone
-    (TVM_USE_RUNTIME_LIB=1: no compiler, tvm_ext's runtime side only)."""
-    path = tmp_path_factory.mktemp("vs_torch_gpu_run") / "r.json"
-    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
-    outs = []
-    for model, extra in (("gpt2", ()), ("resnet", ("--profile",))):
-        proc, out = _script("run", str(prepared), "--device", "cpu", "--models", model,
-                            "--rounds", "1", "--round-seconds", "0.01", "--json", str(path),
-                            *extra, env=env)
-        assert proc.returncode == 0, out
-        outs.append(proc.stdout)
-    return json.loads(path.read_text()), outs[1]
+    """Two `run` calls into one JSON (gpt2's rows, then resnet's, profiled), with TVM's
+    runtime alone (TVM_USE_RUNTIME_LIB=1: no compiler, tvm_ext's runtime side only)."""
+
+    def build(folder: Path) -> None:
+        env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
+        for model, extra in (("gpt2", ()), ("resnet", ("--profile",))):
+            proc, out = _script("run", str(prepared), "--device", "cpu", "--models", model,
+                                "--rounds", "1", "--round-seconds", "0.01", "--json",
+                                str(folder / "r.json"), *extra, env=env)
+            assert proc.returncode == 0, out
+        (folder / "stdout.txt").write_text(proc.stdout)
+
+    folder = built_once(tmp_path_factory, "vs_torch_gpu_run", build)
+    return json.loads((folder / "r.json").read_text()), (folder / "stdout.txt").read_text()
 
 
 def test_parameters_are_named_and_none_carried(prepared):

@@ -14,6 +14,7 @@ import sys
 
 import numpy as np
 import pytest
+from built_once import built_once
 
 from tvm_ext.cli.gpu_bundle import main
 from tvm_ext.driver import gpu_bundle
@@ -28,11 +29,16 @@ PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory) -> tuple[str, str]:
     """A quick bundle (tiny models, no tuning batch), for this Python only (no download)."""
-    out = str(tmp_path_factory.mktemp("gpu") / "bundle")
-    proc = subprocess.run([sys.executable, SCRIPT, out, "--quick", "--python", PYTHON],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return out, proc.stdout
+
+    def build(folder) -> None:
+        proc = subprocess.run([sys.executable, SCRIPT, str(folder / "bundle"), "--quick",
+                               "--python", PYTHON], capture_output=True, text=True,
+                              timeout=900)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        (folder / "stdout.txt").write_text(proc.stdout)
+
+    folder = built_once(tmp_path_factory, "gpu_bundle", build)
+    return str(folder / "bundle"), (folder / "stdout.txt").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -41,22 +47,24 @@ def results(bundle, tmp_path_factory) -> dict:
     so no compiler, no tvm_ext install, no numba, no torch; and no nvcc on PATH, as on a GPU
     machine that has the CUDA driver and runtime only."""
     out, _ = bundle
-    work = tmp_path_factory.mktemp("run")
-    numpy_only = work / "numpy_only"
-    numpy_only.mkdir()
-    root = os.path.dirname(os.path.dirname(np.__file__))
-    for name in ("numpy", "numpy.libs"):
-        if os.path.exists(os.path.join(root, name)):
-            os.symlink(os.path.join(root, name), numpy_only / name)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TVM"))}
-    env["PYTHONPATH"] = str(numpy_only)
-    env["PATH"] = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
-                                  if not os.path.isfile(os.path.join(p, "nvcc")))
-    path = work / "gpu_results.json"
-    proc = subprocess.run([sys.executable, "-S", os.path.join(out, "run_gpu_checks.py"),
-                           "--out", str(path)], capture_output=True, text=True, env=env,
-                          cwd=work, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    def build(work) -> None:
+        numpy_only = work / "numpy_only"
+        numpy_only.mkdir()
+        root = os.path.dirname(os.path.dirname(np.__file__))
+        for name in ("numpy", "numpy.libs"):
+            if os.path.exists(os.path.join(root, name)):
+                os.symlink(os.path.join(root, name), numpy_only / name)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TVM"))}
+        env["PYTHONPATH"] = str(numpy_only)
+        env["PATH"] = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                                      if not os.path.isfile(os.path.join(p, "nvcc")))
+        proc = subprocess.run([sys.executable, "-S", os.path.join(out, "run_gpu_checks.py"),
+                               "--out", str(work / "gpu_results.json")], capture_output=True,
+                              text=True, env=env, cwd=work, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    path = built_once(tmp_path_factory, "gpu_bundle_run", build) / "gpu_results.json"
     data = json.loads(path.read_text())
     data["_path"] = str(path)
     return data
