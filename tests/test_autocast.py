@@ -124,6 +124,18 @@ def test_norms_compute_in_float32_and_every_convolution_in_the_low_dtype():
     assert norms and set(norms) == {"float32"}
 
 
+def test_an_autocast_models_float_outputs_are_checked_at_its_low_dtypes_tolerance():
+    """Its float32 outputs carry bfloat16 roundings: their tolerance is raised to bfloat16's;
+    an integer output stays exact, and a tolerance above the floor is kept."""
+    from tvm_ext.models.reference import TOLERANCES, tolerance
+
+    low = TOLERANCES["bfloat16"]
+    assert tolerance("float32", low) == low
+    assert tolerance("float32") == TOLERANCES["float32"]
+    assert tolerance("int64", low) == (0.0, 0.0)
+    assert tolerance("float16", (1e-3, 1e-2)) == (TOLERANCES["float16"][0], 1e-2)
+
+
 def test_what_autocast_cannot_change_is_refused():
     @I.ir_module
     class NoGemm:

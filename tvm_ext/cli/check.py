@@ -73,9 +73,7 @@ def autocast_tolerance(model) -> tuple[float, float] | None:
 def _output_tolerance(args, dtype, least) -> tuple[float, float]:
     """(rtol, atol) of one output against PyTorch: its dtype's, at least `least`, or the
     command's --rtol / --atol."""
-    rtol, atol = reference.tolerance(dtype)
-    if least is not None and str(dtype).startswith(("float", "bfloat")):
-        rtol, atol = max(rtol, least[0]), max(atol, least[1])
+    rtol, atol = reference.tolerance(dtype, least)
     return (rtol if args.rtol is None else args.rtol, atol if args.atol is None else args.atol)
 
 

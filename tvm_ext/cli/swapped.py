@@ -257,11 +257,7 @@ def _tolerances(outputs, inexact: list[str], least=None) -> list[tuple[float, fl
     (an autocast model's low dtype, whose roundings its float32 outputs carry)."""
     if not inexact:
         return [(0.0, 0.0) for _ in outputs]
-    pairs = [tolerance(o.dtype) for o in outputs]
-    if least is None:
-        return pairs
-    # Integer outputs (tolerance 0) stay exact.
-    return [p if p == (0.0, 0.0) else (max(p[0], least[0]), max(p[1], least[1])) for p in pairs]
+    return [tolerance(o.dtype, least) for o in outputs]
 
 
 def _how_equal(inexact: list[str], exactly: str = "exactly (rtol 0, atol 0)") -> str:

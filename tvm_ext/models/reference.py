@@ -46,13 +46,18 @@ TOLERANCES = {
 }
 
 
-def tolerance(dtype) -> tuple[float, float]:
-    """(rtol, atol) for comparing an output of `dtype` with PyTorch eager."""
+def tolerance(dtype, least: tuple[float, float] | None = None) -> tuple[float, float]:
+    """(rtol, atol) for comparing an output of `dtype` with PyTorch eager, at least `least`
+    for a float output (an autocast model's float32 outputs carry its low dtype's roundings);
+    integer and boolean outputs are exact."""
     try:
         name = np.dtype(dtype).name
     except TypeError:  # bfloat16 without ml_dtypes registered
         name = str(dtype)
-    return TOLERANCES.get(name, (0.0, 0.0))
+    rtol, atol = TOLERANCES.get(name, (0.0, 0.0))
+    if least is None or name not in TOLERANCES:
+        return rtol, atol
+    return max(rtol, least[0]), max(atol, least[1])
 
 
 def torch_reference(
