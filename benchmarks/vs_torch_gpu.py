@@ -49,6 +49,7 @@ after each call (on an H200 the first call took 427 s, the second 323 s):
             $R --missing --modes training --models llama --timeout 100;
             $R --missing --modes inference --timeout 50
     call 2: $R --modes inference --dtypes fp32 --compile --timeout 90
+    call 3: $R --modes training --dtypes fp32 --profile --timeout 90 (where the time goes)
     then one model per call: $R --models M --modes training --compile --timeout 200
 """
 
