@@ -445,6 +445,9 @@ def _wav2vec2(torch, transformers):
     return transformers.Wav2Vec2Model(config).eval(), (torch.randn(2, 200),)
 
 
+# In the sweep: every line these cover is covered by other CI tests (the Llama step's below and
+# test_corpus's training cells among them).
+@pytest.mark.sweep
 @pytest.mark.parametrize("build", [_bert, _wav2vec2], ids=["bert", "wav2vec2"])
 def test_transformers_training_step_matches_torch(tmp_path, build):
     torch = pytest.importorskip("torch")

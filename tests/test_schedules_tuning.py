@@ -99,6 +99,9 @@ def test_second_call_tunes_nothing_and_builds_the_same_kernels(tuned, mlp, llvm,
         pipeline.scheduled_module(mlp.mod, llvm, work_dir, library=False), kernels)
 
 
+# In the sweep: test_second_call_tunes_nothing_and_builds_the_same_kernels and the interrupted
+# tuning run's test resume a database the same way; every line it covers is covered.
+@pytest.mark.sweep
 def test_a_larger_budget_tunes_the_difference(tuned, mlp, llvm, tmp_path):
     work_dir = str(tmp_path / "db")
     shutil.copytree(tuned[0], work_dir)
