@@ -180,8 +180,8 @@ def test_a_bf16_inference_compiles_for_cuda(cuda_target, tmp_path):
 
 def test_a_swapped_bf16_inference_equals_the_unswapped_build(tmp_path):
     report = tmp_path / "report.json"
-    assert cli.main(["gpt", "--dtype", "bf16", "--device-memory", "50%", "--run", "--check",
-                     "--report", str(report)]) == 0
+    assert cli.main(["gpt", "--dtype", "bf16", "--device-memory", "50%", "--swap-time-budget",
+                     "1", "--run", "--check", "--report", str(report)]) == 0
     data = json.loads(report.read_text())
     assert data["check"]["ok"] and data["check"]["within_budget"]
     assert data["model_summary"]["config"]["compute_dtype"] == "bfloat16"

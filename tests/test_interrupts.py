@@ -49,10 +49,10 @@ def _files(tmp_path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("phase, options", [
-    ("planning", ["--device-memory", "50%"]),
+    ("planning", ["--device-memory", "50%", "--swap-time-budget", "1"]),
     ("build", []),
-    ("codegen", ["--device-memory", "50%"]),
-    ("writing", ["--device-memory", "50%"]),
+    ("codegen", ["--device-memory", "50%", "--swap-time-budget", "1"]),
+    ("writing", ["--device-memory", "50%", "--swap-time-budget", "1"]),
 ])
 def test_an_interrupt_at_each_phase_ends_the_run_in_one_line(tmp_path, phase, options):
     """Earlier outputs stay as they were; nothing half written is left beside them."""
