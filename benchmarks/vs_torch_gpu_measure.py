@@ -437,7 +437,7 @@ def _loss_fn(torch, loss: str):
     return functional.mse_loss
 
 
-def adam_first_step(torch, g, lr: float, eps: float):
+def adam_first_step(g, lr: float, eps: float):
     """How far Adam's first step moves an element whose gradient is `g`: its moments are g
     and g**2 after bias correction, so the update is lr x g / (|g| + eps)."""
     return lr * g / (g.abs() + eps)
@@ -475,10 +475,10 @@ def compare_parameters(torch, ours, theirs, grads, lr: float, noise_rtol: float,
                     out["largest_gradient_beyond"] = max(out["largest_gradient_beyond"],
                                                          float(relative[bad].max()))
                 off = noise_rtol * scale
-                step = adam_first_step(torch, g, lr, eps)
+                step = adam_first_step(g, lr, eps)
                 bound = bound + torch.maximum(
-                    (adam_first_step(torch, g + off, lr, eps) - step).abs(),
-                    (adam_first_step(torch, g - off, lr, eps) - step).abs())
+                    (adam_first_step(g + off, lr, eps) - step).abs(),
+                    (adam_first_step(g - off, lr, eps) - step).abs())
         wrong = diff > bound
         signal_bad = bad & ~noise
         out["elements"] += diff.numel()

@@ -7,7 +7,7 @@ updates); every kernel's serial iterations per GPU thread are read from its sche
 (schedules/thread_work.py) and must stay within `MAX_SERIAL_ITERATIONS`: a kernel left on one
 thread, or a reduction left serial inside each thread, fails here. No code is generated (nvcc is
 not needed): what is checked is the schedule. Each model is its own test, so that pytest-xdist's
-workers share the models out (a module fixture computing them all was built by every worker).
+workers share the models out.
 """
 
 from __future__ import annotations
