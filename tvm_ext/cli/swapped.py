@@ -255,9 +255,7 @@ def _tolerances(outputs, inexact: list[str], least=None) -> list[tuple[float, fl
     """Exact, unless the plan runs ops in chunks that may round differently (`swap.exactness`:
     kernels that reduce): then the float tolerance of each output's dtype, at least `least`
     (an autocast model's low dtype, whose roundings its float32 outputs carry)."""
-    if not inexact:
-        return [(0.0, 0.0) for _ in outputs]
-    return [tolerance(o.dtype, least) for o in outputs]
+    return [tolerance(o.dtype, least) if inexact else (0.0, 0.0) for o in outputs]
 
 
 def _how_equal(inexact: list[str], exactly: str = "exactly (rtol 0, atol 0)") -> str:
