@@ -6,16 +6,16 @@ of the step's no-swap peak.
 
 The model is a `transformers` LlamaForCausalLM built from that config (random weights),
 exported with `torch.export`, imported and turned into the whole AdamW iteration as
-benchmarks/vs_torch_gpu.py prepares it (forward, cross-entropy, backward, the update in
-place), fused for CUDA (sm_90) as the pipeline fuses it. Each budget is planned by every
-planner (`swapadvisor`: the joint schedule / swap / recompute / split search, with the
-time budget `--time-budget`, 10 s by default; `swap_only`: its first phase; `checkpoint`,
-`vdnn`, `lru`) and simulated on the h100 and h200 presets (roofline op times, PCIe 5), beside
-the ideal (the unswapped step, unbudgeted) and the bounds of benchmarks/swap.py: the link
-bound (the bytes above the budget out and back over the link) and the phase bound, with and
-without recompute. `plan s` is the wall time of the search on this machine. With
-`--long-budget S` the SwapAdvisor search is run a second time with S seconds, to show what a
-longer search would find (`SA long %`).
+benchmarks/vs_torch_gpu.py prepares it (forward, cross-entropy, backward, the update in place),
+fused for CUDA (sm_90) as the pipeline fuses it. Each budget is planned by every planner
+(`swapadvisor`: the joint schedule / swap / recompute / split search, within the wall-clock
+budget `--time-budget` for the whole search, 10 s by default; `swap_only`: its first phase;
+`checkpoint`, `vdnn`, `lru`) and simulated on the h100 and h200 presets (roofline op times,
+PCIe 5), beside the ideal (the unswapped step, unbudgeted) and the bounds of
+benchmarks/swap.py: the link bound (the bytes above the budget out and back over the link) and
+the phase bound, with and without recompute. `plan s` is the wall time of the search on this
+machine. With `--long-budget S` the SwapAdvisor search is run a second time with S seconds, to
+show what a longer search would find (`SA long %`).
 
 What this does not do: run the plans on a GPU beside PyTorch's own offloading (activation
 checkpointing, `save_on_cpu`, FSDP2 with `CPUOffloadPolicy`), which needs a GPU machine.
@@ -130,7 +130,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ratios", default="2,4,8")
     ap.add_argument("--presets", default="h100,h200")
     ap.add_argument("--time-budget", type=float, default=10.0,
-                    help="SwapAdvisor search budget per case (s)")
+                    help="SwapAdvisor search budget per case (s): the whole search, "
+                    "both phases")
     ap.add_argument("--long-budget", type=float, default=0.0,
                     help="also search each case this long (s; 0: no)")
     ap.add_argument("--seed", type=int, default=0)

@@ -78,7 +78,9 @@ def test_idle_training_options_are_refused(argv, message, capsys):
 
 
 @pytest.mark.parametrize("mode, expected", [
-    (["--device-memory", "min"], "equal the unswapped build exactly (losses, parameters, "
+    # At 25% Adam's two largest updates run in chunks (in place, from and back into their
+    # host buffers): still the same kernels' arithmetic, exactly.
+    (["--device-memory", "25%"], "equal the unswapped build exactly (losses, parameters, "
      "state), every step within the budget, host memory constant"),
     (["--devices", "2", "--device-memory", "50%"], "match the single-device build (losses, "
      "parameters, state within 1e-5), every worker within the budget, host memory constant"),

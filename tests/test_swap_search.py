@@ -3,6 +3,8 @@ the time budget, the infeasible-budget error and JSON round trips."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 
 import numpy as np
@@ -126,6 +128,45 @@ def test_time_budget_is_respected():
     # 0.5 s plus one generation and the final plan (generous margin: the machine is shared).
     assert elapsed < 4.0, elapsed
     assert plan.info["generations"] >= 1
+
+
+def test_the_time_budget_bounds_both_phases():
+    """`time_budget_s` bounds the whole search, both phases and the plans: a search of two
+    phases that would each take the whole budget ends within it."""
+    problem = random_problem(11, num_ops=300, budget_frac=0.2, training=True)
+    config = SearchConfig(population=16, generations=100_000, patience=100_000)
+    plan_swaps(problem, "swapadvisor", time_budget_s=0.1, config=config)  # compile
+    start = time.perf_counter()
+    plan = plan_swaps(problem, "swapadvisor", time_budget_s=2.0, config=config)
+    elapsed = time.perf_counter() - start
+    assert plan.info["recompute_candidates"] > 0  # two phases ran
+    # Two phases of 2 s each would take 4 s; the margin is for a shared machine.
+    assert elapsed < 3.2, elapsed
+    assert plan.planning_time <= elapsed
+
+
+def test_threads_and_the_score_cache_change_no_plan():
+    """Scored on two threads or on one, the same seed gives the same plan (the generation
+    limit ends the search); an individual scored before is not scored again."""
+    problem = random_problem(5, num_ops=40, budget_frac=0.3, training=True)
+    plans = [plan_swaps(problem, "swapadvisor", time_budget_s=60, seed=2,
+                        config=SearchConfig(population=8, generations=8, patience=8,
+                                            workers=workers))
+             for workers in (1, 2)]
+    for plan in plans:
+        plan.planning_time = 0.0
+    assert plans[0].to_json() == plans[1].to_json()
+
+    from tvm_ext.swap.search import GeneticSearch
+
+    search = GeneticSearch(problem, SearchConfig(workers=2), seed=0)
+    seeds = search.seeds()
+    twins = [seeds[1], dataclasses.replace(seeds[1], fitness=math.inf)]
+    search._evaluate_all(twins)
+    assert search.evaluator.evaluations == 1
+    assert twins[0].fitness == twins[1].fitness < math.inf
+    search._evaluate(dataclasses.replace(seeds[1], fitness=math.inf))
+    assert search.evaluator.evaluations == 1
 
 
 def test_seed_orders_are_topological():

@@ -273,3 +273,46 @@ def test_chunk_counts_are_the_divisors_above_one():
         option = SplitOption(0, n, (0,), (), (1,))
         assert chunk_counts(option, [1 << 20, 1 << 20]) == \
             [c for c in range(2, n + 1) if n % c == 0]
+
+
+def _update(options) -> SwapProblem:
+    """g = op0(w) (a gradient); op1 updates p and m in place from g (an optimizer step): p and
+    m are 4 KiB arguments on the host, g 4 KiB; `options` are op1's split options."""
+    return SwapProblem(
+        op_names=["op0", "op1"], durations=[1.0, 1.0], op_deps=[[], [0]],
+        op_inputs=[[0], [1, 2, 3]], op_outputs=[[2], []], op_scratch=[[], []],
+        op_phases=["backward", "update"], tensor_names=["w", "p", "g", "m"],
+        sizes=[256, 4096, 4096, 4096], tensor_kinds=["input", "parameter", "activation",
+                                                     "state"],
+        producers=[-1, -1, 0, -1], host_start=[True, True, False, True], pinned=[False] * 4,
+        outputs=[1, 3], budget=1 << 20, h2d_bandwidth=4096.0, h2d_latency=0.0,
+        d2h_bandwidth=4096.0, d2h_latency=0.0, op_writes=[[], [1, 3]],
+        op_splits=[[], options])
+
+
+def test_an_update_in_place_splits_where_each_chunk_reads_only_what_it_writes():
+    """Chunk j of an elementwise update reads p's, g's and m's chunk j and writes p's: split,
+    p streams in from its host buffer and its chunks go back there, so the update's floor
+    falls from its three tensors whole to its chunk buffers. An option that reads p whole,
+    cuts it along a later axis, or adds chunks up is refused: a chunk would read what another
+    wrote."""
+    safe = [0, 16, [1, 2, 3], [], [1, 3]]
+    unsafe = [[1, 16, [2, 3], [1], [1, 3]],  # p read whole
+              [2, 16, [1, 2, 3], [], [1, 3], [], [1]],  # p strided
+              [3, 16, [1, 2, 3], [], [], [], [], True],  # chunks added up
+              [4, 16, [1, 2, 3], [], [1]]]  # m written but not cut
+    refused = _update(unsafe)
+    assert refused.split_options()[1] == []
+    assert refused.min_budget() == (3 * 4096, 1)
+    p = _update([safe, *unsafe])
+    assert [o.dim for o in p.split_options()[1]] == [0]
+    floor = p.min_budget()[0]
+    assert p.min_budget() == (256 + 4096, 0)  # the update is no longer the floor: op0 is
+    fixed = np.zeros(p.num_tensors, dtype=bool)
+    fixed[1] = True  # p kept on the device: its chunks would have no host copy to go to
+    assert p.split_options()[1][0].on_device(fixed) is None
+    plan = plan_swaps(p.with_budget(floor), "swapadvisor", time_budget_s=1.0)
+    validate(p.with_budget(floor), plan)
+    (sp,) = plan.splits
+    assert {1, 3} <= set(sp.cut_inputs) and {1, 3} == set(sp.cut_outputs)
+    assert {s.tensor for s in plan.swap_outs if s.after == sp.position} == {1, 3}

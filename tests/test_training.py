@@ -200,11 +200,14 @@ def _swapped(step, target, budget: str):
                                   arg_devices=argument_devices(graph, plan)), plan, graph
 
 
-@pytest.mark.parametrize("name, budget", [("mlp", "min"), ("gpt", "25%")])
+@pytest.mark.parametrize("name, budget", [("mlp", "min"), ("mlp", "5000"), ("gpt", "25%")])
 def test_swapped_steps_equal_plain_and_stay_within_budget(name, budget, zoo_cache, target):
     """A steady state: every step within the budget (parameters and state included), host
     memory the same after every step, and the same losses, parameters and state as the
-    unswapped step, exactly (the same kernels, in place)."""
+    unswapped step: exactly (the same kernels, in place; an update split in time runs its
+    elementwise chunks), or within float32 tolerance where a split adds a reduction's chunks
+    up (in another order). At 5000 B the mlp's largest update (a weight, its gradient and
+    two moments: 8448 B) runs in chunks, streamed from and back into its host buffers."""
     step = make_optimizer_step(zoo_cache(name, True), Optimizer("adamw", lr=0.01))
     batches = [step.random_inputs(seed) for seed in range(STEPS)]
     session, plan, graph = _swapped(step, target, budget)
@@ -213,11 +216,17 @@ def test_swapped_steps_equal_plain_and_stay_within_budget(name, budget, zoo_cach
     constants = graph.bytes_of_kind("constant")
     assert all(r.peak_bytes + constants <= plan.budget for r in results)
     assert len({r.host_bytes for r in results}) == 1
+    updates = [s for s in plan.splits if graph.ops[plan.schedule[s.position]].phase == "update"]
+    if budget == "5000":
+        assert updates and all(set(s.cut_outputs) <= set(s.cut_inputs) for s in updates)
+    exact = not any(s.accumulate or s.epilogue for s in plan.splits)
     plain, expected = _train(step, target, batches)
-    assert [r.loss for r in results] == [r.loss for r in expected]
+    check = np.testing.assert_array_equal if exact else \
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    check([r.loss for r in results], [r.loss for r in expected])
     for a, b in zip([*session.parameters(), *session.state()],
                     [*plain.parameters(), *plain.state()], strict=True):
-        np.testing.assert_array_equal(a, b)
+        check(a, b)
 
 
 @pytest.mark.parametrize("k, budget", [(2, None), (4, None), (2, "50%")])

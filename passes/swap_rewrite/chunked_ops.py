@@ -122,9 +122,11 @@ class ChunkedOps:
         """A cut output's swap-out is done when its last chunk's copy is: later waits on the
         swap-out wait on that chunk buffer."""
         cut_out = set(sp.cut_outputs)
+        # By base: an update in place writes a new value of the tensor it overwrites.
+        bases = [self.g.base(tid) for tid in op.outputs]
         for k, s in enumerate(self.plan.swap_outs):
             if s.tensor in cut_out and s.after == sp.position:
-                self.em.swapped_out_var[k] = outs[list(op.outputs).index(s.tensor)][
+                self.em.swapped_out_var[k] = outs[bases.index(s.tensor)][
                     (sp.chunks - 1) % sp.buffers]
 
     def _epilogue(self, op, sp):

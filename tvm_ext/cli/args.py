@@ -127,7 +127,8 @@ def _add_swap_options(p: argparse.ArgumentParser) -> None:
                       help="cost-model preset for planning (default: cpu for llvm, h100 for "
                            "cuda; see tvm_ext.cost.HARDWARE)")
     swap.add_argument("--swap-time-budget", type=float, default=None, metavar="SECONDS",
-                      help="time budget of the SwapAdvisor search (default 10)")
+                      help="wall-clock budget of the whole SwapAdvisor search, both of "
+                           "its phases (default 10)")
     swap.add_argument("--plot", metavar="PATH",
                       help="write the plan's device-memory and stream timeline as a PNG")
     swap.add_argument("--link-gbps", metavar="GBPS|scaled",

@@ -140,6 +140,14 @@ _RESIDENCIES = _Record([("tensor", _I), ("offset", _I), ("begin", _I), ("end", _
 _SWAP_INS = _Record([("tensor", _I), ("after", _I), ("before", _I), ("wait_key", _I),
                      ("valid", _B), ("stream", _B), ("count", types.int64)])
 _SWAP_OUTS = _Record([("tensor", _I), ("after", _I), ("stream", _B), ("count", types.int64)])
+# Per segment, what evicting it means: `cost` (link time, stall, Belady), the time it is free
+# (`ready`: free or clean; `ready_dirty`: its occupant's last use, before the swap-out of
+# `out` seconds), whether a need of the op holds it (`locked`), its occupant's last use and
+# bytes (LRU and tie-breaks); with the window search's candidates and deques. Allocated once
+# per derivation rather than per window search (thousands per derivation).
+_SEGMENT_COSTS = _Record([("cost", _F), ("ready", _F), ("ready_dirty", _F), ("out", _F),
+                          ("locked", _I), ("last_use", _F), ("nbytes", _F), ("cand", _I),
+                          ("dq_p", _I), ("dq_d", _I), ("dq_l", _I)])
 _STATE = _Record([
     ("seg", _SEGMENTS), ("ten", _TENSORS), ("res", _RESIDENCIES), ("ins", _SWAP_INS),
     ("outs", _SWAP_OUTS), ("cls_base", _I), ("cls_size", _I), ("cls_count", _I),
@@ -150,6 +158,7 @@ _STATE = _Record([
     ("est", _F),  # estimated end of each position's op so far
     ("d2h_free", types.float64), ("h2d_free", types.float64),  # when each copy stream frees up
     ("fallbacks", types.int64), ("max_segments", types.int64), ("placements", types.int64),
+    ("costs", _SEGMENT_COSTS),  # scratch of the window search
 ])
 
 
@@ -327,7 +336,9 @@ def _new_state(order, graph, fixed, host_start, arena, link, offload_after, layo
     use_ptr, use_pos, total = _uses(order, graph, fixed)
     cap = 3 * total + n_t + 4  # fallbacks and vDNN prefetches add residencies
     st = structref.new(_STATE)
-    st.seg, st.res, st.ins, st.outs = _new_tables(cap, n_t, 2 * cap + 4, arena)
+    nseg = 2 * cap + 4
+    st.seg, st.res, st.ins, st.outs = _new_tables(cap, n_t, nseg, arena)
+    st.costs = _new_segment_costs(nseg)
     st.ten = _new_tensors(graph, fixed, host_start, link, offload_after, layout, use_ptr,
                           use_pos)
     st.order = order
@@ -345,7 +356,7 @@ def _new_state(order, graph, fixed, host_start, arena, link, offload_after, layo
 
 
 # ---------------------------------------------------------------- the walk
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def derive(order, graph, fixed, host_start, arena, link, policy, offload_after, layout):
     """Swap derivation of one schedule (see the module docstring): `fixed` tensors stay on the
     device outside the `arena` bytes, `host_start` ones start on the host. Returns a
@@ -681,19 +692,26 @@ def _evict(st, v, k, p):
 
 
 # ---------------------------------------------------------------- choosing a window
-# Per segment, what evicting it means: `cost` (link time, stall, Belady), the time it is free
-# (`ready`: free or clean; `ready_dirty`: its occupant's last use, before the swap-out of
-# `out` seconds), whether a need of the op holds it (`locked`), its occupant's last use and
-# bytes (LRU and tie-breaks).
-SegmentCosts = namedtuple("SegmentCosts", ["cost", "ready", "ready_dirty", "out", "locked",
-                                           "last_use", "nbytes"])
 # What a window's cost depends on besides its segments.
 Target = namedtuple("Target", ["mode", "gamma", "produced", "own_ready", "d2h_free",
                                "h2d_free", "xin", "now", "arena"])
 
 
 @nb.njit(cache=True)
-def _segment_costs(st, i, policy, now):
+def _new_segment_costs(nseg):
+    sc = structref.new(_SEGMENT_COSTS)
+    sc.cost, sc.ready, sc.ready_dirty = np.empty(nseg), np.empty(nseg), np.empty(nseg)
+    sc.out, sc.locked, sc.last_use = np.empty(nseg), np.empty(nseg, np.int64), np.empty(nseg)
+    sc.nbytes = np.empty(nseg)
+    sc.cand = np.empty(nseg, np.int64)
+    sc.dq_p, sc.dq_d = np.empty(nseg, np.int64), np.empty(nseg, np.int64)
+    sc.dq_l = np.empty(nseg, np.int64)
+    return sc
+
+
+@nb.njit(cache=True)
+def _segment_costs(st, sc, i, policy, now):
+    """Fill the rows of `sc` for the op at position i."""
     ns = st.seg.count
     seg_tensor, seg_size, seg_free_at = st.seg.tensor, st.seg.size, st.seg.free_at
     ten = st.ten
@@ -702,9 +720,16 @@ def _segment_costs(st, i, policy, now):
     cursor, use_ptr, use_pos, is_output = ten.cursor, ten.use_ptr, ten.use_pos, ten.is_output
     est, t_compute, n = st.est, st.t_compute, st.n
     mode, beta, delta = policy.mode, policy.beta, policy.delta
-    cost, ready, ready_dirty = np.zeros(ns), np.full(ns, -np.inf), np.full(ns, -np.inf)
-    out, lk, lu, nbytes = np.zeros(ns), np.zeros(ns, np.int64), np.full(ns, -2.0), np.zeros(ns)
+    cost, ready, ready_dirty, out = sc.cost, sc.ready, sc.ready_dirty, sc.out
+    lk, lu, nbytes = sc.locked, sc.last_use, sc.nbytes
     for k in range(ns):
+        cost[k] = 0.0
+        ready[k] = -np.inf
+        ready_dirty[k] = -np.inf
+        out[k] = 0.0
+        lk[k] = 0
+        lu[k] = -2.0
+        nbytes[k] = 0.0
         v = seg_tensor[k]
         if v == _NONE:
             ready[k] = seg_free_at[k]
@@ -734,8 +759,6 @@ def _segment_costs(st, i, policy, now):
                        + delta * in_v * n / (nu - i + 1.0))
         else:
             cost[k] = beta * out_v
-    return SegmentCosts(cost=cost, ready=ready, ready_dirty=ready_dirty, out=out, locked=lk,
-                        last_use=lu, nbytes=nbytes)
 
 
 @nb.njit(cache=True)
@@ -744,16 +767,20 @@ def _best_window(st, t, i, size, produced, policy, now):
     window holds a tensor the op needs. Candidate windows start where a segment starts or
     end where one ends (arena), or are the objects of t's size class; a two-pointer sweep
     scores them all in time linear in the segments."""
-    sc = _segment_costs(st, i, policy, now)
     seg = st.seg
-    ns = seg.count
     c = st.ten.obj_class[t]
-    cand = np.empty(max(ns, st.cls_count[c] if c >= 0 else 0), np.int64)
+    if produced and c < 0 and policy.mode == SWAPADVISOR:
+        o = _free_window(seg, size, policy.gamma, now, st.arena)
+        if o >= 0:
+            return o  # what the sweep would find first: a window that costs nothing
+    sc = st.costs
+    _segment_costs(st, sc, i, policy, now)
+    cand = sc.cand
+    if c >= 0 and st.cls_count[c] > cand.shape[0]:
+        cand = np.empty(st.cls_count[c], np.int64)
     target = Target(mode=policy.mode, gamma=policy.gamma, produced=produced,
                     own_ready=0.0 if produced else st.ten.out_end[t], d2h_free=st.d2h_free,
                     h2d_free=st.h2d_free, xin=st.ten.xin[t], now=now, arena=st.arena)
-    # Sliding-window maxima of ready, ready_dirty and last_use (indices, values decreasing).
-    deques = np.empty((3, ns), np.int64)
     best_cost = np.inf
     best_o = -1
     for variant in range(2 if c < 0 else 1):
@@ -763,11 +790,31 @@ def _best_window(st, t, i, size, produced, policy, now):
                 cand[j] = st.cls_base[c] + j * st.cls_size[c]
         else:
             nc = _window_starts(seg, size, variant, cand)
-        best_cost, best_o = _sweep(seg.off, seg.size, ns, sc, cand, nc, size, target, deques,
+        best_cost, best_o = _sweep(seg.off, seg.size, seg.count, sc, cand, nc, size, target,
                                    best_cost, best_o)
         if best_cost <= 0.0:
             break  # a free window, ready in time: nothing can beat it
     return best_o
+
+
+@nb.njit(cache=True)
+def _free_window(seg, size, gamma, now, arena):
+    """The first segment start where a window of `size` bytes for an output of the op covers
+    only free segments free by `now` (any free ones when `gamma` is 0), -1 if none. Such a
+    window costs nothing and any other costs more (`_window_cost`), so the sweep would stop
+    at it too, without the costs of every segment's occupant."""
+    off, seg_size, tensor, free_at = seg.off, seg.size, seg.tensor, seg.free_at
+    start = -1  # the first segment of the current run of usable free segments
+    for k in range(seg.count):
+        if tensor[k] != _NONE or gamma * max(0.0, free_at[k] - now) > 0.0:
+            start = -1
+            continue
+        if start < 0:
+            start = k
+        o = off[start]
+        if off[k] + seg_size[k] - o >= size:
+            return o if o + size <= arena else -1
+    return -1
 
 
 @nb.njit(cache=True)
@@ -795,12 +842,12 @@ def _push_max(dq, head, tail, values, e):
 
 
 @nb.njit(cache=True)
-def _sweep(seg_off, seg_size, ns, sc, cand, nc, size, target, deques, best_cost, best_o):
+def _sweep(seg_off, seg_size, ns, sc, cand, nc, size, target, best_cost, best_o):
     """Score the windows at `cand[:nc]` (sorted); return the best (cost, offset) of them and
     the best so far. Stops at the first window that costs nothing."""
     cost, out, locked, nbytes = sc.cost, sc.out, sc.locked, sc.nbytes
     ready, ready_dirty, last_use = sc.ready, sc.ready_dirty, sc.last_use
-    dq_p, dq_d, dq_l = deques[0], deques[1], deques[2]
+    dq_p, dq_d, dq_l = sc.dq_p, sc.dq_d, sc.dq_l
     hp = tp = hd = td = hl = tl = 0
     b = 0
     e = -1  # the window covers segments b..e
@@ -987,7 +1034,7 @@ def _cancel(st, rr):
 
 
 # ---------------------------------------------------------------- simulation
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def fifo_orders(h_q, h_r, h_valid, h_stream, d_p, big):
     """Stream orders: swap-outs by issue position, swap-ins by the position that needs them
     (earliest deadline first), their issue positions raised so the IR order is that order.
@@ -1076,7 +1123,7 @@ def _h2d_usable(e, s, end, h_bytes, h_stream, h_r, chunks_pos, last_in, link):
     return s + link.h2d_lat + h_bytes[e] / chunks_pos[h_r[e]] / link.h2d_bw
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def simulate(dur_pos, d_p, d_bytes, d_order, h_q, h_r, h_dep, h_bytes, h_order, op_wait,
              link, big, chunks_pos, h_stream, d_stream):
     """Three streams: compute runs ops in position order; d2h and h2d run their copies in

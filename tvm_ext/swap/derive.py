@@ -15,6 +15,7 @@ norm weights) cost more than the bytes they would free.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 import numpy as np
@@ -164,6 +165,7 @@ class Evaluator:
         self.is_output[problem.outputs] = True
         self.link = link(problem)
         self.evaluations = 0
+        self._counting = threading.Lock()  # searches score on several threads
         self._fixed_cache: dict[float, tuple[np.ndarray, int]] = {}
         self._splits: dict[float, SplitSetup] = {}
         self.split_options = problem.split_options()
@@ -371,7 +373,8 @@ class Evaluator:
                              ins.before, ins.wait_key, sizes[ins.tensor].astype(np.float64),
                              h_order, derived.op_wait, self.link, derived.big,
                              split.graph.chunks[runs], ins.stream, outs.stream)
-        self.evaluations += 1
+        with self._counting:
+            self.evaluations += 1
         return Evaluation(makespan_of(p, sim), derived, d_order, h_order, q_final,
                           split.fixed[:p.num_tensors], arena, sim.op_start, sim.op_end,
                           sim.op_ready, runs, recompute, split)

@@ -284,9 +284,11 @@ class SwapProblem:
     def _split_options(self) -> list[list[SplitOption]]:
         if self.op_splits is None:
             return [[] for _ in range(self.num_ops)]
-        # Chunks of a kernel that writes in place would read what earlier chunks wrote.
-        return [[] if writes else [SplitOption.from_list(o) for o in ops]
-                for ops, writes in zip(self.op_splits, self.op_writes, strict=True)]
+        # A kernel that writes in place splits only where no chunk reads what another wrote
+        # (an optimizer's elementwise update: each chunk updates its own slice).
+        options = [[SplitOption.from_list(o) for o in ops] for ops in self.op_splits]
+        return [[o for o in opts if not writes or o.in_place_safe(writes)]
+                for opts, writes in zip(options, self.op_writes, strict=True)]
 
     def op_working_set(self, op: int, split: bool = True) -> int:
         """Aligned bytes of `op`'s unpinned needs: what must fit in the pools while it runs

@@ -31,6 +31,9 @@ case; both are searched and the faster plan is returned.
 * Stops at the generation limit, the time budget, or after `patience` generations without a
   relative improvement of 1e-4. Seeded and deterministic when the generation limit, not the
   clock, ends the search.
+* A generation's children are scored on `workers` threads (the compiled derivation and
+  simulation release the GIL), and an individual scored before (a clone, a crossover of a
+  parent with itself) is not scored again.
 """
 
 from __future__ import annotations
@@ -38,10 +41,14 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
+import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from . import _core
 from .baselines import KEEP_CHOICES as BASELINE_KEEPS
 from .derive import Evaluator, Knobs
 from .plan import SwapPlan
@@ -70,6 +77,7 @@ class SearchConfig:
     # tensor mutated (`repeats.py`: the same op in each layer) rather than to it alone.
     tie_repeats: float = 0.0
     max_evaluations: int | None = None  # per phase; None: no limit
+    workers: int | None = None  # threads scoring a generation; None: one per CPU, at most 8
 
 
 @dataclasses.dataclass
@@ -80,6 +88,19 @@ class Individual:
     recompute: np.ndarray | None = None  # per candidate of the search: made again or not
     fitness: float = math.inf
     stalls: np.ndarray | None = None  # simulated wait before each position's op
+
+
+# The share of a two-phase search's time budget its first (swap-only) phase takes.
+FIRST_PHASE_SHARE = 0.3
+# The share of the time budget left unsearched, so that the whole search ends within it.
+RESERVE_SHARE = 0.03
+
+
+def _workers(config: SearchConfig) -> int:
+    if config.workers is not None:
+        return max(int(config.workers), 1)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(min(cpus or 1, 8), 1)
 
 
 def memory_aware_order(problem: SwapProblem) -> list[int]:
@@ -186,6 +207,12 @@ class GeneticSearch:
         self.history: list[float] = []
         # Best time found with each memory layout (inf: the layout cannot fit the budget).
         self.best_by_layout: dict[str, float] = {}
+        self.workers = _workers(self.config)
+        self._scored: dict[tuple, tuple[float, np.ndarray | None]] = {}
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._deadline = math.inf
+        self._first = 0  # evaluations before this run
         ir = np.asarray(problem.order, dtype=np.int64)
         self.candidates = candidates(problem, ir) if self.config.recompute else \
             np.zeros(0, dtype=np.int64)
@@ -226,22 +253,69 @@ class GeneticSearch:
         """The tensors `ind` makes again."""
         return None if ind.recompute is None else self.candidates[ind.recompute]
 
-    # ---------------------------------------------------------------- operators
+    # ---------------------------------------------------------------- scoring
     def _evaluate(self, ind: Individual) -> Individual:
+        return self._evaluate_all([ind])[0]
+
+    def _evaluate_all(self, inds: list[Individual], until_spent: bool = False
+                      ) -> list[Individual]:
+        """Score `inds` in place on the thread pool; with `until_spent` those that would start
+        once the run's time or evaluations are spent are left unscored (the first `workers`
+        are scored in any case). Returns those scored, in order. Individuals alike (`_key`)
+        are scored once."""
+        keys = [self._prepare(ind) for ind in inds]
+        todo = list({key: (k, ind) for k, (key, ind) in enumerate(zip(keys, inds, strict=True))
+                     if key is not None and key not in self._scored}.items())
+        jobs = [(key, ind, until_spent and k >= self.workers) for key, (k, ind) in todo]
+        if len(jobs) > 1 and self._pool is not None:
+            list(self._pool.map(self._score, jobs))
+        else:
+            for job in jobs:
+                self._score(job)
+        done = []
+        for key, ind in zip(keys, inds, strict=True):
+            if key is not None:
+                if key not in self._scored:
+                    continue  # the budget ran out before it
+                ind.fitness, ind.stalls = self._scored[key]
+                layout = "arena" if ind.counts is None else "size_classes"
+                self.best_by_layout[layout] = min(self.best_by_layout.get(layout, math.inf),
+                                                  ind.fitness)
+            done.append(ind)
+        return done
+
+    def _prepare(self, ind: Individual) -> tuple | None:
+        """Repair `ind`'s size classes; its key, or None where it cannot be scored (its
+        fitness then infinite)."""
         if ind.counts is not None and self.evaluator.splits(ind.knobs.keep).choice:
             ind.fitness = math.inf  # size classes hold no chunk buffers of split ops
-            return ind
+            return None
         if ind.counts is not None:
             ind.counts = self.evaluator.repair(ind.counts, ind.knobs.keep)
             if ind.counts is None:  # this keep leaves too little room for size classes
                 ind.fitness = math.inf
-                return ind
-        ind.fitness, ind.stalls = self.evaluator.score_with_stalls(
-            ind.order, ind.knobs, ind.counts, self.recomputed(ind))
-        layout = "arena" if ind.counts is None else "size_classes"
-        self.best_by_layout[layout] = min(self.best_by_layout.get(layout, math.inf),
-                                          ind.fitness)
-        return ind
+                return None
+        return (ind.order.tobytes(), dataclasses.astuple(ind.knobs),
+                None if ind.counts is None else np.asarray(ind.counts).tobytes(),
+                None if ind.recompute is None else np.packbits(ind.recompute).tobytes())
+
+    def _score(self, job: tuple[tuple, Individual, bool]) -> None:
+        """Score one individual, unless `optional` and the run is spent."""
+        key, ind, optional = job
+        if optional and self._spent():
+            return
+        scored = self.evaluator.score_with_stalls(ind.order, ind.knobs, ind.counts,
+                                                  self.recomputed(ind))
+        with self._lock:
+            self._scored[key] = scored
+
+    def _spent(self) -> bool:
+        c = self.config
+        return time.perf_counter() > self._deadline or (
+            c.max_evaluations is not None and
+            self.evaluator.evaluations - self._first >= c.max_evaluations)
+
+    # ---------------------------------------------------------------- operators
 
     def _mutate_counts(self, counts: np.ndarray) -> np.ndarray:
         """Move memory between size classes: drop objects of one class, add objects of
@@ -463,41 +537,49 @@ class GeneticSearch:
             return []
         return [Individual(ir, Knobs(keep=keep), None, mask.copy()) for keep in BASELINE_KEEPS]
 
-    def run(self, seeds: list[Individual] | None = None) -> Individual:
+    def run(self, seeds: list[Individual] | None = None, deadline: float | None = None
+            ) -> Individual:
         """The best individual, from `seeds` (default `self.seeds()`; those already scored
-        are not scored again); the last population is left in `self.population`."""
+        are not scored again), by `deadline` (a `time.perf_counter()` time; default the
+        config's time budget from the first evaluation, which compiles the core when its
+        on-disk cache is cold); the last population is left in `self.population`."""
+        with ThreadPoolExecutor(self.workers) if self.workers > 1 else _NoPool() as pool:
+            self._pool = pool
+            try:
+                return self._run(seeds, deadline)
+            finally:
+                self._pool = None
+
+    def _run(self, seeds: list[Individual] | None, deadline: float | None) -> Individual:
         c = self.config
         start = time.perf_counter()
         seeds = self.seeds() if seeds is None else seeds
-        # The first evaluation compiles the core when its on-disk cache is cold (once per
-        # installation): the search budget starts after it.
-        first = self.evaluator.evaluations
+        self._first = self.evaluator.evaluations
+        self._deadline = math.inf
         pop = [seeds[0] if math.isfinite(seeds[0].fitness) else self._evaluate(seeds[0])]
-        deadline = time.perf_counter() + c.time_budget_s
-
-        def spent() -> bool:
-            return time.perf_counter() > deadline or (
-                c.max_evaluations is not None and
-                self.evaluator.evaluations - first >= c.max_evaluations)
-
-        for ind in seeds[1:]:
-            pop.append(ind if math.isfinite(ind.fitness) else self._evaluate(ind))
-            if spent() and len(pop) >= 2:
-                break
+        self._deadline = time.perf_counter() + c.time_budget_s if deadline is None else deadline
+        # Those scored already, and as many others as the budget allows (one batch at least).
+        known = [math.isfinite(ind.fitness) for ind in seeds[1:]]
+        scored = {id(ind) for ind in self._evaluate_all(
+            [ind for ind, k in zip(seeds[1:], known, strict=True) if not k], until_spent=True)}
+        pop += [ind for ind, k in zip(seeds[1:], known, strict=True) if k or id(ind) in scored]
         pop.sort(key=lambda ind: ind.fitness)
         best = pop[0]
         self.history = [best.fitness]
         stale = 0
         self.generations = 0
         for _gen in range(c.generations):
-            if spent():
+            if self._spent():
                 break
             children = [dataclasses.replace(ind) for ind in pop[: c.elite]]
-            while len(children) < len(pop):
-                children.append(self._evaluate(self._child(pop)))
+            children += self._evaluate_all([self._child(pop) for _ in range(len(pop) -
+                                                                               len(children))],
+                                           until_spent=True)
             # Local search on the best: keep a mutation of it when it is better.
             children.sort(key=lambda ind: ind.fitness)
             for _ in range(c.local_steps):
+                if self._spent():
+                    break
                 lead = children[0]
                 trial = Individual(lead.order, lead.knobs, lead.counts, lead.recompute)
                 roll = self.rng.random()
@@ -528,6 +610,16 @@ class GeneticSearch:
         return best
 
 
+class _NoPool:
+    """No thread pool: one worker scores in the calling thread."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
 def swapadvisor(problem: SwapProblem, time_budget_s: float = 30.0, seed: int = 0,
                 config: SearchConfig | None = None, recompute: bool = True,
                 planner: str = "swapadvisor") -> SwapPlan:
@@ -543,26 +635,46 @@ def swapadvisor_phases(problem: SwapProblem, time_budget_s: float = 30.0, seed: 
                        planner: str = "swapadvisor") -> list[SwapPlan]:
     """The plan of each phase of one search: the swap-only plan (planner "swap_only"), and
     with `recompute` the plan of the second phase (`planner`), which starts from the first's
-    last population and so is never slower. A time budget ends each phase, so two separate
-    searches differ run to run: compare the phases of one search."""
+    last population and so is never slower.
+
+    `time_budget_s` bounds the whole search: both phases with their seeding, and deriving
+    the plans; the first phase takes `FIRST_PHASE_SHARE` of it when a second follows. It
+    counts from the call, or where the compiled core is not loaded yet in this process, from
+    the first evaluation (which compiles or loads it). The clock ends each phase, so two
+    separate searches differ run to run: compare the phases of one search. Each plan's
+    `planning_time` is the wall time from the call to that plan."""
+    start = time.perf_counter()
+    cold = not _core.derive.signatures
     config = dataclasses.replace(config or SearchConfig(), time_budget_s=time_budget_s)
     search = GeneticSearch(problem, dataclasses.replace(config, recompute=False), seed)
-    best = search.run()
+    more = GeneticSearch(problem, dataclasses.replace(config, recompute=True), seed,
+                         search.evaluator) if recompute else None
+    two = more is not None and len(more.candidates) > 0
+    seeds = search.seeds()
+    clock = time.perf_counter()
+    search._evaluate(seeds[0])
+    now = time.perf_counter()
+    deadline = (now if cold else start) + time_budget_s
+    # Deriving a plan costs about two evaluations, and a search may finish an evaluation
+    # begun right before its deadline: the last phase ends in time for both, with a margin
+    # for a busy machine.
+    one = 0.0 if cold else now - clock
+    end = deadline - one * (1 + 2 * (2 if two else 1)) - RESERVE_SHARE * time_budget_s
+    best = search.run(seeds, now + FIRST_PHASE_SHARE * (end - now) if two else end)
     by_layout = dict(search.best_by_layout)
-    plans = [_plan(search, best, planner if not recompute else "swap_only", search.elapsed,
-                   search.generations, by_layout, seed)]
+    plans = [_plan(search, best, planner if not recompute else "swap_only",
+                   time.perf_counter() - start, search.generations, by_layout, seed)]
     if not recompute:
         return plans
-    more = GeneticSearch(problem, dataclasses.replace(config, recompute=True), seed,
-                         search.evaluator)
-    elapsed, generations = search.elapsed, search.generations
-    if len(more.candidates):
-        best = more.run(more.recompute_seeds(search.population))
-        elapsed, generations = elapsed + more.elapsed, generations + more.generations
+    generations = search.generations
+    if two:
+        best = more.run(more.recompute_seeds(search.population), end)
+        generations += more.generations
         for layout, t in more.best_by_layout.items():
             by_layout[layout] = min(t, by_layout.get(layout, math.inf))
         search = more
-    plans.append(_plan(search, best, planner, elapsed, generations, by_layout, seed))
+    plans.append(_plan(search, best, planner, time.perf_counter() - start, generations,
+                       by_layout, seed))
     return plans
 
 

@@ -20,6 +20,11 @@ viewed), its halo rows one item's. Chunk buffers sit at aligned offsets; a chunk
 input kept on the device is read in place, so only chunk counts that start its chunks at
 aligned offsets allow that.
 
+An op that overwrites tensors in place (an optimizer's update) splits only where each chunk
+reads only the slice it writes (`SplitOption.in_place_safe`): each tensor it overwrites is a cut
+input and a cut output, chunk j the same byte range both ways, so its chunks stream in from its
+host buffer and back into it, and no chunk reads bytes an earlier chunk's copy out wrote.
+
 A split op streams: its cut inputs come from their host copies (a tensor made on the device is
 copied out first, if it is not already on the host), chunk by chunk, into chunk buffers, and its
 cut outputs leave chunk by chunk, from chunk buffers, into the output's host copy: after the op
@@ -79,6 +84,17 @@ class SplitOption:
     outer_dim: int = -1
     outer_chunks: int = 1
 
+    def in_place_safe(self, written) -> bool:
+        """Whether chunk after chunk of an op that overwrites the base tensors `written` in
+        place reads only what it writes: each is cut as an input and as an output, along the
+        leading axis (chunk j the same byte range of it both ways), read whole nowhere, and
+        the chunks are independent (no reduction, halo or outer dim). Chunk j's copy in then
+        reads bytes no earlier chunk's copy out wrote."""
+        written = set(written)
+        return written <= set(self.cut_inputs) and written <= set(self.cut_outputs) and \
+            not written & (set(self.whole_inputs) | set(self.strided)) and \
+            not (self.accumulate or self.epilogue or self.halo_bytes) and self.outer_dim < 0
+
     def inner_chunks(self, chunks: int) -> int:
         """The chunks of `dim` in each outer item of a split in `chunks` chunks."""
         return chunks // self.outer_chunks
@@ -86,11 +102,12 @@ class SplitOption:
     def on_device(self, fixed) -> SplitOption | None:
         """This option where the `fixed` tensors stay on the device: its cut inputs among them
         are read as views of their device copies instead of streamed; None when one of them
-        has strided chunks (no view reads those)."""
+        has strided chunks (no view reads those) or is also a cut output (an update in place:
+        its chunks would leave for the host, where a tensor kept on the device has none)."""
         viewed = tuple(t for t in self.cut_inputs if fixed[t])
         if not viewed:
             return self
-        if set(viewed) & set(self.strided):
+        if set(viewed) & (set(self.strided) | set(self.cut_outputs)):
             return None
         return dataclasses.replace(self, cut_inputs=tuple(t for t in self.cut_inputs
                                                           if not fixed[t]),
