@@ -801,8 +801,9 @@ def _best_window(st, t, i, size, produced, policy, now):
 def _free_window(seg, size, gamma, now, arena):
     """The first segment start where a window of `size` bytes for an output of the op covers
     only free segments free by `now` (any free ones when `gamma` is 0), -1 if none. Such a
-    window costs nothing and any other costs more (`_window_cost`), so the sweep would stop
-    at it too, without the costs of every segment's occupant."""
+    window costs nothing and any other costs more (`_window_cost`): the sweep's answer, found
+    without the costs of every segment's occupant (and without the rounding the sweep's
+    running sums of segment costs keep, which could make it pass over such a window)."""
     off, seg_size, tensor, free_at = seg.off, seg.size, seg.tensor, seg.free_at
     start = -1  # the first segment of the current run of usable free segments
     for k in range(seg.count):
