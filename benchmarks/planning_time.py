@@ -12,7 +12,7 @@ search against another (medians over the seeds, each the same seed on both sides
     python benchmarks/planning_time.py [--budget 10] [--seeds 0,1,2] [--dtypes fp32,bf16]
         [--ratios 2,4,8] [--against DIR --against-budget 10] [--graphs DIR] [--json PATH]
 
-The graphs come from out_of_core.py's cache (`--graphs`, made by a run of it). Prints a
+The graphs are out_of_core.py's (`--graphs`: its cache, built there on a first run). Prints a
 table, writes benchmarks/results/planning_time.json.
 """
 
@@ -29,25 +29,21 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 DEFAULT_GRAPHS = os.path.expanduser(os.path.join("~", ".cache", "tvm_ext", "out_of_core"))
-GRAPH = "llama_real_4x1024_adamw_{dtype}.json"
 
 
 def search_rows(graphs: str, dtypes: list[str], ratios: list[int], seeds: list[int],
                 budget: float) -> list[dict]:
     """One row per (dtype, ratio, seed): the search's wall time and its plan's throughput."""
-    from tvm_ext.graph import DataflowGraph
+    sys.path.insert(0, HERE)
+    from out_of_core import cached_graph
+
     from tvm_ext.swap import SwapProblem, plan_swaps
     from tvm_ext.swap.search import swapadvisor_phases
 
     rows = []
     warm = False
     for dtype in dtypes:
-        path = os.path.join(graphs, GRAPH.format(dtype=dtype))
-        if not os.path.exists(path):
-            raise SystemExit(f"no graph at {path}: run benchmarks/out_of_core.py first "
-                             f"(it caches the graphs there)")
-        with open(path) as f:
-            graph = DataflowGraph.from_dict(json.load(f)["graph"])
+        graph, _ = cached_graph(graphs, dtype, "real", lambda line: print(line, file=sys.stderr))
         base = SwapProblem.from_graph(graph, 1 << 62, "h200", name=f"llama-{dtype}")
         ideal = plan_swaps(base, "ideal").predicted_time
         for ratio in ratios:

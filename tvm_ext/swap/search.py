@@ -38,11 +38,11 @@ case; both are searched and the faster plan is returned.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import heapq
 import math
 import os
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -209,7 +209,6 @@ class GeneticSearch:
         self.best_by_layout: dict[str, float] = {}
         self.workers = _workers(self.config)
         self._scored: dict[tuple, tuple[float, np.ndarray | None]] = {}
-        self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._deadline = math.inf
         self._first = 0  # evaluations before this run
@@ -261,8 +260,8 @@ class GeneticSearch:
                       ) -> list[Individual]:
         """Score `inds` in place on the thread pool; with `until_spent` those that would start
         once the run's time or evaluations are spent are left unscored (the first `workers`
-        are scored in any case). Returns those scored, in order. Individuals alike (`_key`)
-        are scored once."""
+        are scored in any case). Returns those scored, in order. Individuals alike (their
+        `_prepare` keys) are scored once."""
         keys = [self._prepare(ind) for ind in inds]
         todo = list({key: (k, ind) for k, (key, ind) in enumerate(zip(keys, inds, strict=True))
                      if key is not None and key not in self._scored}.items())
@@ -304,10 +303,8 @@ class GeneticSearch:
         key, ind, optional = job
         if optional and self._spent():
             return
-        scored = self.evaluator.score_with_stalls(ind.order, ind.knobs, ind.counts,
-                                                  self.recomputed(ind))
-        with self._lock:
-            self._scored[key] = scored
+        self._scored[key] = self.evaluator.score_with_stalls(ind.order, ind.knobs, ind.counts,
+                                                             self.recomputed(ind))
 
     def _spent(self) -> bool:
         c = self.config
@@ -543,7 +540,8 @@ class GeneticSearch:
         are not scored again), by `deadline` (a `time.perf_counter()` time; default the
         config's time budget from the first evaluation, which compiles the core when its
         on-disk cache is cold); the last population is left in `self.population`."""
-        with ThreadPoolExecutor(self.workers) if self.workers > 1 else _NoPool() as pool:
+        with (ThreadPoolExecutor(self.workers) if self.workers > 1
+              else contextlib.nullcontext()) as pool:
             self._pool = pool
             try:
                 return self._run(seeds, deadline)
@@ -552,7 +550,6 @@ class GeneticSearch:
 
     def _run(self, seeds: list[Individual] | None, deadline: float | None) -> Individual:
         c = self.config
-        start = time.perf_counter()
         seeds = self.seeds() if seeds is None else seeds
         self._first = self.evaluator.evaluations
         self._deadline = math.inf
@@ -605,19 +602,8 @@ class GeneticSearch:
             self.history.append(best.fitness)
             if stale >= c.patience:
                 break
-        self.elapsed = time.perf_counter() - start
         self.population = pop
         return best
-
-
-class _NoPool:
-    """No thread pool: one worker scores in the calling thread."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc) -> None:
-        return None
 
 
 def swapadvisor(problem: SwapProblem, time_budget_s: float = 30.0, seed: int = 0,
