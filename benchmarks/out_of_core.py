@@ -17,8 +17,8 @@ the phase bound, with and without recompute. `plan s` is the wall time of the se
 machine. With `--long-budget S` the SwapAdvisor search is run a second time with S seconds, to
 show what a longer search would find (`SA long %`).
 
-What this does not do: run the plans on a GPU beside PyTorch's own offloading (activation
-checkpointing, `save_on_cpu`, FSDP2 with `CPUOffloadPolicy`), which needs a GPU machine.
+The plans run on a GPU beside PyTorch's own offloading (activation checkpointing,
+`save_on_cpu`, FSDP2 with `CPUOffloadPolicy`) in benchmarks/out_of_core_gpu.py.
 
     python benchmarks/out_of_core.py [--size real] [--dtypes fp32,bf16] [--ratios 2,4,8]
         [--presets h100,h200] [--time-budget 10] [--long-budget 0] [--graphs DIR]
@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     with open(temp, "w") as f:
         json.dump({"cases": results, "time_budget_s": args.time_budget,
                    "long_budget_s": args.long_budget, "seed": args.seed, "table": lines,
-                   "gpu_runs": "not run: needs a GPU machine (see the module docstring)"},
+                   "gpu_runs": "benchmarks/out_of_core_gpu.py (needs a GPU machine)"},
                   f, indent=1)
     os.replace(temp, args.output)
     log(f"wrote {args.output}")

@@ -21,7 +21,12 @@ from tvm_ext.swap import (
     validate,
 )
 from tvm_ext.swap.derive import Evaluator, Knobs
-from tvm_ext.swap.search import as_late_as_possible_order, memory_aware_order
+from tvm_ext.swap.search import (
+    GeneticSearch,
+    as_late_as_possible_order,
+    early_update_order,
+    memory_aware_order,
+)
 
 FAST = SearchConfig(population=8, generations=6, patience=6)
 
@@ -157,7 +162,6 @@ def test_threads_and_the_score_cache_change_no_plan():
         plan.planning_time = 0.0
     assert plans[0].to_json() == plans[1].to_json()
 
-    from tvm_ext.swap.search import GeneticSearch
 
     search = GeneticSearch(problem, SearchConfig(workers=2), seed=0)
     seeds = search.seeds()
@@ -177,6 +181,78 @@ def test_seed_orders_are_topological():
     # A chain has one order.
     problem = chain_problem()
     assert as_late_as_possible_order(problem) == [0, 1, 2, 3]
+
+
+def two_layer_step() -> SwapProblem:
+    """A two-layer training step in the IR order an optimizer step has: forward f1, f2 (the
+    loss), backward b2 (G1 and gW2), b1 (G0 and gW1), b0 (the returned gX from G0), then both
+    updates in place (u2: W2 and its moment M2 from gW2; u1 likewise), each after every
+    reader of its W."""
+    names = ["X", "W1", "W2", "M1", "M2", "A1", "L", "G1", "gW2", "gW1", "G0", "gX"]
+    t = {n: i for i, n in enumerate(names)}
+    ops = [("f1", ["X", "W1"], ["A1"], []), ("f2", ["A1", "W2"], ["L"], []),
+           ("b2", ["L", "A1", "W2"], ["G1", "gW2"], []),
+           ("b1", ["G1", "X", "W1"], ["G0", "gW1"], []),
+           ("b0", ["G0"], ["gX"], []),
+           ("u2", ["W2", "M2", "gW2"], [], ["W2", "M2"]),
+           ("u1", ["W1", "M1", "gW1"], [], ["W1", "M1"])]
+    producer = {o: i for i, (_, _, outs, _) in enumerate(ops) for o in outs}
+    readers = {}
+    for i, (_, ins, _, _) in enumerate(ops):
+        for x in ins:
+            readers.setdefault(x, []).append(i)
+    deps = [sorted({producer[x] for x in ins if x in producer}
+                   | {r for w in writes for r in readers[w] if r != i})
+            for i, (_, ins, _, writes) in enumerate(ops)]
+    args = {"X", "W1", "W2", "M1", "M2"}
+    return SwapProblem(
+        op_names=[o[0] for o in ops], durations=[1.0] * len(ops), op_deps=deps,
+        op_inputs=[[t[x] for x in o[1]] for o in ops],
+        op_outputs=[[t[x] for x in o[2]] for o in ops], op_scratch=[[] for _ in ops],
+        op_phases=["forward"] * 2 + ["backward"] * 5, tensor_names=names,
+        sizes=[256] * len(names),
+        tensor_kinds=["input", "parameter", "parameter", "state", "state", "activation",
+                      "activation", "gradient", "gradient", "gradient", "gradient", "gradient"],
+        producers=[producer.get(n, -1) for n in names],
+        host_start=[n in args for n in names], pinned=[False] * len(names),
+        outputs=[t["L"], t["gX"]], budget=1 << 20, h2d_bandwidth=256.0, h2d_latency=0.0,
+        d2h_bandwidth=256.0, d2h_latency=0.0,
+        op_writes=[[t[x] for x in o[3]] for o in ops])
+
+
+def test_early_update_order_runs_each_update_after_its_gradient():
+    problem = two_layer_step()
+    assert problem.order == [0, 1, 2, 3, 4, 5, 6]
+    # u2 right after b2, which made gW2 and was W2's last reader; u1 after b1.
+    assert early_update_order(problem, problem.order) == [0, 1, 2, 5, 3, 6, 4]
+    # A step without updates in place keeps its order.
+    chain = chain_problem()
+    assert early_update_order(chain, chain.order) == chain.order
+
+
+def test_the_search_seeds_an_optimizer_step_with_its_updates_early():
+    problem = two_layer_step()
+    orders = {tuple(ind.order) for ind in GeneticSearch(problem, FAST).seeds()}
+    assert (0, 1, 2, 5, 3, 6, 4) in orders
+    assert (0, 1, 2, 3, 4, 5, 6) in orders
+
+
+def test_early_update_orders_are_topological():
+    for seed in range(5):
+        problem = random_problem(seed, num_ops=40, budget_frac=0.5)
+        rng = np.random.default_rng(seed)
+        # Make some sinks write an argument in place: they and what only feeds them move.
+        sinks = [op for op in range(problem.num_ops)
+                 if not any(op in d for d in problem.op_deps)]
+        args = [t for t in range(problem.num_tensors) if problem.host_start[t]]
+        writes = [[] for _ in range(problem.num_ops)]
+        for op in rng.choice(sinks, size=max(1, len(sinks) // 2), replace=False):
+            writes[int(op)] = [int(rng.choice(args))]
+        problem = dataclasses.replace(problem, op_writes=writes)
+        for base in (problem.order, as_late_as_possible_order(problem)):
+            order = early_update_order(problem, base)
+            assert sorted(order) == list(range(problem.num_ops))
+            assert problem.is_topological(order)
 
 
 def test_json_round_trips():
@@ -249,7 +325,6 @@ def test_the_recompute_phase_starts_from_the_checkpoint_baselines_plans():
     from tvm_ext.swap import SearchConfig, plan_swaps
     from tvm_ext.swap.baselines import KEEP_CHOICES
     from tvm_ext.swap.recompute import candidates, checkpoint_set
-    from tvm_ext.swap.search import GeneticSearch
 
     problem = random_problem(3, num_ops=24, budget_frac=0.15, bandwidth=200.0, training=True)
     search = GeneticSearch(problem, SearchConfig(recompute=True), seed=0)

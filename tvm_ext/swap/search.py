@@ -13,7 +13,8 @@ many objects at once, whatever the other classes hold), and the arena wins on ev
 case; both are searched and the faster plan is returned.
 
 * Seeds: the IR's order, a memory-aware greedy order and an as-late-as-possible order, with a
-  spread of knobs, and
+  spread of knobs (an optimizer step's orders also with its updates run right after their
+  gradients), and
   size-class counts in proportion to each class's peak demand; no recompute, the tensors
   cheaper to recompute than to copy out and back, and sqrt(n) checkpointing, with their
   chain links (`recompute.py`).
@@ -185,6 +186,47 @@ def as_late_as_possible_order(problem: SwapProblem) -> list[int]:
             if succ_count[d] == 0:
                 heapq.heappush(ready, (-int(ir_pos[d]), d))
     return backwards[::-1]
+
+
+def early_update_order(problem: SwapProblem, base) -> list[int]:
+    """`base` with every op that only feeds in-place updates (an optimizer step's update of a
+    parameter and its state, and what only those updates read: its gradient's last kernels,
+    the step's bias corrections) moved as early as its inputs allow: each runs as soon as the
+    last op it follows has run, so a gradient is consumed where it is made. The other ops keep
+    their order."""
+    n = problem.num_ops
+    succs: list[list[int]] = [[] for _ in range(n)]
+    indeg = np.zeros(n, dtype=np.int64)
+    for op in range(n):
+        for d in set(problem.op_deps[op]):
+            succs[d].append(op)
+            indeg[op] += 1
+    returned = set(problem.outputs)
+    pos = np.empty(n, dtype=np.int64)
+    pos[np.asarray(base, dtype=np.int64)] = np.arange(n)
+    feeds_updates = np.zeros(n, dtype=bool)
+    for op in reversed(list(base)):  # successors first
+        feeds_updates[op] = bool(problem.op_writes[op]) or (
+            bool(succs[op]) and all(feeds_updates[s] for s in succs[op])
+            and not returned.intersection(problem.op_outputs[op]))
+    order: list[int] = []
+    # Update-side ops whose inputs are made, by position in `base`.
+    ready = [(int(pos[op]), op) for op in np.nonzero(feeds_updates & (indeg == 0))[0].tolist()]
+    heapq.heapify(ready)
+
+    def run(op: int) -> None:
+        order.append(op)
+        for s in succs[op]:
+            indeg[s] -= 1
+            if indeg[s] == 0 and feeds_updates[s]:
+                heapq.heappush(ready, (int(pos[s]), s))
+
+    for op in base:
+        if not feeds_updates[op]:
+            run(int(op))
+        while ready:
+            run(heapq.heappop(ready)[1])
+    return order
 
 
 class GeneticSearch:
@@ -485,6 +527,14 @@ class GeneticSearch:
                 Knobs(0.0, 3.0, 1.0, 0.02), Knobs(0.2, 1.0, 0.0, 0.0), Knobs(1.0, 0.5, 0.5, 0.1),
                 Knobs(0.2, 1.0, 0.01, 0.5), Knobs(0.2, 1.0, 0.01, 1.0)]
         alap = np.asarray(as_late_as_possible_order(self.problem), dtype=np.int64)
+        # An optimizer step's updates right after their gradients, so a gradient need not
+        # cross the link to wait for an update at the end of the iteration (in addition to
+        # the population's other seeds).
+        early = []
+        for base in (ir, alap):
+            order = np.asarray(early_update_order(self.problem, base), dtype=np.int64)
+            if not np.array_equal(order, base):
+                early += [Individual(order, k) for k in grid[:3]]
         pop = [Individual(ir, k) for k in grid]
         pop += [Individual(mem, k) for k in grid[:2]]
         pop += [Individual(alap, k) for k in grid[1:3]]
@@ -498,7 +548,7 @@ class GeneticSearch:
             pop.append(Individual(ir, grid[1], None, mask))
         while len(pop) < self.config.population:
             pop.append(Individual(ir if len(pop) % 2 else mem, self._random_knobs()))
-        return pop[: max(self.config.population, 2)]
+        return early + pop[: max(self.config.population, 2)]
 
     def _recompute_masks(self, order: np.ndarray) -> list[np.ndarray]:
         """Seed recompute choices: the cheapest tensors per byte freed up to a few fractions
