@@ -106,7 +106,7 @@ def run(args) -> int:
             results = merge_row(args.json, f"{dtype}/{key}", row)
             print(summary_line(f"{dtype}/{key}", row), flush=True)
     print()
-    print(table(results, manifest))
+    print(table(results))
     return 0
 
 
@@ -150,7 +150,7 @@ def _rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-30)
 
 
-def checks(results: dict, manifest: dict | None = None) -> dict:
+def checks(results: dict) -> dict:
     """Per row: its throughput against the unswapped step, its losses against the unswapped
     build's, and whether it kept to its budget (device memory of the row within it)."""
     from vs_torch_gpu_measure import LOSS_RTOL as TORCH_RTOL
@@ -214,8 +214,8 @@ def _size(nbytes: int | None) -> str:
     return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.2f} MiB"
 
 
-def table(results: dict, manifest: dict | None = None) -> str:
-    c = checks(results, manifest)
+def table(results: dict) -> str:
+    c = checks(results)
     lines = ["| dtype | row | budget | ms/step | tokens/s | % of ideal | link bound ms | "
              "% of limit | x best torch | device | losses | note |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
