@@ -104,6 +104,27 @@ def _workers(config: SearchConfig) -> int:
     return max(min(cpus or 1, 8), 1)
 
 
+def _successors(problem: SwapProblem) -> list[list[int]]:
+    """Each op's distinct successors: the ops that name it in their `op_deps`."""
+    succs: list[list[int]] = [[] for _ in range(problem.num_ops)]
+    for op in range(problem.num_ops):
+        for d in set(problem.op_deps[op]):
+            succs[d].append(op)
+    return succs
+
+
+def _in_degrees(problem: SwapProblem) -> np.ndarray:
+    """Each op's number of distinct predecessors."""
+    return np.array([len(set(d)) for d in problem.op_deps], dtype=np.int64)
+
+
+def _positions(order) -> np.ndarray:
+    """The position of each op in `order`."""
+    pos = np.empty(len(order), dtype=np.int64)
+    pos[np.asarray(order, dtype=np.int64)] = np.arange(len(order))
+    return pos
+
+
 def memory_aware_order(problem: SwapProblem) -> list[int]:
     """A greedy topological order that runs, among the ready ops, the one that adds the
     fewest bytes (outputs made minus inputs freed), ties broken by IR position.
@@ -111,14 +132,8 @@ def memory_aware_order(problem: SwapProblem) -> list[int]:
     A ready op's bytes change only when one of its inputs comes down to its last reader, so
     the ready ops sit in a heap whose stale entries (an older stamp) are skipped."""
     n = problem.num_ops
-    ir_pos = np.empty(n, dtype=np.int64)
-    ir_pos[np.asarray(problem.order, dtype=np.int64)] = np.arange(n)
-    succs: list[list[int]] = [[] for _ in range(n)]
-    indeg = np.zeros(n, dtype=np.int64)
-    for op in range(n):
-        for d in set(problem.op_deps[op]):
-            succs[d].append(op)
-            indeg[op] += 1
+    ir_pos = _positions(problem.order)
+    succs, indeg = _successors(problem), _in_degrees(problem)
     readers: list[list[int]] = [[] for _ in range(problem.num_tensors)]
     for op in range(n):
         for t in problem.op_inputs[op]:
@@ -169,12 +184,8 @@ def as_late_as_possible_order(problem: SwapProblem) -> list[int]:
     from the end, latest IR position first): tensors are made just before they are used,
     e.g. a weight's transpose right before its matmul rather than at the top of the IR."""
     n = problem.num_ops
-    ir_pos = np.empty(n, dtype=np.int64)
-    ir_pos[np.asarray(problem.order, dtype=np.int64)] = np.arange(n)
-    succ_count = np.zeros(n, dtype=np.int64)
-    for op in range(n):
-        for d in set(problem.op_deps[op]):
-            succ_count[d] += 1
+    ir_pos = _positions(problem.order)
+    succ_count = np.array([len(s) for s in _successors(problem)], dtype=np.int64)
     ready = [(-int(ir_pos[op]), op) for op in range(n) if succ_count[op] == 0]
     heapq.heapify(ready)
     backwards: list[int] = []
@@ -194,17 +205,10 @@ def early_update_order(problem: SwapProblem, base) -> list[int]:
     the step's bias corrections) moved as early as its inputs allow: each runs as soon as the
     last op it follows has run, so a gradient is consumed where it is made. The other ops keep
     their order."""
-    n = problem.num_ops
-    succs: list[list[int]] = [[] for _ in range(n)]
-    indeg = np.zeros(n, dtype=np.int64)
-    for op in range(n):
-        for d in set(problem.op_deps[op]):
-            succs[d].append(op)
-            indeg[op] += 1
+    succs, indeg = _successors(problem), _in_degrees(problem)
     returned = set(problem.outputs)
-    pos = np.empty(n, dtype=np.int64)
-    pos[np.asarray(base, dtype=np.int64)] = np.arange(n)
-    feeds_updates = np.zeros(n, dtype=bool)
+    pos = _positions(base)
+    feeds_updates = np.zeros(problem.num_ops, dtype=bool)
     for op in reversed(list(base)):  # successors first
         feeds_updates[op] = bool(problem.op_writes[op]) or (
             bool(succs[op]) and all(feeds_updates[s] for s in succs[op])
@@ -239,13 +243,8 @@ class GeneticSearch:
         self.rng = np.random.default_rng(seed)
         self.evaluator = evaluator or Evaluator(problem, "swapadvisor")
         self.population: list[Individual] = []
-        n = problem.num_ops
         self.preds = [np.array(sorted(set(d)), dtype=np.int64) for d in problem.op_deps]
-        succs: list[list[int]] = [[] for _ in range(n)]
-        for op in range(n):
-            for d in set(problem.op_deps[op]):
-                succs[d].append(op)
-        self.succs = [np.array(s, dtype=np.int64) for s in succs]
+        self.succs = [np.array(s, dtype=np.int64) for s in _successors(problem)]
         self.history: list[float] = []
         # Best time found with each memory layout (inf: the layout cannot fit the budget).
         self.best_by_layout: dict[str, float] = {}
