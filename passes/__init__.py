@@ -3,6 +3,7 @@
 from .broadcast_constants import BroadcastConstants
 from .dispatch_library import DispatchLibraryKernels
 from .drop_unread_kernel_inputs import DropUnreadKernelInputs
+from .fuse_attention import FuseAttention
 from .partition_operators import PartitionError, PartitionOperators
 from .return_loss_only import ReturnLossOnly
 from .swap_offload import SwapOffload, SwapOffloadError
@@ -12,6 +13,7 @@ __all__ = [
     "BroadcastConstants",
     "DispatchLibraryKernels",
     "DropUnreadKernelInputs",
+    "FuseAttention",
     "PartitionError",
     "PartitionOperators",
     "ReturnLossOnly",

@@ -2,7 +2,10 @@
 
 Phases, in order (each a list of passes, so a caller can rebuild the pipeline from parts):
 
-1. `library_dispatch_passes`  target-specific library dispatch (sort, sampling).
+1. `library_dispatch_passes`  target-specific library dispatch (sort, sampling); on GPU
+                              targets FuseAttention (tvm_ext.passes): each attention one
+                              fused kernel (not with a partition, whose analysis reads
+                              the unfused operators).
 2. `legalize_passes`          LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR,
                               BroadcastConstants (constants at their distinct extent),
                               DropUnreadKernelInputs (arguments a kernel never reads):
@@ -50,6 +53,7 @@ from tvm_ext.passes import (
     BroadcastConstants,
     DispatchLibraryKernels,
     DropUnreadKernelInputs,
+    FuseAttention,
     PartitionOperators,
     ReturnLossOnly,
     SwapOffload,
@@ -68,8 +72,10 @@ from .runtime.blas import cublas_workspace_bytes
 SCHEDULE_PHASE = "schedule"
 
 
-def library_dispatch_passes(target: tvm.target.Target) -> list:
-    return [relax.backend.DispatchSampling(), relax.backend.DispatchSortScan()]
+def library_dispatch_passes(target: tvm.target.Target, fused_attention: bool = True) -> list:
+    """`fused_attention`: on a GPU target, each attention one fused kernel (FuseAttention)."""
+    fuse = [FuseAttention(target)] if fused_attention and is_gpu(target) else []
+    return [*fuse, relax.backend.DispatchSampling(), relax.backend.DispatchSortScan()]
 
 
 def legalize_passes(target: tvm.target.Target) -> list:
@@ -177,11 +183,13 @@ def phases(
     target: tvm.target.Target, *, memory_planning: bool = True, tune_db: str | None = None,
     device_memory=None, swap_plan=None, swap_options: dict | None = None,
     num_devices: int | None = None, partition_plan=None, partition_options: dict | None = None,
-    library: bool = True,
+    library: bool = True, fused_attention: bool = True,
 ) -> list[tuple[str, list]]:
     """The pipeline as (phase name, passes) pairs."""
+    partitioned = num_devices is not None or partition_plan is not None
     return [
-        ("library_dispatch", library_dispatch_passes(target)),
+        ("library_dispatch", library_dispatch_passes(
+            target, fused_attention and not partitioned)),
         ("legalize", legalize_passes(target)),
         ("partition", partition_passes(target, num_devices, partition_plan,
                                        **(partition_options or {}))),
@@ -195,11 +203,13 @@ def phases(
     ]
 
 
-def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+def fuse(mod: tvm.IRModule, target: tvm.target.Target,
+         fused_attention: bool = True) -> tvm.IRModule:
     """The module after the legalize phase, with dataflow reshapes rewritten into views: what
-    the partition and swap phases receive and what `tvm_ext.ir.graph_builder` reads."""
+    the partition and swap phases receive and what `tvm_ext.ir.graph_builder` reads
+    (`fused_attention=False` for a partition: see `phases`)."""
     with target:
-        passes = library_dispatch_passes(target) + legalize_passes(target)
+        passes = library_dispatch_passes(target, fused_attention) + legalize_passes(target)
         fused = tvm.transform.Sequential(passes)(mod)
         return relax.transform.RewriteDataflowReshape()(fused)
 
@@ -259,6 +269,7 @@ def tvm_ext_pipeline(
     partition_plan=None,
     partition_options: dict | None = None,
     library: bool = True,
+    fused_attention: bool = True,
     start_phase: str | None = None,
 ) -> tvm.transform.Pass:
     """The tvm_ext pipeline for `tvm.compile(mod, target, relax_pipeline=...)`.
@@ -282,6 +293,8 @@ def tvm_ext_pipeline(
             topology).
         library: GEMMs and convolutions call the vendor library through the runtime
             library (OpenBLAS on CPU, cuBLAS on CUDA); False keeps TVM's generated code.
+        fused_attention: on a GPU target, each attention is one fused kernel (FuseAttention;
+            not with a partition).
         start_phase: skip the phases before this one (for a module that has been through
             them, e.g. one PartitionOperators already rewrote).
     """
@@ -298,7 +311,8 @@ def tvm_ext_pipeline(
                             device_memory=device_memory, swap_plan=swap_plan,
                             swap_options=swap_options, num_devices=num_devices,
                             partition_plan=partition_plan,
-                            partition_options=partition_options, library=library)
+                            partition_options=partition_options, library=library,
+                            fused_attention=fused_attention)
             names = [name for name, _ in stages]
             if start_phase is not None and start_phase not in names:
                 raise ValueError(f"the tvm_ext pipeline has no phase {start_phase!r}; phases: "

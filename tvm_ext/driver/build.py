@@ -70,7 +70,7 @@ def partition_problem(model: Model | tvm.IRModule,
                       target: tvm.target.Target | str = "llvm") -> PartitionProblem:
     """The `PartitionProblem` of the model as the pipeline fuses it for `target`."""
     target = resolve_target(target) if isinstance(target, str) else target
-    return problem_from_module(pipeline.fuse(_module(model), target))
+    return problem_from_module(pipeline.fuse(_module(model), target, fused_attention=False))
 
 
 def _module(model: Model | tvm.IRModule) -> tvm.IRModule:

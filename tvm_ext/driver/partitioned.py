@@ -91,7 +91,7 @@ def build_partitioned(
     if plan is not None and plan.num_devices != num_devices:
         raise PartitionError(f"the plan partitions over {plan.num_devices} devices, "
                              f"not {num_devices}")
-    fused = pipeline.fuse(model.mod, target)
+    fused = pipeline.fuse(model.mod, target, fused_attention=False)
     partition = PartitionOperators(num_devices, plan=plan, hardware=hardware,
                                    strategy=strategy, link=link)
     with target:

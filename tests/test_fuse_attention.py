@@ -1,0 +1,169 @@
+"""FuseAttention: every attention the frontends write becomes one fused kernel computing what
+the unfused graph computes; intermediates a training step's backward reads are made again
+right before it; the pipeline fuses on GPU targets, not with a partition."""
+
+from __future__ import annotations
+
+import corpus
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+
+from tvm_ext import pipeline
+from tvm_ext.ir.attention_kernel import FUSED_ATTENTION_ATTR
+from tvm_ext.passes import FuseAttention
+
+LLVM = tvm.target.Target("llvm")
+
+
+def _fused_kernels(mod: tvm.IRModule) -> int:
+    return sum(1 for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)
+               and f.attrs is not None and FUSED_ATTENTION_ATTR in f.attrs)
+
+
+def _ops(mod: tvm.IRModule) -> list[str]:
+    names = []
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+                names.append(value.op.name)
+    return names
+
+
+def _attention(also_return_probabilities: bool = False, scale_after_mask: bool = False):
+    """GPT-2's eager attention on [2, 4, 24, 8]: (q @ k^T) * 1/sqrt(8) + mask, softmax, @ v."""
+    bb = relax.BlockBuilder()
+    shape = (2, 4, 24, 8)
+    q, k, v = (relax.Var(n, relax.TensorType(shape, "float32")) for n in "qkv")
+    mask = relax.Var("mask", relax.TensorType((2, 1, 24, 24), "float32"))
+    with bb.function("main", [q, k, v, mask]):
+        with bb.dataflow():
+            kt = bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
+            s = bb.emit(relax.op.matmul(q, kt))
+            scale = relax.const(1 / np.sqrt(8), "float32")
+            if scale_after_mask:
+                s = bb.emit(relax.op.multiply(bb.emit(relax.op.add(s, mask)), scale))
+            else:
+                s = bb.emit(relax.op.add(bb.emit(relax.op.multiply(s, scale)), mask))
+            p = bb.emit(relax.op.nn.softmax(s, axis=-1))
+            o = bb.emit(relax.op.matmul(p, v))
+            out = bb.emit_output(relax.Tuple([o, p]) if also_return_probabilities else o)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _inputs(mod: tvm.IRModule, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for param in mod["main"].params:
+        shape = [int(s) for s in param.ty.shape]
+        if param.name == "mask":
+            arrays.append(np.where(np.tril(np.ones(shape[-2:])) > 0, 0, -1e9)
+                          .astype("float32") * np.ones(shape, "float32"))
+        else:
+            arrays.append(rng.standard_normal(shape).astype("float32"))
+    return arrays
+
+
+def _run(mod: tvm.IRModule, arrays) -> list[np.ndarray]:
+    vm = relax.VirtualMachine(tvm.compile(mod, target=LLVM), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
+    outs = list(out) if not hasattr(out, "numpy") else [out]
+    return [o.numpy() for o in outs]
+
+
+def test_the_eager_pattern_becomes_one_kernel_with_the_same_outputs():
+    before = _attention()
+    fuse = FuseAttention(LLVM)
+    after = fuse(before)
+    assert fuse.fused == 1 and _fused_kernels(after) == 1
+    assert "relax.nn.softmax" not in _ops(after) and "relax.matmul" not in _ops(after)
+    arrays = _inputs(before)
+    np.testing.assert_allclose(_run(after, arrays)[0], _run(before, arrays)[0],
+                               rtol=1e-5, atol=1e-6)
+    again = FuseAttention(LLVM)
+    again(after)
+    assert again.fused == 0  # idempotent: nothing left to fuse
+
+
+@pytest.mark.parametrize("variant", ["probabilities_returned", "scale_after_mask"])
+def test_what_the_kernel_does_not_compute_stays_unfused(variant):
+    """Probabilities something else reads (here the output; in training the backward) must be
+    made, so nothing is fused; (s + mask) * c is not scale * s + mask."""
+    mod = _attention(also_return_probabilities=variant == "probabilities_returned",
+                     scale_after_mask=variant == "scale_after_mask")
+    fuse = FuseAttention(LLVM)
+    assert fuse(mod).same_as(mod) and fuse.fused == 0
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """name -> (Relax module, inputs + weights) of corpus models."""
+    from tvm_ext.models.loaders import load_file
+
+    directory = str(tmp_path_factory.mktemp("attention"))
+    out = {}
+    for name in ("llama_sdpa", "t5_eager", "falcon"):
+        path, inputs = corpus.export(corpus.BY_NAME[name], directory)
+        model = load_file(path)
+        out[name] = (model, [*inputs, *model.weights])
+    return out
+
+
+@pytest.mark.parametrize("name,count,run", [
+    ("llama_sdpa", 2, True),  # GQA through repeat_kv, sqrt-scales on q and k, zeroed -inf rows
+    ("falcon", 2, False),  # multi-query: one key head broadcast to all (the kernel test's)
+    # No scale, position bias + mask (two biases; their sum is the kernel test's), cross
+    # attention.
+    ("t5_eager", 3, False),
+])
+def test_corpus_attentions_fuse_and_match_the_unfused_module(exported, name, count, run):
+    model, arrays = exported[name]
+    fuse = FuseAttention(LLVM)
+    fused = fuse(model.mod)
+    assert fuse.fused == count
+    if not run:
+        return
+    for got, want in zip(_run(fused, arrays), _run(model.mod, arrays), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_training_step_makes_its_probabilities_again_for_the_backward(exported):
+    """The backward reads the probabilities: the forward's output comes from the kernel and
+    the scores and probabilities are computed right before the backward's first reader, not
+    held from the forward; the loss and every gradient equal the unfused step's."""
+    from tvm_ext.models.base import make_training_step
+
+    model, arrays = exported["llama_sdpa"]
+    step = make_training_step(model, loss="mse")
+    fuse = FuseAttention(LLVM)
+    fused = fuse(step.mod)
+    assert fuse.fused == 2
+    order = _ops(fused)
+    kernels = [i for i, name in enumerate(order) if name == "relax.call_tir"]
+    softmaxes = [i for i, name in enumerate(order) if name == "relax.nn.softmax"]
+    # Both in the backward: after the last layer's forward attention.
+    assert len(kernels) == len(softmaxes) == 2 and min(softmaxes) > max(kernels)
+    params = step.mod["main"].params
+    rng = np.random.default_rng(0)
+    labels = [rng.standard_normal([int(d) for d in p.ty.shape]).astype(str(p.ty.dtype))
+              for p in params[len(arrays) - len(model.weights):len(params) - len(model.weights)]]
+    inputs = [*arrays[:len(arrays) - len(model.weights)], *labels, *model.weights]
+    for got, want in zip(_run(fused, inputs), _run(step.mod, inputs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+
+
+def test_the_pipeline_fuses_on_gpu_targets_without_a_partition(cuda_target):
+    mod = _attention()
+    staged = pipeline.run_phases(mod, cuda_target, through="legalize", inclusive=True)
+    assert _fused_kernels(staged) == 1
+    kernel = next(f for _, f in staged.functions_items() if isinstance(f, tirx.PrimFunc)
+                  and FUSED_ATTENTION_ATTR in f.attrs)
+    assert kernel.attrs["tirx.is_scheduled"]
+    for options in ({"fused_attention": False}, {"num_devices": 2}):
+        staged = pipeline.run_phases(mod, cuda_target, through="legalize", inclusive=True,
+                                     **options)
+        assert _fused_kernels(staged) == 0
+    assert _fused_kernels(pipeline.fuse(mod, LLVM)) == 0  # CPUs keep their BLAS GEMMs
