@@ -71,6 +71,29 @@ def test_the_serial_kernel_equals_softmax_attention(spec):
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=2e-6)
 
 
+def test_mixed_precision_rounds_the_operands_as_the_products_read_them():
+    """With operand_dtype (a mixed-precision step: both products read bfloat16 casts), Q, K,
+    V and the probabilities are rounded to bfloat16, the rest stays float32."""
+    import ml_dtypes
+
+    def rounded(x):
+        return x.astype(ml_dtypes.bfloat16).astype("float32")
+
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((1, 2, 40, 16)).astype("float32") for _ in range(3))
+    outs = {}
+    for low in (None, "bfloat16"):
+        spec = AttentionSpec(1, 2, 2, 40, 40, 16, 16, "float32", 0.25, operand_dtype=low)
+        func = attention_kernel(spec).with_attr("global_symbol", "main")
+        lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+        out = tvm.runtime.empty((1, 2, 40, 16), "float32", tvm.cpu())
+        lib["main"](*[tvm.runtime.tensor(x) for x in (q, k, v)], out)
+        outs[low] = out.numpy()
+    want = _reference(rounded(q), rounded(k), rounded(v), [], 0.25, False)
+    np.testing.assert_allclose(outs["bfloat16"], want, atol=1e-2 * np.abs(want).max())
+    assert np.abs(outs["bfloat16"] - outs[None]).max() > 1e-5  # the rounding happened
+
+
 def test_fully_masked_rows_give_nan_or_zeros_as_the_graph_does():
     """Every key of rows 0..4 at -inf: softmax of all -inf is NaN (eager attention), PyTorch's
     scaled_dot_product_attention zeroes those rows. Rows 5..9 are -inf on their first two

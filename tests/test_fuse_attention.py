@@ -146,13 +146,40 @@ def test_a_training_step_makes_its_probabilities_again_for_the_backward(exported
     softmaxes = [i for i, name in enumerate(order) if name == "relax.nn.softmax"]
     # Both in the backward: after the last layer's forward attention.
     assert len(kernels) == len(softmaxes) == 2 and min(softmaxes) > max(kernels)
-    params = step.mod["main"].params
-    rng = np.random.default_rng(0)
-    labels = [rng.standard_normal([int(d) for d in p.ty.shape]).astype(str(p.ty.dtype))
-              for p in params[len(arrays) - len(model.weights):len(params) - len(model.weights)]]
-    inputs = [*arrays[:len(arrays) - len(model.weights)], *labels, *model.weights]
+    inputs = _step_inputs(step, model, arrays)
     for got, want in zip(_run(fused, inputs), _run(step.mod, inputs), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+
+
+def _step_inputs(step, model, arrays) -> list[np.ndarray]:
+    """A training step's arguments: the model's inputs, random labels, the weights."""
+    params = step.mod["main"].params
+    num_inputs = len(arrays) - len(model.weights)
+    rng = np.random.default_rng(0)
+    labels = [rng.standard_normal([int(d) for d in p.ty.shape]).astype(str(p.ty.dtype))
+              for p in params[num_inputs:len(params) - len(model.weights)]]
+    return [*arrays[:num_inputs], *labels, *model.weights]
+
+
+def test_a_mixed_precision_step_fuses_with_its_operands_rounded(exported):
+    """bfloat16 products (float32 casts of every operand): the kernel reads the float32
+    tensors and rounds them; loss and gradients equal the unfused step's within bfloat16's
+    rounding."""
+    from tvm_ext.models.base import make_training_step
+    from tvm_ext.models.mixed_precision import low_precision_step
+
+    model, arrays = exported["llama_sdpa"]
+    step = low_precision_step(make_training_step(model, loss="mse"), "bfloat16")
+    fuse = FuseAttention(LLVM)
+    fused = fuse(step.mod)
+    assert fuse.fused == 2
+    kernel = next(f for _, f in fused.functions_items() if isinstance(f, tirx.PrimFunc))
+    assert "T.reinterpret" in kernel.script()  # operands rounded to bfloat16 on the bits
+    inputs = _step_inputs(step, model, arrays)
+    got, want = _run(fused, inputs), _run(step.mod, inputs)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4)  # the loss
+    for g, w in zip(got[1:], want[1:], strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-2 * np.abs(w).max())
 
 
 def test_the_pipeline_fuses_on_gpu_targets_without_a_partition(cuda_target):

@@ -68,6 +68,9 @@ class AttentionSpec:
     bias_shapes: tuple[tuple[int, int, int, int], ...] = ()
     bias_dtypes: tuple[str, ...] = ()
     zero_masked_rows: bool = False
+    # the low dtype the unfused products read their operands in (mixed precision): Q, K, V and
+    # the probabilities are rounded to it, the products accumulate in float32
+    operand_dtype: str | None = None
 
     def __post_init__(self):
         if self.heads % self.kv_heads:
@@ -127,6 +130,19 @@ class _Tiling:
     def value_dim(self, lane, c, e):
         return c * self.width * LANES + lane * self.width + e
 
+    def operand(self, x):
+        """A product operand in float32, first rounded to `operand_dtype` where set."""
+        low = self.spec.operand_dtype
+        x = T.Cast("float32", x)
+        if low == "bfloat16":
+            # Round to nearest even on the bits: targets without bfloat16 arithmetic (LLVM's
+            # legalization) cancel a float32 -> bfloat16 -> float32 cast pair.
+            bits = T.reinterpret("uint32", x)
+            bits = (bits + T.uint32(0x7FFF) + ((bits >> T.uint32(16)) & T.uint32(1))) \
+                & T.uint32(0xFFFF0000)
+            return T.reinterpret("float32", bits)
+        return T.Cast("float32", T.Cast(low, x)) if low else x
+
 
 def _init_phase(t: _Tiling):
     """Each thread's copy of its query row (scaled), zero accumulators, m = -inf."""
@@ -142,7 +158,7 @@ def _init_phase(t: _Tiling):
                     vbh, vqt, vt, vd = T.axis.remap("SSSS", [lbh, lqt, tid, d])
                     q_loc[vt, vd] = T.if_then_else(
                         vqt * ROWS + vt // LANES < SQ,
-                        T.Cast("float32", q[vbh // H, vbh % H, vqt * ROWS + vt // LANES, vd])
+                        t.operand(q[vbh // H, vbh % H, vqt * ROWS + vt // LANES, vd])
                         * scale,
                         T.float32(0))
             for d in t.unrolled(acc_dims):
@@ -177,8 +193,8 @@ def _load_phase(t: _Tiling):
                         if flat < TILE_KV * D:
                             k_sh[flat // D * k_stride + flat % D + ve] = T.if_then_else(
                                 vkt * TILE_KV + flat // D < SK,
-                                T.Cast("float32", k[vbh // H, vbh % H // group,
-                                                    vkt * TILE_KV + flat // D, flat % D + ve]),
+                                t.operand(k[vbh // H, vbh % H // group,
+                                            vkt * TILE_KV + flat // D, flat % D + ve]),
                                 T.float32(0))
             for r in T.serial(v_loads):
                 for e in t.vectorized(vvec):
@@ -189,8 +205,8 @@ def _load_phase(t: _Tiling):
                         if flat < TILE_KV * DV:
                             v_sh[flat // DV, flat % DV + ve] = T.if_then_else(
                                 vkt * TILE_KV + flat // DV < SK,
-                                T.Cast("float32", v[vbh // H, vbh % H // group,
-                                                    vkt * TILE_KV + flat // DV, flat % DV + ve]),
+                                t.operand(v[vbh // H, vbh % H // group,
+                                            vkt * TILE_KV + flat // DV, flat % DV + ve]),
                                 T.float32(0))
 
     return load
@@ -289,7 +305,7 @@ def _softmax_phase(t: _Tiling):
                                                T.exp(s[vt, vj] - m[vt]))
                 with T.sblock("prob_share"):
                     vbh, vqt, vkt, vt, vj = T.axis.remap("SSRSS", [lbh, lqt, kt, tid, jj])
-                    p_sh[vt // LANES * p_stride + vj * LANES + vt % LANES] = s[vt, vj]
+                    p_sh[vt // LANES * p_stride + vj * LANES + vt % LANES] = t.operand(s[vt, vj])
                 with T.sblock("lane_sum"):
                     vbh, vqt, vkt, vt, vj = T.axis.remap("SSRSR", [lbh, lqt, kt, tid, jj])
                     lsum[vt] = lsum[vt] + s[vt, vj]

@@ -16,6 +16,9 @@ in the function's dataflow blocks, where:
   (`expand_dims` at axis 2, `broadcast_to`, `reshape`: transformers' `repeat_kv`);
 * `bias` is one or two float tensors broadcast to the scores' shape (a causal or padding mask,
   T5's position bias and mask) added after the scaling;
+* in a mixed-precision training step (`tvm_ext.models.mixed_precision`) every operand of both
+  products is cast from float32 to bfloat16 or float16 (accumulating in float32): the kernel
+  reads the float32 tensors and rounds them as the casts do;
 * PyTorch's scaled_dot_product_attention zeroes rows whose every score is -inf:
   `where(not(any(S != -inf)), 0, P)` (the `equal` / `logical_not` / `max` chain over int8 that
   torch.export writes) is matched as that option.
@@ -95,6 +98,7 @@ class _Reader:
     def __init__(self, bindings: dict):
         self.bindings = bindings
         self.seen: list = []
+        self.rounded: list = []  # per product operand read: the low dtype it was cast to
 
     def value(self, var):
         """The bound value of `var` (recorded as an intermediate), or None for a parameter or a
@@ -155,7 +159,9 @@ class _Reader:
         return src
 
     def split(self, expr):
-        """A 4-D scores/output tensor: (the matmul, its two operands as 4-D tensors)."""
+        """A 4-D scores/output tensor: (the matmul, its two operands as 4-D tensors); operands
+        cast to a low float dtype for the product (mixed precision) are read before the cast,
+        the dtype noted in `rounded`."""
         value = self.peek(expr)
         shape = _shape(expr)
         if shape is None or len(shape) != 4:
@@ -166,10 +172,10 @@ class _Reader:
                 return None
             self.value(expr)
             self.value(value.args[0])
-            a, b = self.merged(inner.args[0]), self.merged(inner.args[1])
+            a, b = (self.merged(self.unrounded(x)) for x in inner.args)
         elif _op(value, "relax.matmul"):
             self.value(expr)
-            a, b = value.args
+            a, b = (self.unrounded(x) for x in value.args)
             if _shape(a) is None or len(_shape(a)) != 4 or len(_shape(b) or ()) != 4:
                 return None
         else:
@@ -177,6 +183,18 @@ class _Reader:
         if a is None or b is None:
             return None
         return a, b
+
+    def unrounded(self, expr):
+        """The float32 tensor a low-precision product operand is cast from (noting the low
+        dtype), or `expr`."""
+        value = self.peek(expr)
+        if _op(value, "relax.astype") and _dtype(expr) in _FLOATS[1:] and \
+                _dtype(value.args[0]) == "float32":
+            self.value(expr)
+            self.rounded.append(_dtype(expr))
+            return value.args[0]
+        self.rounded.append(None)
+        return expr
 
     def ungrouped(self, expr):
         """(K, group) for K' = repeat_kv(K, group) (`expand_dims` at 2, `broadcast_to`,
@@ -284,6 +302,7 @@ def _scores(s_expr, reader: _Reader, adds: int = 0):
         if found is not None and _shape(scores) == shape and _broadcasts(bias, shape):
             reader.value(s_expr)
             reader.seen.extend(trial.seen)
+            reader.rounded.extend(trial.rounded)
             return found[0], found[1], (*found[2], bias), found[3]
     return None
 
@@ -324,9 +343,11 @@ def _match(out_var, value, bindings: dict) -> AttentionMatch | None:
     if ks[0] != b or ks[1] * group != h or vs[:3] != ks[:3] or ks[3] != d or \
             os_ != (b, h, sq, vs[3]):
         return None
+    if len(set(reader.rounded)) != 1:
+        return None  # some operands of the products cast to a low dtype, others not
     shapes = tuple((1,) * (4 - len(_shape(x))) + _shape(x) for x in biases)
     spec = AttentionSpec(b, h, ks[1], sq, ks[2], d, vs[3], dtype, float(scale), shapes,
-                         tuple(_dtype(x) for x in biases), probs[1])
+                         tuple(_dtype(x) for x in biases), probs[1], reader.rounded[0])
     internal = frozenset(v for v in reader.seen if not v.same_as(out_var))
     return AttentionMatch(out_var, q, k, v, biases, spec, internal,
                           {x: bindings[x] for x in internal})
