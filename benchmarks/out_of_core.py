@@ -50,8 +50,9 @@ PLANNERS = ("ideal", "lru", "vdnn", "checkpoint", "swap_only", "swapadvisor")
 GRAPH_VERSION = 2
 
 
-def build_graph(dtype: str, size_name: str):
-    """The fused DataflowGraph of the AdamW step (and its parameter count)."""
+def build_graph(dtype: str, size_name: str, budgeted: bool = True):
+    """The fused DataflowGraph of the AdamW step (and its parameter count): as a build under
+    a device budget fuses it, or (`budgeted=False`) as the unswapped build does."""
     import torch
     import vs_torch
     from vs_torch_gpu_measure import loss_of
@@ -71,22 +72,23 @@ def build_graph(dtype: str, size_name: str):
     imported = import_program(MODEL, program)
     del program
     step = training_model(imported.model, loss_of(MODEL), dtype)
-    return fused_graph(step, cuda_target("sm_90")), count
+    return fused_graph(step, cuda_target("sm_90"), budgeted=budgeted), count
 
 
-def cached_graph(directory: str, dtype: str, size_name: str, log):
+def cached_graph(directory: str, dtype: str, size_name: str, log, budgeted: bool = True):
     from tvm_ext.graph import DataflowGraph
 
     batch, seq = SHAPES[size_name]
-    path = os.path.join(directory, f"{MODEL}_{size_name}_{batch}x{seq}_adamw_{dtype}"
+    kind = "" if budgeted else "_unswapped"
+    path = os.path.join(directory, f"{MODEL}_{size_name}_{batch}x{seq}_adamw_{dtype}{kind}"
                                    f"_v{GRAPH_VERSION}.json")
     if os.path.exists(path):
         with open(path) as f:
             data = json.load(f)
         return DataflowGraph.from_dict(data["graph"]), data["parameters"]
     start = time.perf_counter()
-    graph, count = build_graph(dtype, size_name)
-    log(f"# {dtype}: {graph.num_ops} ops, {count / 1e9:.2f}B parameters, graph built in "
+    graph, count = build_graph(dtype, size_name, budgeted)
+    log(f"# {dtype}{kind}: {graph.num_ops} ops, {count / 1e9:.2f}B parameters, graph built in "
         f"{time.perf_counter() - start:.0f} s")
     os.makedirs(directory, exist_ok=True)
     temp = f"{path}.{os.getpid()}.tmp"
@@ -96,10 +98,9 @@ def cached_graph(directory: str, dtype: str, size_name: str, log):
     return graph, count
 
 
-def long_search(problem, ratio: float, seconds: float, seed: int) -> dict:
+def long_search(problem, budget: int, seconds: float, seed: int) -> dict:
     from tvm_ext.swap.search import swapadvisor_phases
 
-    budget = int(problem.no_swap_peak() / ratio)
     plan = swapadvisor_phases(problem.with_budget(budget), time_budget_s=seconds,
                               seed=seed)[-1]
     return {"time_s": plan.predicted_time, "planning_s": plan.planning_time,
@@ -109,9 +110,9 @@ def long_search(problem, ratio: float, seconds: float, seed: int) -> dict:
 def _row_line(dtype, preset, ratio, row) -> str:
     p = row["planners"]
     long = row.get("swapadvisor_long")
-    long_pct = f"{100 * p['ideal']['time_s'] / long['time_s']:7.1f}" if long else f"{'-':>7}"
+    long_pct = f"{100 * row['ideal_s'] / long['time_s']:7.1f}" if long else f"{'-':>7}"
     return (f"{dtype:5} {preset:5} {ratio:5g} {row['budget'] / 2**30:7.2f} "
-            f"{row['no_swap_peak'] / 2**30:7.2f} {p['ideal']['time_s']:7.3f} "
+            f"{row['no_swap_peak'] / 2**30:7.2f} {row['ideal_s']:7.3f} "
             f"{p['lru']['pct_ideal']:6.1f} {p['vdnn']['pct_ideal']:6.1f} "
             f"{p['checkpoint']['pct_ideal']:6.1f} {p['swap_only']['pct_ideal']:6.1f} "
             f"{p['swapadvisor']['pct_ideal']:6.1f} {long_pct} "
@@ -153,16 +154,19 @@ def main(argv=None) -> int:
     print(HEADER, flush=True)
     for dtype in args.dtypes.split(","):
         graph, count = cached_graph(args.graphs, dtype, args.size, log)
+        step, _ = cached_graph(args.graphs, dtype, args.size, log, budgeted=False)
         for preset in args.presets.split(","):
             base = SwapProblem.from_graph(graph, 1 << 62, preset, name=f"{MODEL}-{dtype}")
+            plain = SwapProblem.from_graph(step, 1 << 62, preset)
+            unswapped = (float(plain.durations.sum()), plain.no_swap_peak())
             for ratio in (float(r) for r in args.ratios.split(",")):
-                row, _ = swap.run_case(base, ratio, args.time_budget, args.seed)
+                row, _ = swap.run_case(base, ratio, args.time_budget, args.seed, unswapped)
                 row.update(model=MODEL, size=args.size, dtype=dtype, preset=preset,
                            parameters=count, batch=SHAPES[args.size][0],
                            seq=SHAPES[args.size][1])
                 if args.long_budget > 0:
-                    row["swapadvisor_long"] = long_search(base, ratio, args.long_budget,
-                                                          args.seed)
+                    row["swapadvisor_long"] = long_search(base, row["budget"],
+                                                          args.long_budget, args.seed)
                 results.append(row)
                 line = _row_line(dtype, preset, ratio, row)
                 lines.append(line)

@@ -42,12 +42,18 @@ def search_rows(graphs: str, dtypes: list[str], ratios: list[int], seeds: list[i
 
     rows = []
     warm = False
+    def log(line):
+        print(line, file=sys.stderr)
+
     for dtype in dtypes:
-        graph, _ = cached_graph(graphs, dtype, "real", lambda line: print(line, file=sys.stderr))
+        graph, _ = cached_graph(graphs, dtype, "real", log)
         base = SwapProblem.from_graph(graph, 1 << 62, "h200", name=f"llama-{dtype}")
-        ideal = plan_swaps(base, "ideal").predicted_time
+        # Budgets and ideal of the step as built without a budget (out_of_core.py's).
+        step = SwapProblem.from_graph(cached_graph(graphs, dtype, "real", log, False)[0],
+                                      1 << 62, "h200")
+        ideal = plan_swaps(step, "ideal").predicted_time
         for ratio in ratios:
-            problem = base.with_budget(int(base.no_swap_peak() / ratio))
+            problem = base.with_budget(int(step.no_swap_peak() / ratio))
             if not warm:  # load the compiled core once, outside every timed search
                 swapadvisor_phases(problem, 0.01, 0)
                 warm = True

@@ -9,9 +9,10 @@ removed. A bias of lower rank is reshaped to 4-D (a view).
 Intermediates something else reads (a training step's backward reads the probabilities, and
 the operands' views for its products) are kept, but computed right before their first such
 reader instead of in the forward: the forward's output comes from the kernel, and the scores
-and probabilities are made again for the backward (one more product per attention) rather than
-held from the forward to it, which takes a layer's B x H x S x S probabilities off the
-activations a training step keeps.
+and probabilities are made for the backward rather than held from the forward to it, which
+takes a layer's B x H x S x S probabilities off the activations a training step keeps. The
+kernel's work is then on top of the unfused step's, so the pipeline does it only under a
+device budget (`recompute_for_backward`); without one, such an attention stays unfused.
 
 On CUDA the kernel comes scheduled (its loops bound to blocks and threads, its scratch in
 shared and local memory); on other targets it is the same TIR with serial loops, which is what
@@ -99,10 +100,16 @@ class _Rewrite(relax.expr_functor.PyExprMutator):
 class FuseAttention:
     """Fuse each attention of every Relax function into one kernel (see the module doc).
     `target`: the kernel's form (scheduled for CUDA on a GPU target; default: the current
-    target's)."""
+    target's). `recompute_for_backward`: fuse attentions whose intermediates a backward reads
+    (made again for it), or leave them unfused."""
 
-    def __init__(self, target: tvm.target.Target | None = None):
+    def __init__(self, target: tvm.target.Target | None = None,
+                 recompute_for_backward: bool = True):
         self.target = target
+        # False: an attention whose intermediates something else reads stays unfused (a
+        # training step with memory to spare keeps its probabilities rather than make them
+        # twice)
+        self.recompute_for_backward = recompute_for_backward
         self.fused = 0  # attentions fused by the last run
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -110,7 +117,8 @@ class FuseAttention:
         rewrite = _Rewrite(mod, gpu=target is not None and is_gpu(target))
         funcs = [(gv, f) for gv, f in mod.functions_items() if isinstance(f, relax.Function)]
         for gv, func in funcs:
-            matches = find_attention(func)
+            matches = [m for m in find_attention(func)
+                       if self.recompute_for_backward or not m.kept]
             if not matches:
                 continue
             rewrite.set_matches(matches)

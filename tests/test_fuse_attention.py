@@ -182,6 +182,25 @@ def test_a_mixed_precision_step_fuses_with_its_operands_rounded(exported):
         np.testing.assert_allclose(g, w, atol=1e-2 * np.abs(w).max())
 
 
+def test_without_a_budget_a_training_step_keeps_its_probabilities(exported, cuda_target):
+    """Making the probabilities twice costs a product per attention: a build without a device
+    budget keeps the training step's attention unfused; a budgeted build fuses it."""
+    from tvm_ext.models.base import make_training_step
+
+    model, _ = exported["llama_sdpa"]
+    step = make_training_step(model, loss="mse")
+    fuse = FuseAttention(LLVM, recompute_for_backward=False)
+    assert fuse(step.mod).same_as(step.mod) and fuse.fused == 0
+    fuse(model.mod)
+    assert fuse.fused == 2  # inference: nothing else reads the intermediates
+    for memory, fused in ((None, 0), ("50%", 2)):
+        staged = pipeline.run_phases(step.mod, cuda_target, through="legalize",
+                                     inclusive=True, device_memory=memory)
+        assert _fused_kernels(staged) == min(fused, 1)  # both layers call one kernel
+        assert _fused_kernels(pipeline.fuse(step.mod, cuda_target,
+                                            budgeted=memory is not None)) == min(fused, 1)
+
+
 def test_the_pipeline_fuses_on_gpu_targets_without_a_partition(cuda_target):
     mod = _attention()
     staged = pipeline.run_phases(mod, cuda_target, through="legalize", inclusive=True)

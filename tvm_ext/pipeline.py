@@ -5,7 +5,8 @@ Phases, in order (each a list of passes, so a caller can rebuild the pipeline fr
 1. `library_dispatch_passes`  target-specific library dispatch (sort, sampling); on GPU
                               targets FuseAttention (tvm_ext.passes): each attention one
                               fused kernel (not with a partition, whose analysis reads
-                              the unfused operators).
+                              the unfused operators; a training step's only under a
+                              device budget).
 2. `legalize_passes`          LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR,
                               BroadcastConstants (constants at their distinct extent),
                               DropUnreadKernelInputs (arguments a kernel never reads):
@@ -72,9 +73,13 @@ from .runtime.blas import cublas_workspace_bytes
 SCHEDULE_PHASE = "schedule"
 
 
-def library_dispatch_passes(target: tvm.target.Target, fused_attention: bool = True) -> list:
-    """`fused_attention`: on a GPU target, each attention one fused kernel (FuseAttention)."""
-    fuse = [FuseAttention(target)] if fused_attention and is_gpu(target) else []
+def library_dispatch_passes(target: tvm.target.Target, fused_attention: bool = True,
+                            budgeted: bool = True) -> list:
+    """`fused_attention`: on a GPU target, each attention one fused kernel (FuseAttention);
+    `budgeted` (a device budget: memory is short), including the attentions of a training
+    step, whose probabilities are then made again for the backward."""
+    fuse = [FuseAttention(target, recompute_for_backward=budgeted)] \
+        if fused_attention and is_gpu(target) else []
     return [*fuse, relax.backend.DispatchSampling(), relax.backend.DispatchSortScan()]
 
 
@@ -187,9 +192,10 @@ def phases(
 ) -> list[tuple[str, list]]:
     """The pipeline as (phase name, passes) pairs."""
     partitioned = num_devices is not None or partition_plan is not None
+    budgeted = device_memory is not None or swap_plan is not None
     return [
         ("library_dispatch", library_dispatch_passes(
-            target, fused_attention and not partitioned)),
+            target, fused_attention and not partitioned, budgeted)),
         ("legalize", legalize_passes(target)),
         ("partition", partition_passes(target, num_devices, partition_plan,
                                        **(partition_options or {}))),
@@ -203,13 +209,15 @@ def phases(
     ]
 
 
-def fuse(mod: tvm.IRModule, target: tvm.target.Target,
-         fused_attention: bool = True) -> tvm.IRModule:
+def fuse(mod: tvm.IRModule, target: tvm.target.Target, fused_attention: bool = True,
+         budgeted: bool = True) -> tvm.IRModule:
     """The module after the legalize phase, with dataflow reshapes rewritten into views: what
     the partition and swap phases receive and what `tvm_ext.ir.graph_builder` reads
-    (`fused_attention=False` for a partition: see `phases`)."""
+    (`fused_attention=False` for a partition, `budgeted=False` for a build without a device
+    budget: see `phases`)."""
     with target:
-        passes = library_dispatch_passes(target, fused_attention) + legalize_passes(target)
+        passes = library_dispatch_passes(target, fused_attention, budgeted) + \
+            legalize_passes(target)
         fused = tvm.transform.Sequential(passes)(mod)
         return relax.transform.RewriteDataflowReshape()(fused)
 

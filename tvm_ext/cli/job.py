@@ -33,7 +33,7 @@ def compile_model(args) -> int:
     if loaded is None:
         return 2
     model, target, gradient_model = loaded
-    graph, live = _read_graph(model, target, report)
+    graph, live = _read_graph(model, target, report, budgeted=bool(args.device_memory))
     if args.devices is not None:
         problem = device_count_problem(args, graph, target)
         if problem:
@@ -127,10 +127,10 @@ def _load(args, report: dict):
     return model, target, gradient_model
 
 
-def _read_graph(model, target, report: dict):
-    """The fused graph and its liveness peak without kernel scratch (what the allocators see
-    of an unplanned build)."""
-    graph = driver.fused_graph(model, target)
+def _read_graph(model, target, report: dict, budgeted: bool):
+    """The fused graph (`budgeted`: as a build with a device budget fuses it) and its liveness
+    peak without kernel scratch (what the allocators see of an unplanned build)."""
+    graph = driver.fused_graph(model, target, budgeted=budgeted)
     gsum = graph.summary()
     report["graph"] = gsum
     live = graph.peak_memory(kinds=("parameter", "state", "input", "constant", "activation",

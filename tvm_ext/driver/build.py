@@ -56,11 +56,12 @@ def device_of(target: tvm.target.Target, index: int = 0) -> tvm.runtime.Device:
 
 
 def fused_graph(model: Model | tvm.IRModule, target: tvm.target.Target,
-                fissioned: Sequence[str] = ()) -> DataflowGraph:
+                fissioned: Sequence[str] = (), budgeted: bool = True) -> DataflowGraph:
     """The DataflowGraph of the model as the pipeline fuses it for `target`, with the ops a
     swap plan may split in time (as SwapOffload reads it); `fissioned`: kernels run as their
-    parts (a plan's `fissioned`)."""
-    fused = pipeline.fuse(_module(model), target)
+    parts (a plan's `fissioned`); `budgeted=False`: as a build without a device budget fuses
+    it (`pipeline.fuse`)."""
+    fused = pipeline.fuse(_module(model), target, budgeted=budgeted)
     if fissioned:  # a part that only reshapes is a view, as SwapOffload reads it
         return swap_graph(fission_kernels(fused, fissioned))
     return annotate_time_splits(fused, build_graph(fused))
