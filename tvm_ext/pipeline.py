@@ -188,11 +188,12 @@ def phases(
     target: tvm.target.Target, *, memory_planning: bool = True, tune_db: str | None = None,
     device_memory=None, swap_plan=None, swap_options: dict | None = None,
     num_devices: int | None = None, partition_plan=None, partition_options: dict | None = None,
-    library: bool = True, fused_attention: bool = True,
+    library: bool = True, fused_attention: bool = True, budgeted: bool | None = None,
 ) -> list[tuple[str, list]]:
     """The pipeline as (phase name, passes) pairs."""
     partitioned = num_devices is not None or partition_plan is not None
-    budgeted = device_memory is not None or swap_plan is not None
+    if budgeted is None:
+        budgeted = device_memory is not None or swap_plan is not None
     return [
         ("library_dispatch", library_dispatch_passes(
             target, fused_attention and not partitioned, budgeted)),
@@ -278,6 +279,7 @@ def tvm_ext_pipeline(
     partition_options: dict | None = None,
     library: bool = True,
     fused_attention: bool = True,
+    budgeted: bool | None = None,
     start_phase: str | None = None,
 ) -> tvm.transform.Pass:
     """The tvm_ext pipeline for `tvm.compile(mod, target, relax_pipeline=...)`.
@@ -303,6 +305,10 @@ def tvm_ext_pipeline(
             library (OpenBLAS on CPU, cuBLAS on CUDA); False keeps TVM's generated code.
         fused_attention: on a GPU target, each attention is one fused kernel (FuseAttention;
             not with a partition).
+        budgeted: fuse as a build under a device budget does (a training step's attention
+            too, its probabilities made again for the backward); None: whether
+            `device_memory` or `swap_plan` is given. True without a budget builds the
+            unswapped twin a swapped build is compared with, bit for bit.
         start_phase: skip the phases before this one (for a module that has been through
             them, e.g. one PartitionOperators already rewrote).
     """
@@ -320,7 +326,7 @@ def tvm_ext_pipeline(
                             swap_options=swap_options, num_devices=num_devices,
                             partition_plan=partition_plan,
                             partition_options=partition_options, library=library,
-                            fused_attention=fused_attention)
+                            fused_attention=fused_attention, budgeted=budgeted)
             names = [name for name, _ in stages]
             if start_phase is not None and start_phase not in names:
                 raise ValueError(f"the tvm_ext pipeline has no phase {start_phase!r}; phases: "

@@ -145,7 +145,10 @@ def run_swapped(args, report, model, planning, executable, target, arguments,
             in_force = swap_streams.emulated_link()
             swapped = driver.run(executable, arguments, device, repeat=args.repeat, host=host,
                                  arg_devices=planning.argument_devices)
-        plain = driver.run(driver.build(model, target, tune_db=tune_db, library=args.library),
+        # The unswapped twin: the same kernels as the plan's graph (budgeted: as fused under
+        # a budget), so that outputs compare bit for bit.
+        plain = driver.run(driver.build(model, target, tune_db=tune_db, library=args.library,
+                                        budgeted=True),
                            arguments, device, repeat=args.repeat)
     constants = graph.bytes_of_kind("constant")  # loaded with the module, not by the VM
     measured = swapped.peak_bytes + constants
@@ -222,8 +225,8 @@ def run_swapped_training(args, report, step, gradient_model, planning, executabl
     if not args.check:
         return 0
     plain = driver.TrainingSession(driver.build(step, target, tune_db=tune_db,
-                                                library=args.library), step, device,
-                                   seed=args.seed)
+                                                library=args.library, budgeted=True), step,
+                                   device, seed=args.seed)
     expected = plain.run([batch] * args.steps)
     problems = []
     inexact = planning.inexact_splits

@@ -153,7 +153,8 @@ def swap_entry(writer: SuiteWriter, cfg: SuiteConfig, target, hardware: str, log
     label = _label(model, cfg.swap_size)
     graph = fused_graph(model, target)
     path, unswapped = writer.path(f"swap/{label}.so")
-    export(build(model, target, library=cfg.library), path)
+    # The swapped builds' unswapped twin (the same fused kernels: outputs compare bit for bit).
+    export(build(model, target, library=cfg.library, budgeted=True), path)
     budgets, problem = [], None
     for budget in cfg.swap_budgets:
         # No fission: the checks time the fused kernels and simulate every budget's plan with
