@@ -134,7 +134,7 @@ class _Reader:
             break
         return expr, scale, transposed
 
-    def merged(self, expr, shape4: tuple[int, ...] | None = None):
+    def merged(self, expr):
         """The 4-D tensor whose (batch, heads) axes a 3-D operand merges (through a reshape
         and an identity broadcast_to), or the operand itself when it is 4-D."""
         shape = _shape(expr)
@@ -341,7 +341,7 @@ def _match(out_var, value, bindings: dict) -> AttentionMatch | None:
     if group == 1 and ks[1] == 1:
         group = h
     if ks[0] != b or ks[1] * group != h or vs[:3] != ks[:3] or ks[3] != d or \
-            os_ != (b, h, sq, vs[3]):
+            os_ != (b, h, sq, vs[3]) or _shape(probs[0]) != (b, h, sq, ks[2]):
         return None
     if len(set(reader.rounded)) != 1:
         return None  # some operands of the products cast to a low dtype, others not
