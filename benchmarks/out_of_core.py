@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import swap
-    from tvm_ext.swap import SwapProblem
+    from tvm_ext.swap import SwapProblem, plan_swaps
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
         for preset in args.presets.split(","):
             base = SwapProblem.from_graph(graph, 1 << 62, preset, name=f"{MODEL}-{dtype}")
             plain = SwapProblem.from_graph(step, 1 << 62, preset)
-            unswapped = (float(plain.durations.sum()), plain.no_swap_peak())
+            unswapped = (plan_swaps(plain, "ideal").predicted_time, plain.no_swap_peak())
             for ratio in (float(r) for r in args.ratios.split(",")):
                 row, _ = swap.run_case(base, ratio, args.time_budget, args.seed, unswapped)
                 row.update(model=MODEL, size=args.size, dtype=dtype, preset=preset,

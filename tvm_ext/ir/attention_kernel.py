@@ -173,41 +173,41 @@ def _init_phase(t: _Tiling):
     return init
 
 
-def _load_phase(t: _Tiling):
-    """Tile kt of the keys and values into shared memory (float32), zeros past kv_len."""
-    H, SK, D, DV = t.spec.heads, t.spec.kv_len, t.spec.head_dim, t.spec.value_dim
+def _tile_loader(t: _Tiling, dim: int, vec: int, stride: int, name: str):
+    """A macro loading tile kt of keys or values ([.., kv_len, dim]) into flat shared rows of
+    `stride` floats (float32), `vec` floats per load, zeros past kv_len."""
+    H, SK, threads = t.spec.heads, t.spec.kv_len, t.threads
     group = t.spec.heads // t.spec.kv_heads
-    threads, kvec, vvec, k_stride = t.threads, t.kvec, t.vvec, t.k_stride
-    k_loads = -(-TILE_KV * D // (threads * kvec))  # vector loads per thread
-    v_loads = -(-TILE_KV * DV // (threads * vvec))
+    loads = -(-TILE_KV * dim // (threads * vec))  # vector loads per thread
+
+    @T.macro
+    def load(src, dst, lbh, lqt, kt, tid):
+        for r in T.serial(loads):
+            for e in t.vectorized(vec):
+                with T.sblock(name):
+                    vbh, vqt, vkt, vt, vr, ve = T.axis.remap(
+                        "SSRSSS", [lbh, lqt, kt, tid, r, e])
+                    flat: T.let[T.int32] = (vr * threads + vt) * vec
+                    if flat < TILE_KV * dim:
+                        dst[flat // dim * stride + flat % dim + ve] = T.if_then_else(
+                            vkt * TILE_KV + flat // dim < SK,
+                            t.operand(src[vbh // H, vbh % H // group,
+                                          vkt * TILE_KV + flat // dim, flat % dim + ve]),
+                            T.float32(0))
+
+    return load
+
+
+def _load_phase(t: _Tiling):
+    """Tile kt of the keys and values into shared memory."""
+    load_k = _tile_loader(t, t.spec.head_dim, t.kvec, t.k_stride, "k_load")
+    load_v = _tile_loader(t, t.spec.value_dim, t.vvec, t.spec.value_dim, "v_load")
 
     @T.macro
     def load(k, v, k_sh, v_sh, lbh, lqt, kt):
-        for tid in t.thread(threads):
-            for r in T.serial(k_loads):
-                for e in t.vectorized(kvec):
-                    with T.sblock("k_load"):
-                        vbh, vqt, vkt, vt, vr, ve = T.axis.remap(
-                            "SSRSSS", [lbh, lqt, kt, tid, r, e])
-                        flat: T.let[T.int32] = (vr * threads + vt) * kvec
-                        if flat < TILE_KV * D:
-                            k_sh[flat // D * k_stride + flat % D + ve] = T.if_then_else(
-                                vkt * TILE_KV + flat // D < SK,
-                                t.operand(k[vbh // H, vbh % H // group,
-                                            vkt * TILE_KV + flat // D, flat % D + ve]),
-                                T.float32(0))
-            for r in T.serial(v_loads):
-                for e in t.vectorized(vvec):
-                    with T.sblock("v_load"):
-                        vbh, vqt, vkt, vt, vr, ve = T.axis.remap(
-                            "SSRSSS", [lbh, lqt, kt, tid, r, e])
-                        flat: T.let[T.int32] = (vr * threads + vt) * vvec
-                        if flat < TILE_KV * DV:
-                            v_sh[flat // DV, flat % DV + ve] = T.if_then_else(
-                                vkt * TILE_KV + flat // DV < SK,
-                                t.operand(v[vbh // H, vbh % H // group,
-                                            vkt * TILE_KV + flat // DV, flat % DV + ve]),
-                                T.float32(0))
+        for tid in t.thread(t.threads):
+            load_k(k, k_sh, lbh, lqt, kt, tid)
+            load_v(v, v_sh, lbh, lqt, kt, tid)
 
     return load
 
@@ -333,7 +333,7 @@ def _accumulate_phase(t: _Tiling):
                                 "SSRSRSS", [lbh, lqt, kt, tid, j, c, e])
                             dim: T.let[T.int32] = t.value_dim(vt % LANES, vc, ve)
                             vreg[vt, ve] = T.if_then_else(
-                                dim < DV, v_sh[vj, T.min(dim, DV - 1)], T.float32(0))
+                                dim < DV, v_sh[vj * DV + T.min(dim, DV - 1)], T.float32(0))
                     for e in t.unrolled(width):
                         with T.sblock("acc"):
                             vbh, vqt, vkt, vt, vj, vc, ve = T.axis.remap(
@@ -410,7 +410,7 @@ def _tile_body(t: _Tiling):
                     lsum = T.sblock_alloc_buffer((threads,), "float32", scope=local)
                     k_sh = T.sblock_alloc_buffer((TILE_KV * t.k_stride,), "float32",
                                                  scope=shared)
-                    v_sh = T.sblock_alloc_buffer((TILE_KV, DV), "float32", scope=shared)
+                    v_sh = T.sblock_alloc_buffer((TILE_KV * DV,), "float32", scope=shared)
                     p_sh = T.sblock_alloc_buffer((ROWS * t.p_stride,), "float32", scope=shared)
                     part = T.sblock_alloc_buffer((ROWS, LANES), "float32", scope=shared)
                     init(q, q_loc, acc, m, lsum, lbh, lqt)
