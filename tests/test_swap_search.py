@@ -237,6 +237,31 @@ def test_the_search_seeds_an_optimizer_step_with_its_updates_early():
     assert (0, 1, 2, 3, 4, 5, 6) in orders
 
 
+def test_an_update_is_written_back_right_after_it_when_its_knob_says_so():
+    """`Knobs.write_back`: an argument's final in-place update is copied back to the host
+    right after the update, the copy overlapping the ops after it, instead of at the end."""
+    problem = two_layer_step()
+    updated = {problem.tensor_names.index(n): n for n in ("W1", "W2", "M1", "M2")}
+    # As `SwapProblem.from_graph` gives them: the updates are outputs (to their arguments).
+    problem = dataclasses.replace(problem, outputs=[*problem.outputs, *updated])
+    order = np.asarray(early_update_order(problem, problem.order))  # u2 at 3, u1 at 5
+    evaluator = Evaluator(problem)
+
+    def written_after(write_back: bool):
+        plan = evaluator.plan(order, Knobs(keep=0.0, write_back=write_back), "swapadvisor")
+        validate(problem, plan)
+        return plan, {updated[c.tensor]: c.after for c in plan.swap_outs if c.tensor in updated}
+
+    early, after = written_after(True)
+    assert after == {"W2": 3, "M2": 3, "W1": 5, "M1": 5}
+    late, after = written_after(False)
+    assert after == dict.fromkeys(("W2", "M2", "W1", "M1"), 6)
+    # X and W1 fetched (1 s each), seven 1 s ops, then four 1 s copies trailing the last op;
+    # early, two of them overlap b1 and b0.
+    assert late.predicted_time == pytest.approx(13.0)
+    assert early.predicted_time < late.predicted_time
+
+
 def test_early_update_orders_are_topological():
     for seed in range(5):
         problem = random_problem(seed, num_ops=40, budget_frac=0.5)

@@ -18,7 +18,8 @@ A window's cost depends on the policy (`Policy.mode`):
     favouring occupants used furthest in the future (weight delta), and how late the op would
     start because of this window (weight gamma): the window frees when its occupants' last
     ops end and their swap-outs finish, then the swap-in waits for the host-to-device link.
-    Evicted tensors leave right after their last use; a swap-in is issued as soon as its
+    Evicted tensors leave right after their last use, and so (`Policy.write_back`) does an
+    argument updated in place once its last update has run; a swap-in is issued as soon as its
     window is free (after the last use, and the swap-out, of everything that occupied it),
     and of windows that cost the same it takes the one free earliest (adjacent free segments
     keep their own free times: a window within one freed long ago is free before a window
@@ -74,7 +75,9 @@ Graph = namedtuple("Graph", ["need_ptr", "need_idx", "producer", "sizes", "durat
 # the stand-in.
 Link = namedtuple("Link", ["h2d_bw", "h2d_lat", "d2h_bw", "d2h_lat", "sync", "wake_idle",
                            "wake_issue", "wake_start"])
-Policy = namedtuple("Policy", ["mode", "beta", "gamma", "delta"])
+# write_back: 1.0 copies an argument out right after its final in-place update (`_after_op`),
+# 0.0 holds it until it is evicted or the call ends (SWAPADVISOR mode only).
+Policy = namedtuple("Policy", ["mode", "beta", "gamma", "delta", "write_back"])
 # Size classes: tensor t takes an object of class obj_class[t] (-1: any window of the arena);
 # class c has `count[c]` objects of `size[c]` bytes laid out from offset `base[c]`.
 Layout = namedtuple("Layout", ["obj_class", "base", "size", "count"])
@@ -384,7 +387,7 @@ def derive(order, graph, fixed, host_start, arena, link, policy, offload_after, 
         est[i] = max(start, first_chunk) + durations[op]
         if policy.mode == VDNN and i + 1 < st.n:
             _prefetch(st, graph.need_ptr, graph.need_idx, order[i + 1], i, now)
-        _after_op(st, needs, m, i)
+        _after_op(st, needs, m, i, policy.mode == SWAPADVISOR and policy.write_back > 0.0)
         if graph.chunks[op] > 0:
             _stream_out(st, graph, op, i)
         if policy.mode == VDNN:
@@ -542,7 +545,7 @@ def _prefetch(st, need_ptr, need_idx, nxt, i, now):
     ten = st.ten
     fixed, resident, prod_op, offload_after = (ten.fixed, ten.resident, ten.prod_op,
                                                ten.offload_after)
-    lru = Policy(LRU, 0.0, 0.0, 0.0)
+    lru = Policy(LRU, 0.0, 0.0, 0.0, 0.0)
     for k in range(need_ptr[nxt], need_ptr[nxt + 1]):
         t = need_idx[k]
         if fixed[t] or resident[t] or prod_op[t] == nxt or offload_after[t] < 0 or \
@@ -556,9 +559,13 @@ def _prefetch(st, need_ptr, need_idx, nxt, i, now):
 
 
 @nb.njit(cache=True)
-def _after_op(st, needs, m, i):
+def _after_op(st, needs, m, i, write_back_early):
     """After the op at i: release what is dead (or made again before its next use: its
-    producer runs again there), extend what lives on."""
+    producer runs again there), extend what lives on. With `write_back_early`, a tensor that
+    ends the call on the host and has no use left (an argument's final in-place update) is
+    copied out now rather than held to the end: it crosses the link once either way, and now
+    the copy overlaps the ops still to run (the backward of the layers before it) instead of
+    trailing the last op."""
     ten, res_end, seg = st.ten, st.res.end, st.seg
     last_use, cur_res, cursor, use_ptr, use_pos = (ten.last_use, ten.cur_res, ten.cursor,
                                                    ten.use_ptr, ten.use_pos)
@@ -577,6 +584,9 @@ def _after_op(st, needs, m, i):
             ten.resident[t] = False
             ten.release[t] = i
             _seg_free(seg, _seg_find(seg, ten.offset[t]), i, -1, st.est[i])
+        elif write_back_early and c == use_ptr[t + 1] and not ten.host_copy[t] and \
+                (ten.end_on_host[t] or (ten.host_start[t] and ten.write_op[t] >= 0)):
+            _evict(st, t, _seg_find(seg, ten.offset[t]), i)
 
 
 @nb.njit(cache=True)

@@ -67,6 +67,9 @@ class Knobs:
     gamma: float = 1.0  # stall of the tensor being placed
     delta: float = 0.0  # Belady: prefer evicting tensors used far in the future
     keep: float = 0.02
+    # copy an argument back to the host right after its final in-place update (overlapping
+    # the ops after it), rather than when it is evicted or the call ends
+    write_back: bool = True
 
 
 @dataclasses.dataclass
@@ -358,7 +361,7 @@ class Evaluator:
             arena = int((np.asarray(counts) * self.class_sizes).sum())
         # Plain floats and ints only: another argument type would compile another version.
         policy = _core.Policy(self.mode, float(knobs.beta), float(knobs.gamma),
-                              float(knobs.delta))
+                              float(knobs.delta), float(knobs.write_back))
         pad = split.padding
         derived = _core.derive(runs, split.graph, split.fixed, split.host_start, int(arena),
                                self.link, policy, np.concatenate([self.offload_after(order),
@@ -433,7 +436,11 @@ class Evaluator:
                   "arena": int(ev.arena), "fallbacks": int(d.fallbacks),
                   "max_segments": int(d.max_segments), "placements": int(d.placements),
                   "beta": knobs.beta, "gamma": knobs.gamma, "delta": knobs.delta,
-                  "keep": knobs.keep, **self.recompute_info(ev), **_split_info(p, splits),
+                  "keep": knobs.keep,
+                  # the other modes leave arguments where eviction puts them
+                  **({"write_back": knobs.write_back} if self.mode == _core.SWAPADVISOR
+                     else {}),
+                  **self.recompute_info(ev), **_split_info(p, splits),
                   **(info or {})})
         sim = simulate(p, plan)
         if abs(sim.makespan - ev.makespan) > 1e-9 * max(1.0, ev.makespan):

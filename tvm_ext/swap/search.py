@@ -1,8 +1,9 @@
 """The SwapAdvisor search: a genetic algorithm over (schedule, memory-policy knobs).
 
 An individual is a topological op order, a memory layout, the knobs of the swap derivation
-(`Knobs`: how evictions weigh link time, stalls and next-use distance, and how much of the
-budget small arguments may hold on the device) and a recompute choice: which candidate tensors
+(`Knobs`: how evictions weigh link time, stalls and next-use distance, how much of the
+budget small arguments may hold on the device, and whether an argument updated in place is
+written back right after its update) and a recompute choice: which candidate tensors
 are dropped after their early uses and made again before their late ones (`recompute.py`)
 instead of being kept or swapped. Its fitness is the simulated iteration
 time of the plan the derivation gives it (`derive.Evaluator`). The layout is either
@@ -14,7 +15,7 @@ case; both are searched and the faster plan is returned.
 
 * Seeds: the IR's order, a memory-aware greedy order and an as-late-as-possible order, with a
   spread of knobs (an optimizer step's orders also with its updates run right after their
-  gradients), and
+  gradients, and the IR's with its write-backs held to the end), and
   size-class counts in proportion to each class's peak demand; no recompute, the tensors
   cheaper to recompute than to copy out and back, and sqrt(n) checkpointing, with their
   chain links (`recompute.py`).
@@ -23,10 +24,10 @@ case; both are searched and the faster plan is returned.
 * Mutation: move an op to a legal slot (after its last producer, before its first consumer:
   the earliest, the latest or a random one), half of the time an op that stalled in the
   simulation (picked in proportion to its stall); perturb a knob multiplicatively, or
-  redraw it; move objects from one size class to another (repaired to each class's minimum
-  and to the budget); flip a few recompute choices (favouring the tensors that free most
-  bytes per second of recompute); a tensor turned on brings its chain links, and half of the
-  time its inputs as big and cheaper to make again than to copy in.
+  redraw it (flip the write-back); move objects from one size class to another (repaired to
+  each class's minimum and to the budget); flip a few recompute choices (favouring the
+  tensors that free most bytes per second of recompute); a tensor turned on brings its chain
+  links, and half of the time its inputs as big and cheaper to make again than to copy in.
 * Elitism keeps the best individuals; every generation a few mutations of the best are tried
   and kept when better (local search).
 * Stops at the generation limit, the time budget, or after `patience` generations without a
@@ -408,13 +409,15 @@ class GeneticSearch:
         return Knobs(beta=float(r.uniform(*_KNOB_RANGE["beta"])),
                      gamma=float(r.uniform(*_KNOB_RANGE["gamma"])),
                      delta=float(r.uniform(*_KNOB_RANGE["delta"])) * float(r.random() < 0.7),
-                     keep=float(r.choice(_KEEP_CHOICES)))
+                     keep=float(r.choice(_KEEP_CHOICES)), write_back=bool(r.random() < 0.75))
 
     def _mutate_knobs(self, k: Knobs) -> Knobs:
         r = self.rng
         values = dataclasses.asdict(k)
-        name = str(r.choice(["beta", "gamma", "delta", "keep"]))
-        if name == "keep":
+        name = str(r.choice(["beta", "gamma", "delta", "keep", "write_back"]))
+        if name == "write_back":
+            values["write_back"] = not values["write_back"]
+        elif name == "keep":
             values["keep"] = float(r.choice(_KEEP_CHOICES))
         elif r.random() < 0.15:
             values[name] = 0.0 if r.random() < 0.5 else float(r.uniform(*_KNOB_RANGE[name]))
@@ -534,6 +537,13 @@ class GeneticSearch:
             order = np.asarray(early_update_order(self.problem, base), dtype=np.int64)
             if not np.array_equal(order, base):
                 early += [Individual(order, k) for k in grid[:3]]
+                # and with a quarter of the budget for small arguments (norm weights, the
+                # step count): each fetch costs a latency, and a step's updates fetch them all
+                early.append(Individual(order, dataclasses.replace(grid[1], keep=0.25)))
+        if any(self.problem.op_writes or ()):
+            # Updated arguments written back when evicted or at the end (the d2h stream
+            # left to activations while the updates run) as well as right after their update.
+            early += [Individual(ir, dataclasses.replace(k, write_back=False)) for k in grid[:2]]
         pop = [Individual(ir, k) for k in grid]
         pop += [Individual(mem, k) for k in grid[:2]]
         pop += [Individual(alap, k) for k in grid[1:3]]
