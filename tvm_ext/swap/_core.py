@@ -559,6 +559,13 @@ def _prefetch(st, need_ptr, need_idx, nxt, i, now):
 
 
 @nb.njit(cache=True)
+def _ends_on_host(ten, t):
+    """t must end the call on the host: an output kept there, or an argument that starts the
+    call on the host and is overwritten in place."""
+    return ten.end_on_host[t] or (ten.host_start[t] and ten.write_op[t] >= 0)
+
+
+@nb.njit(cache=True)
 def _after_op(st, needs, m, i, write_back_early):
     """After the op at i: release what is dead (or made again before its next use: its
     producer runs again there), extend what lives on. With `write_back_early`, a tensor that
@@ -585,7 +592,7 @@ def _after_op(st, needs, m, i, write_back_early):
             ten.release[t] = i
             _seg_free(seg, _seg_find(seg, ten.offset[t]), i, -1, st.est[i])
         elif write_back_early and c == use_ptr[t + 1] and not ten.host_copy[t] and \
-                (ten.end_on_host[t] or (ten.host_start[t] and ten.write_op[t] >= 0)):
+                _ends_on_host(ten, t):
             _evict(st, t, _seg_find(seg, ten.offset[t]), i)
 
 
@@ -609,8 +616,7 @@ def _derivation(st):
     for t in range(n_t):
         if ten.resident[t]:
             st.res.end[ten.cur_res[t]] = st.n - 1
-            if ten.end_on_host[t] or (ten.host_start[t] and ten.write_op[t] >= 0):
-                # An argument kept on the host and overwritten ends the call there.
+            if _ends_on_host(ten, t):
                 if not ten.host_copy[t]:
                     _write_back(st, t)
                 ten.resident[t] = False
