@@ -184,7 +184,11 @@ def run_case(base, ratio: float, time_budget: float, seed: int,
     training step's attention made again for the backward): the budget is then 1/`ratio` of
     that peak and % of ideal is of that time."""
     from tvm_ext.swap import plan_swaps, simulate, validate
-    from tvm_ext.swap.search import memory_aware_order, swapadvisor_phases
+    from tvm_ext.swap.search import (
+        late_backward_order,
+        memory_aware_order,
+        swapadvisor_phases,
+    )
 
     peak = base.no_swap_peak() if unswapped is None else unswapped[1]
     budget = int(peak / ratio)
@@ -219,7 +223,8 @@ def run_case(base, ratio: float, time_budget: float, seed: int,
     row["ideal_s"] = ideal
     for r in row["planners"].values():
         r["pct_ideal"] = 100.0 * ideal / r["time_s"]
-    best_peak = min(base.no_swap_peak(), base.no_swap_peak(memory_aware_order(base)))
+    best_peak = min(base.no_swap_peak(order) for order in (
+        None, memory_aware_order(base), late_backward_order(base, base.order)))
     excess = max(0, best_peak - budget)
     bw = min(problem.h2d_bandwidth, problem.d2h_bandwidth)
     row["transfer_bound_s"] = excess / bw

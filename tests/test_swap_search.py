@@ -25,6 +25,7 @@ from tvm_ext.swap.search import (
     GeneticSearch,
     as_late_as_possible_order,
     early_update_order,
+    late_backward_order,
     memory_aware_order,
 )
 
@@ -260,6 +261,60 @@ def test_an_update_is_written_back_right_after_it_when_its_knob_says_so():
     # early, two of them overlap b1 and b0.
     assert late.predicted_time == pytest.approx(13.0)
     assert early.predicted_time < late.predicted_time
+
+
+def remade_at_top_step() -> SwapProblem:
+    """A three-op forward and its backward as a training step's IR orders it: r1 makes a
+    large tensor again from the forward's A1 (an activation recomputed for the backward) at
+    the top of the backward, but only b1, the backward's last op, reads it."""
+    names = ["X", "W1", "W2", "A1", "A2", "L", "R", "G2", "G1", "gW2", "gW1"]
+    t = {n: i for i, n in enumerate(names)}
+    ops = [("f1", ["X", "W1"], ["A1"]), ("f2", ["A1", "W2"], ["A2"]), ("f3", ["A2"], ["L"]),
+           ("r1", ["A1"], ["R"]), ("b3", ["L", "A2"], ["G2"]),
+           ("b2", ["G2", "W2", "A1"], ["G1", "gW2"]), ("b1", ["G1", "R", "W1"], ["gW1"])]
+    producer = {o: i for i, (_, _, outs) in enumerate(ops) for o in outs}
+    sizes = [1024 if n == "R" else 256 for n in names]
+    return SwapProblem(
+        op_names=[o[0] for o in ops], durations=[1.0] * len(ops),
+        op_deps=[sorted({producer[x] for x in ins if x in producer}) for _, ins, _ in ops],
+        op_inputs=[[t[x] for x in o[1]] for o in ops],
+        op_outputs=[[t[x] for x in o[2]] for o in ops], op_scratch=[[] for _ in ops],
+        op_phases=["forward"] * 3 + ["backward"] * 4, tensor_names=names, sizes=sizes,
+        tensor_kinds=["input", "parameter", "parameter", "activation", "activation",
+                      "activation", "activation", "gradient", "gradient", "gradient",
+                      "gradient"],
+        producers=[producer.get(n, -1) for n in names],
+        host_start=[n in ("X", "W1", "W2") for n in names], pinned=[False] * len(names),
+        outputs=[t[n] for n in ("L", "gW2", "gW1")], budget=1 << 20,
+        h2d_bandwidth=256.0, h2d_latency=0.0, d2h_bandwidth=256.0, d2h_latency=0.0)
+
+
+def test_late_backward_order_makes_what_the_backward_reads_where_it_reads_it():
+    problem = remade_at_top_step()
+    assert problem.order == [0, 1, 2, 3, 4, 5, 6]
+    late = late_backward_order(problem, problem.order)
+    assert late == [0, 1, 2, 4, 5, 3, 6]  # r1 right before b1, its reader
+    # R is no longer held across b3 and b2: the step's peak (at b2, R beside its working
+    # set) drops to b1's.
+    assert problem.no_swap_peak(problem.order) == 3072
+    assert problem.no_swap_peak(late) == 2816
+    assert tuple(late) in {tuple(ind.order) for ind in GeneticSearch(problem, FAST).seeds()}
+    # A step without a backward phase keeps its order.
+    chain = chain_problem()
+    assert late_backward_order(chain, chain.order) == chain.order
+
+
+def test_late_backward_orders_are_topological_and_keep_the_others_order():
+    for seed in range(5):
+        problem = random_problem(seed, num_ops=40, budget_frac=0.5)
+        phases = ["forward" if op < 20 else "backward" for op in range(problem.num_ops)]
+        problem = dataclasses.replace(problem, op_phases=phases)
+        for base in (problem.order, memory_aware_order(problem)):
+            order = late_backward_order(problem, base)
+            assert sorted(order) == list(range(problem.num_ops))
+            assert problem.is_topological(order)
+            others = [op for op in base if phases[op] != "backward"]
+            assert [op for op in order if phases[op] != "backward"] == others
 
 
 def test_early_update_orders_are_topological():

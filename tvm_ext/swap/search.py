@@ -14,8 +14,9 @@ many objects at once, whatever the other classes hold), and the arena wins on ev
 case; both are searched and the faster plan is returned.
 
 * Seeds: the IR's order, a memory-aware greedy order and an as-late-as-possible order, with a
-  spread of knobs (an optimizer step's orders also with its updates run right after their
-  gradients, and the IR's with its write-backs held to the end), and
+  spread of knobs (a training step's also with its backward run as late as its uses allow,
+  an optimizer step's with its updates run right after their gradients, and the IR's with
+  its write-backs held to the end), and
   size-class counts in proportion to each class's peak demand; no recompute, the tensors
   cheaper to recompute than to copy out and back, and sqrt(n) checkpointing, with their
   chain links (`recompute.py`).
@@ -198,6 +199,28 @@ def as_late_as_possible_order(problem: SwapProblem) -> list[int]:
             if succ_count[d] == 0:
                 heapq.heappush(ready, (-int(ir_pos[d]), d))
     return backwards[::-1]
+
+
+def late_backward_order(problem: SwapProblem, base) -> list[int]:
+    """`base` with every op of the backward phase moved to right before its first consumer
+    (the last op first, so that a chain moves with its end), the others in their order. A
+    training step's IR makes what the backward reads again (activations recomputed for it,
+    attention probabilities) and many of its gradients at the top of the backward, far from
+    their uses; here each is made right before its first use, so it is held for that
+    stretch only instead of being held, or swapped out and back, across the whole
+    backward."""
+    succs = _successors(problem)
+    order = np.asarray(base, dtype=np.int64).copy()
+    pos = _positions(order)
+    for op in reversed(np.asarray(base).tolist()):
+        if problem.op_phases[op] != "backward" or not succs[op]:
+            continue
+        k, target = int(pos[op]), int(pos[succs[op]].min()) - 1
+        if target > k:
+            order[k:target] = order[k + 1:target + 1].copy()
+            order[target] = op
+            pos[order[k:target + 1]] = np.arange(k, target + 1)
+    return order.tolist()
 
 
 def early_update_order(problem: SwapProblem, base) -> list[int]:
@@ -533,6 +556,13 @@ class GeneticSearch:
         # cross the link to wait for an update at the end of the iteration (in addition to
         # the population's other seeds).
         early = []
+        # A training step's backward run as late as its uses allow: what its IR makes at
+        # the top of the backward (remade activations, attention probabilities) is made
+        # where it is read instead of crossing the link to wait there.
+        late = np.asarray(late_backward_order(self.problem, ir), dtype=np.int64)
+        if not np.array_equal(late, ir):
+            early += [Individual(late, k) for k in grid[:3]]
+            early.append(Individual(late, dataclasses.replace(grid[1], keep=0.25)))
         for base in (ir, alap):
             order = np.asarray(early_update_order(self.problem, base), dtype=np.int64)
             if not np.array_equal(order, base):
@@ -736,4 +766,5 @@ def _plan(search: GeneticSearch, best: Individual, planner: str, elapsed: float,
 
 
 __all__ = ["GeneticSearch", "Individual", "SearchConfig", "as_late_as_possible_order",
-           "memory_aware_order", "swapadvisor", "swapadvisor_phases"]
+           "early_update_order", "late_backward_order", "memory_aware_order", "swapadvisor",
+           "swapadvisor_phases"]
