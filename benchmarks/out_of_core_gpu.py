@@ -9,12 +9,16 @@ alone and with checkpointing: benchmarks/out_of_core_gpu_steps.py).
         [--ratios 4,8] [--target cuda] [--hardware h200] [--time-budget 10]      # here
     python benchmarks/out_of_core_gpu.py run DIR --json J [--dtypes ...] [--rows ...]
         [--steps 4] [--timeout 200] [--site SITE] [--missing]                   # on the GPU
+    python benchmarks/out_of_core_gpu.py simulate DIR --json J                   # here
     python benchmarks/out_of_core_gpu.py table J
 
 `run` measures each row in a child process under `--timeout` seconds and writes it into the
 JSON as soon as it has it, so one slow or failing row costs only itself. Rows: `tvm:ideal`
 (the unswapped step, unbudgeted), `tvm:R` (the swapped module), `torch:eager` (unbudgeted) and
-`torch:WAY:R` for each way of out_of_core_gpu_steps.TORCH_WAYS. The table gives each row's
+`torch:WAY:R` for each way of out_of_core_gpu_steps.TORCH_WAYS, and `tvm:twin` (the budgeted
+builds' unswapped twin timed call by call: its kernels' times in place). `simulate`, here,
+runs each swapped module's plan again in the simulator fed those kernel times and the link
+measured beside them, for measured against simulated. The table gives each row's
 step time, throughput against the unswapped step, device memory, and whether its losses
 equal the unswapped build's (fp32 within 1e-5 relative, bf16 within 1%; the unswapped build's
 first loss against PyTorch eager's within vs_torch_gpu's tolerance), and for each budget the
@@ -43,12 +47,22 @@ LOSS_RTOL = {"fp32": 1e-5, "bf16": 1e-2}
 BUDGETED_WAYS = tuple(w for w in TORCH_WAYS if w != "eager")
 
 
+# Measured against simulated step time, relative (out_of_core's issue).
+SIMULATED_RTOL = 0.15
+
+
+def ratios_of(entry: dict) -> list[str]:
+    """The budgets 1/R a dtype was prepared for (the keys R of its swapped modules)."""
+    return [k for k in entry["modules"] if k not in ("ideal", "twin")]
+
+
 def row_keys(entry: dict) -> list[str]:
     """Every row of a prepared dtype, in the order `run` measures them."""
-    ratios = [k for k in entry["modules"] if k != "ideal"]
     keys = ["link", "tvm:ideal", "torch:eager"]
-    for r in ratios:
+    for r in ratios_of(entry):
         keys += [f"tvm:{r}", *(f"torch:{w}:{r}" for w in BUDGETED_WAYS)]
+    if "twin" in entry["modules"]:
+        keys.append("tvm:twin")
     return keys
 
 
@@ -128,6 +142,9 @@ def row_main(args) -> int:
 
     if side == "link":
         steps.link_row(args.device, row, progress)
+    elif args.key == "tvm:twin":
+        steps.twin_row(args.directory, entry, entry["modules"]["twin"], args.device, args.seed,
+                       row, progress)
     elif side == "tvm":
         module = entry["modules"][rest]
         row.update({k: v for k, v in module.items() if k not in ("plan", "file")})
@@ -141,6 +158,79 @@ def row_main(args) -> int:
     row["complete"] = True
     progress(row)
     return 0
+
+
+def simulate(args) -> int:
+    """Here, after a GPU run: each swapped module's plan simulated again with the kernel
+    times of the `tvm:twin` row (the rest keep the roofline's) and the link of the `link` row
+    (else the preset's), written into its row as `simulated_s`."""
+    import dataclasses
+    import gzip
+
+    import numpy as np
+    from out_of_core_gpu_prepare import plan_file
+
+    from tvm_ext.swap import SwapPlan, SwapProblem
+    from tvm_ext.swap import simulate as simulate_plan
+
+    manifest = _manifest(args.directory)
+    results = _read_json(args.json)
+    if results is None:
+        raise SystemExit(f"{args.json}: no results")
+    rows = results["rows"]
+    for dtype in args.dtypes:
+        entry = manifest["entries"].get(dtype)
+        twin = rows.get(f"{dtype}/tvm:twin", {})
+        if entry is None or "kernel_s" not in twin:
+            print(f"{dtype}: no tvm:twin row with kernel times in {args.json}: nothing to "
+                  f"simulate")
+            continue
+        link = rows.get(f"{dtype}/link", {})
+        for ratio in ratios_of(entry):
+            key = f"{dtype}/tvm:{ratio}"
+            if not rows.get(key, {}).get("step_s"):
+                print(f"{key}: not measured in {args.json}: nothing to compare with")
+                continue
+            with gzip.open(os.path.join(args.directory, plan_file(
+                    entry["modules"][ratio]["file"])), "rt") as f:
+                data = json.load(f)
+            problem = SwapProblem.from_dict(data["problem"])
+            durations = np.array(problem.durations, dtype=np.float64)
+            kinds = problem.op_kinds or ["kernel"] * problem.num_ops
+            kernels = [i for i in range(problem.num_ops) if kinds[i] == "kernel"]
+            names = problem.op_kernels or [None] * problem.num_ops
+            timed = 0
+            for i in kernels:
+                seconds = _timed_kernel(twin["kernel_s"], names[i])
+                if seconds is not None:
+                    durations[i], timed = seconds, timed + 1
+            measured_link = "h2d_bytes_per_s" in link
+            if measured_link:
+                problem = dataclasses.replace(problem, h2d_bandwidth=link["h2d_bytes_per_s"],
+                                              d2h_bandwidth=link["d2h_bytes_per_s"])
+            problem = dataclasses.replace(problem, durations=durations)
+            sim = simulate_plan(problem, SwapPlan.from_dict(data["plan"]))
+            row = rows[key]
+            row.update(simulated_s=float(sim.makespan),
+                       simulated_kernels_timed=f"{timed} of {len(kernels)}",
+                       simulated_link="measured" if measured_link else "preset")
+            results = merge_row(args.json, key, row)
+            rows = results["rows"]
+            print(f"{key}: simulated {sim.makespan * 1e3:.1f} ms ({timed} of "
+                  f"{len(kernels)} kernel ops timed in place, link "
+                  f"{row['simulated_link']}), measured {row['step_s'] * 1e3:.1f} ms")
+    print()
+    print(table(results))
+    return 0
+
+
+def _timed_kernel(kernel_s: dict, name: str | None) -> float | None:
+    """A kernel op's time in the twin's profile: the build renames a kernel it rewrites (its
+    in-place form writing an argument, its broadcast constants at their extent)."""
+    for callee in (name, f"{name}_inplace", f"{name}_bc"):
+        if name is not None and callee in kernel_s:
+            return kernel_s[callee]
+    return None
 
 
 # ------------------------------------------------------------------------------------------
@@ -190,6 +280,9 @@ def checks(results: dict) -> dict:
                        and r.get("step_s") and r.get("fits") and r.get("budget_enforced")
                        and "error" not in r]
             c["vs_best_torch"] = min(fitting) / row["step_s"] if fitting else None
+        if row.get("simulated_s") and row.get("step_s"):
+            c["measured_over_simulated"] = row["step_s"] / row["simulated_s"]
+            c["simulated_ok"] = abs(c["measured_over_simulated"] - 1) <= SIMULATED_RTOL
         out[key] = c
     return out
 
@@ -202,6 +295,11 @@ def summary_line(key: str, row: dict) -> str:
     if "h2d_bytes_per_s" in row:
         return (f"{key}: host to device {row['h2d_bytes_per_s'] / 1e9:.1f} GB/s, device to "
                 f"host {row['d2h_bytes_per_s'] / 1e9:.1f} GB/s")
+    if "kernel_s" in row:
+        p = row["profile"]
+        return (f"{key}: {p['wall_ms']:.1f} ms/step, {p['kernel_calls']} kernel calls "
+                f"timed in place ({p['kernels_net_ms']:.1f} ms), {len(row['kernel_s'])} "
+                f"kernels")
     used = row.get("device_row_bytes")
     mem = f", device {_size(used)}" if used is not None else ""
     return (f"{key}: {row['step_s'] * 1e3:.1f} ms/step, {row.get('tokens_per_s', 0):.0f} "
@@ -217,8 +315,10 @@ def _size(nbytes: int | None) -> str:
 def table(results: dict) -> str:
     c = checks(results)
     lines = ["| dtype | row | budget | ms/step | tokens/s | % of ideal | link bound ms | "
-             "% of limit | x best torch | device | losses | note |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "% of limit | x best torch | simulated ms | measured / simulated | device | "
+             "losses | note |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | "
+             "--- |"]
     for key, row in results["rows"].items():
         dtype, name = key.split("/", 1)
         k = c.get(key, {})
@@ -234,6 +334,9 @@ def table(results: dict) -> str:
             f"{100 * k['of_limit']:.1f}" if "of_limit" in k else "",
             "" if "vs_best_torch" not in k else
             ("n/a" if k["vs_best_torch"] is None else f"{k['vs_best_torch']:.2f}"),
+            f"{row['simulated_s'] * 1e3:.1f}" if row.get("simulated_s") else "",
+            "" if "measured_over_simulated" not in k else
+            f"{k['measured_over_simulated']:.2f}" + ("" if k["simulated_ok"] else " (> 15%)"),
             _size(used),
             "" if ok is None else ("equal" if ok else "DIFFER"),
             "does not fit" if row.get("fits") is False else
@@ -276,6 +379,11 @@ def _parser() -> argparse.ArgumentParser:
     row.add_argument("--steps", type=int, default=4)
     row.add_argument("--seed", type=int, default=0)
     row.add_argument("--site", default=None)
+    sim = sub.add_parser("simulate", help="simulate the swapped modules' plans with the "
+                         "kernel times and link measured on the GPU (here)")
+    sim.add_argument("directory")
+    sim.add_argument("--json", required=True)
+    sim.add_argument("--dtypes", default="fp32,bf16")
     t = sub.add_parser("table", help="print the table of a results JSON")
     t.add_argument("json")
     return p
@@ -295,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     args.dtypes = [d for d in args.dtypes.split(",") if d]
     if any(d not in LOSS_RTOL for d in args.dtypes):
         parser.error(f"--dtypes takes {', '.join(LOSS_RTOL)}")
+    if args.command == "simulate":
+        return simulate(args)
     if args.command == "prepare":
         import warnings
 

@@ -9,6 +9,7 @@ specs, the optimizer and its state), and what each module was planned for. No we
 from __future__ import annotations
 
 import gc
+import gzip
 import json
 import os
 import time
@@ -17,8 +18,15 @@ MANIFEST = "manifest.json"
 
 
 def module_name(dtype: str, budget: str) -> str:
-    """`budget`: "ideal" (unswapped) or the ratio R of a 1/R budget."""
+    """`budget`: "ideal" (unswapped), "twin" (unswapped, fused as the budgeted builds are:
+    their kernels, timed in place for the simulator) or the ratio R of a 1/R budget."""
     return f"llama_{dtype}_{budget}.so"
+
+
+def plan_file(module_file: str) -> str:
+    """Beside a swapped module: its swap problem and plan (gzipped JSON), which `simulate`
+    runs again with the kernel times and the link measured on the GPU."""
+    return module_file + ".plan.json.gz"
 
 
 def _write_whole(path: str, write) -> None:
@@ -29,6 +37,11 @@ def _write_whole(path: str, write) -> None:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _write_gzip_json(path: str, data: dict) -> None:
+    with gzip.open(path, "wt") as f:
+        json.dump(data, f)
 
 
 def _step(dtype: str, size_name: str):
@@ -94,6 +107,9 @@ def prepare(directory: str, size_name: str, dtypes: list[str], ratios: list[int]
                          lambda tmp, ex=executable: driver.export(ex, tmp))
             with open(os.path.join(directory, file + ".swap.json"), "w") as f:
                 json.dump(planning.sidecar, f)
+            _write_whole(os.path.join(directory, plan_file(file)), lambda tmp, p=planning: (
+                _write_gzip_json(tmp, {"problem": p.problem.to_dict(),
+                                       "plan": p.plan.to_dict()})))
             modules[str(ratio)].update(file=file, build_s=round(time.perf_counter() - built, 1))
             log(f"{dtype} 1/{ratio}: budget {format_size(problem.budget)} of "
                 f"{format_size(problem.no_swap_peak())}, predicted "
@@ -101,12 +117,14 @@ def prepare(directory: str, size_name: str, dtypes: list[str], ratios: list[int]
                 f"{modules[str(ratio)]['build_s']:.0f} s")
             del executable, planning
             gc.collect()
-        built = time.perf_counter()
-        executable = driver.build(step, target, library=True)
-        file = module_name(dtype, "ideal")
-        _write_whole(os.path.join(directory, file),
-                     lambda tmp, ex=executable: driver.export(ex, tmp))
-        modules["ideal"] = {"file": file, "build_s": round(time.perf_counter() - built, 1)}
+        for name, budgeted in (("ideal", False), ("twin", True)):
+            built = time.perf_counter()
+            executable = driver.build(step, target, library=True, budgeted=budgeted)
+            file = module_name(dtype, name)
+            _write_whole(os.path.join(directory, file),
+                         lambda tmp, ex=executable: driver.export(ex, tmp))
+            modules[name] = {"file": file, "build_s": round(time.perf_counter() - built, 1)}
+            del executable
         entry["modules"] = modules
         entry["prepare_s"] = round(time.perf_counter() - start, 1)
         manifest["entries"][dtype] = entry

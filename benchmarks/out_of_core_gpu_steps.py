@@ -71,33 +71,41 @@ def _timed_steps(row: dict, step, batches: list, sync, progress) -> None:
             row["tokens_per_s"] = tokens / row["step_s"]
 
 
-def tvm_row(directory: str, entry: dict, module: dict, device: str, steps: int, seed: int,
-            row: dict, progress) -> None:
-    """tvm_ext's module: the weights of the torch model built from the config (seed 0), the
-    AdamW state zero, every argument placed once where the module reads it (the swapped
-    module's parameters and state on pinned host memory, per its sidecar); each later batch's
-    inputs (token ids, a few KiB) placed at its step."""
+def _loaded(directory: str, entry: dict, module: dict, device: str, batches: list):
+    """(tvm_ext's module loaded, its arguments placed for the first batch): the weights of
+    the torch model built from the config (seed 0), the AdamW state zero, every argument
+    placed once where the module reads it (a swapped module's parameters and state on pinned
+    host memory, per its sidecar)."""
     import torch
 
     import tvm_ext  # noqa: F401  (its runtime library: cuBLAS, copy streams)
     from tvm_ext.runtime import exported
-    from tvm_ext.runtime.vm_run import place_argument
 
     if device == "cuda":
         from tvm_ext.runtime.cuda import ensure_cuda_runtime
 
         ensure_cuda_runtime()
         torch.cuda.init()
-    memory = Memory(torch, device == "cuda")
     model = torch_model(entry, torch, "cpu")
     named = dict(model.named_parameters(remove_duplicate=False))
     params = [np.ascontiguousarray(named[n].detach().numpy()) for n in entry["parameters"]]
     del model, named
     state = [np.zeros(x["shape"], dtype=x["dtype"]) for x in entry["state"]]
-    batches = [draw_inputs(entry, seed + i) for i in range(steps)]
     mod = exported.load(os.path.join(directory, module["file"]))
-    placed = mod.place([*batches[0], *params, *state])
-    del params, state
+    return mod, mod.place([*batches[0], *params, *state])
+
+
+def tvm_row(directory: str, entry: dict, module: dict, device: str, steps: int, seed: int,
+            row: dict, progress) -> None:
+    """tvm_ext's module (`_loaded`), each later batch's inputs (token ids, a few KiB) placed
+    at its step."""
+    import torch
+
+    from tvm_ext.runtime.vm_run import place_argument
+
+    memory = Memory(torch, device == "cuda")
+    batches = [draw_inputs(entry, seed + i) for i in range(steps)]
+    mod, placed = _loaded(directory, entry, module, device, batches)
     where = mod.argument_devices or [0] * len(placed)
 
     def step(batch):
@@ -108,6 +116,23 @@ def tvm_row(directory: str, entry: dict, module: dict, device: str, steps: int, 
 
     _timed_steps(row, step, batches, mod.device.sync, progress)
     memory.record(row)
+
+
+def twin_row(directory: str, entry: dict, module: dict, device: str, seed: int, row: dict,
+             progress) -> None:
+    """The budgeted builds' unswapped twin (their fused kernels) timed call by call: each
+    kernel's seconds per call in its place in the step, which `out_of_core_gpu.py simulate`
+    feeds the simulator in place of the roofline's."""
+    mod, placed = _loaded(directory, entry, module, device, [draw_inputs(entry, seed)])
+    profile = mod.profile(placed, warmup=1, repeat=3)
+    by_callee = profile.by_callee()
+    net = profile.overhead_s  # the instrument's own cost, in every timed call
+    row["kernel_s"] = {name: max(0.0, total / count - net)
+                       for name, (count, total) in by_callee.items()
+                       if not name.startswith("vm.builtin.")}
+    row["profile"] = profile.summary()
+    row["step_s"] = profile.wall_s
+    progress(row)
 
 
 def _distributed(torch) -> None:

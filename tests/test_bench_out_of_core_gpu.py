@@ -36,21 +36,45 @@ def measured(tmp_path_factory):
     modules, results = folder / "modules", folder / "results.json"
     _script("prepare", str(modules), "--size", "quick", "--dtypes", "fp32", "--ratios", "4",
             "--target", "llvm", "--hardware", "cpu", "--time-budget", "1")
-    rows = "tvm:ideal,tvm:4,torch:eager,torch:ckpt:4"
-    proc = _script("run", str(modules), "--json", str(results), "--dtypes", "fp32",
-                   "--rows", rows, "--device", "cpu", "--steps", "3", "--timeout", "300")
+    rows = "tvm:ideal,tvm:4,torch:eager,torch:ckpt:4,tvm:twin"
+    _script("run", str(modules), "--json", str(results), "--dtypes", "fp32",
+            "--rows", rows, "--device", "cpu", "--steps", "3", "--timeout", "300")
+    # Here, after the run: the plan again, with the kernel times the twin row measured.
+    proc = _script("simulate", str(modules), "--json", str(results), "--dtypes", "fp32")
     manifest = json.loads((modules / "manifest.json").read_text())
     return manifest, json.loads(results.read_text()), proc.stdout, modules
 
 
 def test_modules_are_prepared_with_their_plans(measured):
-    manifest, *_ = measured
+    manifest, _, _, modules = measured
     entry = manifest["entries"]["fp32"]
-    assert set(entry["modules"]) == {"ideal", "4"}
+    assert set(entry["modules"]) == {"ideal", "twin", "4"}
     quarter = entry["modules"]["4"]
     assert quarter["budget_bytes"] <= quarter["no_swap_peak_bytes"] // 4
     assert quarter["planned_peak_bytes"] <= quarter["budget_bytes"]
-    assert out_of_core_gpu.row_keys(entry)[:3] == ["link", "tvm:ideal", "torch:eager"]
+    keys = out_of_core_gpu.row_keys(entry)
+    assert keys[:3] == ["link", "tvm:ideal", "torch:eager"] and keys[-1] == "tvm:twin"
+    assert (modules / "llama_fp32_4.so.plan.json.gz").exists()
+
+
+def test_the_plan_is_simulated_with_the_kernels_timed_in_place(measured):
+    """`simulate`: the swapped module's plan run again in the simulator with the twin's kernel
+    times (the twin runs the same kernels: all but a few of the plan's kernel ops are timed;
+    the others, reshapes and broadcasts the unswapped build runs as views or within other
+    kernels, keep the roofline's), beside the step time measured."""
+    _, results, out, _ = measured
+    rows = results["rows"]
+    twin, swapped = rows["fp32/tvm:twin"], rows["fp32/tvm:4"]
+    assert twin["kernel_s"] and all(s >= 0 for s in twin["kernel_s"].values())
+    assert twin["profile"]["kernel_calls"] > 0
+    timed, total = (int(x) for x in swapped["simulated_kernels_timed"].split(" of "))
+    assert total > 0 and timed >= 0.95 * total
+    assert swapped["simulated_link"] == "preset"  # no link row on the CPU
+    assert swapped["simulated_s"] > 0
+    check = out_of_core_gpu.checks(results)["fp32/tvm:4"]
+    assert check["measured_over_simulated"] == pytest.approx(
+        swapped["step_s"] / swapped["simulated_s"])
+    assert "fp32/tvm:4: simulated" in out
 
 
 def test_swapped_losses_equal_the_unswapped_builds_and_torchs(measured):
@@ -69,7 +93,7 @@ def test_swapped_losses_equal_the_unswapped_builds_and_torchs(measured):
     # Nothing bounds torch's memory on the CPU: no baseline counts as fitting the budget.
     assert not rows["fp32/torch:ckpt:4"]["budget_enforced"]
     assert checks["fp32/tvm:4"]["vs_best_torch"] is None
-    assert "fp32/tvm:4" in out and "| fp32 | tvm:4 |" in out
+    assert "| fp32 | tvm:4 |" in out
 
 
 def test_fsdp_offload_and_the_link_need_a_gpu(measured):

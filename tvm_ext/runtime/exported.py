@@ -23,6 +23,7 @@ import tvm
 from tvm.runtime.vm import VirtualMachine
 
 from ..errors import InputError
+from .call_profile import CallProfile, profile_calls
 from .vm_run import flatten_outputs, place_argument
 
 
@@ -56,6 +57,12 @@ class ExportedModule:
         out = self._vm["main"](*placed)
         self.device.sync()
         return flatten_outputs(out)
+
+    def profile(self, placed: Sequence[tvm.runtime.Tensor], warmup: int = 1,
+                repeat: int = 3) -> CallProfile:
+        """`main` on `placed` timed call by call (`call_profile.profile_calls`): each kernel's
+        time in its place in the iteration, and the time between calls."""
+        return profile_calls(self._vm, placed, self.device, warmup=warmup, repeat=repeat)
 
     def __call__(self, *arguments: np.ndarray) -> list[np.ndarray]:
         return self.run(self.place(arguments))
