@@ -205,10 +205,9 @@ def simulate(args) -> int:
                 if seconds is not None:
                     durations[i], timed = seconds, timed + 1
             measured_link = "h2d_bytes_per_s" in link
-            if measured_link:
-                problem = dataclasses.replace(problem, h2d_bandwidth=link["h2d_bytes_per_s"],
-                                              d2h_bandwidth=link["d2h_bytes_per_s"])
-            problem = dataclasses.replace(problem, durations=durations)
+            bandwidths = {"h2d_bandwidth": link["h2d_bytes_per_s"],
+                          "d2h_bandwidth": link["d2h_bytes_per_s"]} if measured_link else {}
+            problem = dataclasses.replace(problem, durations=durations, **bandwidths)
             sim = simulate_plan(problem, SwapPlan.from_dict(data["plan"]))
             row = rows[key]
             row.update(simulated_s=float(sim.makespan),

@@ -552,23 +552,22 @@ class GeneticSearch:
                 Knobs(0.0, 3.0, 1.0, 0.02), Knobs(0.2, 1.0, 0.0, 0.0), Knobs(1.0, 0.5, 0.5, 0.1),
                 Knobs(0.2, 1.0, 0.01, 0.5), Knobs(0.2, 1.0, 0.01, 1.0)]
         alap = np.asarray(as_late_as_possible_order(self.problem), dtype=np.int64)
-        # An optimizer step's updates right after their gradients, so a gradient need not
-        # cross the link to wait for an update at the end of the iteration (in addition to
-        # the population's other seeds).
+        # Reordered seeds, each with the first three knob settings and with a quarter of the
+        # budget for small arguments (norm weights, the step count: each fetch costs a
+        # latency, and an optimizer step's updates fetch them all), where the order differs
+        # from the one it is made from (in addition to the population's other seeds):
+        # - a training step's backward run as late as its uses allow: what its IR makes at
+        #   the top of the backward (remade activations, attention probabilities) is made
+        #   where it is read instead of crossing the link to wait there;
+        # - an optimizer step's updates right after their gradients, so a gradient need not
+        #   cross the link to wait for an update at the end of the iteration.
+        reordered = [(late_backward_order(self.problem, ir), ir)]
+        reordered += [(early_update_order(self.problem, base), base) for base in (ir, alap)]
         early = []
-        # A training step's backward run as late as its uses allow: what its IR makes at
-        # the top of the backward (remade activations, attention probabilities) is made
-        # where it is read instead of crossing the link to wait there.
-        late = np.asarray(late_backward_order(self.problem, ir), dtype=np.int64)
-        if not np.array_equal(late, ir):
-            early += [Individual(late, k) for k in grid[:3]]
-            early.append(Individual(late, dataclasses.replace(grid[1], keep=0.25)))
-        for base in (ir, alap):
-            order = np.asarray(early_update_order(self.problem, base), dtype=np.int64)
+        for order, base in reordered:
+            order = np.asarray(order, dtype=np.int64)
             if not np.array_equal(order, base):
                 early += [Individual(order, k) for k in grid[:3]]
-                # and with a quarter of the budget for small arguments (norm weights, the
-                # step count): each fetch costs a latency, and a step's updates fetch them all
                 early.append(Individual(order, dataclasses.replace(grid[1], keep=0.25)))
         if any(self.problem.op_writes or ()):
             # Updated arguments written back when evicted or at the end (the d2h stream
