@@ -6,15 +6,23 @@ is replaced by one `call_tir` of `tvm_ext.ir.attention_kernel` (FlashAttention-2
 softmax: the score matrix never reaches device memory). The intermediates it made dead are
 removed. A bias of lower rank is reshaped to 4-D (a view).
 
-Intermediates something else reads (a training step's backward reads the probabilities, and
-the operands' views for its products) are kept, but computed right before their first such
-reader instead of in the forward: the forward's output comes from the kernel, and the scores
-and probabilities are made for the backward rather than held from the forward to it, which
-takes a layer's B x H x S x S probabilities off the activations a training step keeps. The
-kernel's work is then on top of the unfused step's, so the pipeline does it only under a
-device budget (`recompute_for_backward`); without one, such an attention stays unfused.
+In a training step, the backward of each attention whose backward
+`tvm_ext.ir.attention_backward_pattern.find_attention_backward` finds (dP, the softmax's
+gradient and the four gradient products, as relax.transform.Gradient writes them) is first
+replaced by the two backward kernels of `tvm_ext.ir.attention_backward_kernel`
+(FlashAttention-2's backward: dQ, then dK' and dV', each recomputing its tiles of P from the
+row's log-sum-exp), so the step holds and makes no tensor of the scores' size at all.
 
-On CUDA the kernel comes scheduled (its loops bound to blocks and threads, its scratch in
+Where the backward stays (its operands rounded to a low dtype, or a trainable bias whose
+gradient reads the scores' adjoint), the intermediates it reads (the probabilities, the
+operands' views) are kept, but computed right before their first such reader instead of in
+the forward: the forward's output comes from the kernel, and the scores and probabilities
+are made for the backward rather than held from the forward to it, which takes a layer's
+B x H x S x S probabilities off the activations a training step keeps. The kernel's work is
+then on top of the unfused step's, so the pipeline does that only under a device budget
+(`recompute_for_backward`); without one, such an attention stays unfused.
+
+On CUDA the kernels come scheduled (their loops bound to blocks and threads, their scratch in
 shared and local memory); on other targets it is the same TIR with serial loops, which is what
 tests check against the unfused graph on the CPU. The pipeline runs it on GPU targets only,
 before LegalizeOps, and not with a partition: Tofu's index analysis reads the unfused
@@ -26,8 +34,15 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from tvm_ext.ir.attention_backward_kernel import attention_backward_kernels, key_splits
+from tvm_ext.ir.attention_backward_pattern import (
+    BackwardMatch,
+    canonical_views,
+    dataflow_bindings,
+    find_attention_backward,
+)
 from tvm_ext.ir.attention_kernel import attention_kernel
-from tvm_ext.ir.attention_pattern import AttentionMatch, find_attention
+from tvm_ext.ir.attention_pattern import AttentionMatch, _uses, find_attention
 from tvm_ext.ir.targets import is_gpu
 
 
@@ -90,18 +105,116 @@ class _Rewrite(relax.expr_functor.PyExprMutator):
             self._bind(binding.var, value)
 
     def _bind(self, var: relax.Var, value: relax.Expr) -> None:
-        value = self.builder_.normalize(value)
-        new = type(var)(var.name, value.ty)
-        self.builder_.emit_normalized(relax.VarBinding(new, value))
-        self.set_var_remap(var, new)
+        _rebind(self, var, value)
+
+
+def _rebind(mutator: relax.expr_functor.PyExprMutator, var: relax.Var,
+            value: relax.Expr) -> None:
+    """Emits `value` bound to a new var of `var`'s name (and its new type), read for `var`."""
+    value = mutator.builder_.normalize(value)
+    new = type(var)(var.name, value.ty)
+    mutator.builder_.emit_normalized(relax.VarBinding(new, value))
+    mutator.set_var_remap(var, new)
+
+
+@relax.expr_functor.mutator
+class _RewriteBackward(relax.expr_functor.PyExprMutator):
+    """Binds the backward's dV', dQ' and dK' (or their views) to the fused backward kernels'
+    outputs, both kernels called where the first of the three was bound."""
+
+    def __init__(self, mod: tvm.IRModule, gpu: bool):
+        super().__init__(mod)
+        self.gpu = gpu
+        self.kernels: dict = {}  # spec -> (rows, keys) GlobalVars
+        self.fused = 0
+        self.set_matches([])
+
+    def set_matches(self, matches: list[BackwardMatch]) -> None:
+        self.targets = {}
+        for m in matches:
+            self.targets[m.d_q] = (m, 0, False)
+            self.targets[m.d_k] = (m, 1, m.d_k_transposed)
+            self.targets[m.d_v] = (m, 2, m.d_v_transposed)
+        self.outputs: dict = {}  # match -> (dq, dk', dv')
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        hit = self.targets.get(binding.var)
+        if hit is None:
+            super().visit_var_binding_(binding)
+            return
+        match, which, transposed = hit
+        if match not in self.outputs:
+            self.outputs[match] = self._call(match)
+        value = self.outputs[match][which]
+        if transposed:
+            value = self.builder_.emit(relax.op.permute_dims(value, [0, 1, 3, 2]))
+        shape = [int(d) for d in binding.var.ty.shape]
+        if [int(d) for d in value.ty.shape] != shape:
+            value = relax.op.reshape(value, shape)
+        _rebind(self, binding.var, value)
+
+    def _call(self, match: BackwardMatch) -> tuple:
+        fwd, spec = match.forward, match.spec.forward
+        if match.spec not in self.kernels:
+            rows, keys = attention_backward_kernels(match.spec, gpu=self.gpu)
+            self.kernels[match.spec] = (self.builder_.add_func(rows, "fused_attention_rows"),
+                                        self.builder_.add_func(keys, "fused_attention_keys"))
+        rows, keys = self.kernels[match.spec]
+        q, k, v = (self.visit_expr(x) for x in (fwd.q, fwd.k, fwd.v))
+        biases = []
+        for bias, shape in zip(fwd.biases, spec.bias_shapes, strict=True):
+            bias = self.visit_expr(bias)
+            if len(bias.ty.shape) < 4:
+                bias = self.builder_.emit(relax.op.reshape(bias, shape))
+            biases.append(bias)
+        d_out = self.visit_expr(match.d_out)
+        four = (spec.batch, spec.heads, spec.q_len, spec.value_dim)
+        if tuple(int(d) for d in d_out.ty.shape) != four:
+            d_out = self.builder_.emit(relax.op.reshape(d_out, four))
+        dtype = spec.dtype
+        rows_out = self.builder_.emit(relax.op.call_tir(
+            rows, relax.Tuple([q, k, v, *biases, self.visit_expr(fwd.output), d_out]),
+            [relax.TensorType(q.ty.shape, dtype),
+             relax.TensorType(four[:3], "float32"), relax.TensorType(four[:3], "float32")]))
+        dq, lse, delta = (self.builder_.emit(relax.TupleGetItem(rows_out, i)) for i in range(3))
+        splits = key_splits(spec)[0]
+        primed = (spec.batch, spec.heads, spec.kv_len)
+        keys_out = self.builder_.emit(relax.op.call_tir(
+            keys, relax.Tuple([q, k, v, *biases, d_out, lse, delta]),
+            [relax.TensorType((splits, *primed, spec.head_dim), dtype),
+             relax.TensorType((splits, *primed, spec.value_dim), dtype)]))
+        self.fused += 1
+        summed = []
+        for i, dim in enumerate((spec.head_dim, spec.value_dim)):
+            part = self.builder_.emit(relax.TupleGetItem(keys_out, i))
+            # the query walk's parts (one: a free view)
+            summed.append(self.builder_.emit(
+                relax.op.sum(part, axis=[0]) if splits > 1
+                else relax.op.reshape(part, (*primed, dim))))
+        return (dq, *summed)
+
+
+def _fuse_backward(func: relax.Function, rewrite: _RewriteBackward) -> relax.Function:
+    """`func` with the backward of each attention it can compute fused (or as it was): one
+    whose forward and backward are in one dataflow block."""
+    uses, forward = _uses(func), find_attention(func)
+    found = []
+    for bindings in dataflow_bindings(func):
+        views = canonical_views(bindings)
+        found += [m for m in (find_attention_backward(f, bindings, uses, views)
+                              for f in forward if f.output in bindings) if m is not None]
+    if not found:
+        return func
+    rewrite.set_matches(found)
+    return relax.analysis.remove_all_unused(rewrite.visit_expr(func))
 
 
 @tvm.transform.module_pass(opt_level=0, name="FuseAttention")
 class FuseAttention:
-    """Fuse each attention of every Relax function into one kernel (see the module doc).
-    `target`: the kernel's form (scheduled for CUDA on a GPU target; default: the current
-    target's). `recompute_for_backward`: fuse attentions whose intermediates a backward reads
-    (made again for it), or leave them unfused."""
+    """Fuse each attention of every Relax function into one kernel, and its backward into two
+    (see the module doc). `target`: the kernels' form (scheduled for CUDA on a GPU target;
+    default: the current target's). `recompute_for_backward`: fuse attentions whose
+    intermediates an unfused backward reads (made again for it), or leave them unfused."""
 
     def __init__(self, target: tvm.target.Target | None = None,
                  recompute_for_backward: bool = True):
@@ -111,10 +224,21 @@ class FuseAttention:
         # twice)
         self.recompute_for_backward = recompute_for_backward
         self.fused = 0  # attentions fused by the last run
+        self.fused_backward = 0  # of which backward fused as well
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = self.target or tvm.target.Target.current(allow_none=True)
-        rewrite = _Rewrite(mod, gpu=target is not None and is_gpu(target))
+        gpu = target is not None and is_gpu(target)
+        backward = _RewriteBackward(mod, gpu=gpu)
+        funcs = [(gv, f) for gv, f in mod.functions_items() if isinstance(f, relax.Function)]
+        for gv, func in funcs:
+            new = _fuse_backward(func, backward)
+            if not new.same_as(func):
+                backward.builder_.update_func(gv, new)
+        self.fused_backward = backward.fused
+        if backward.fused:
+            mod = backward.builder_.get()
+        rewrite = _Rewrite(mod, gpu=gpu)
         funcs = [(gv, f) for gv, f in mod.functions_items() if isinstance(f, relax.Function)]
         for gv, func in funcs:
             matches = [m for m in find_attention(func)

@@ -105,7 +105,7 @@ def exported(tmp_path_factory):
 
     directory = str(tmp_path_factory.mktemp("attention"))
     out = {}
-    for name in ("llama_sdpa", "t5_eager", "falcon"):
+    for name in ("llama_sdpa", "t5_eager", "falcon", "gpt2_eager"):
         path, inputs = corpus.export(corpus.BY_NAME[name], directory)
         model = load_file(path)
         out[name] = (model, [*inputs, *model.weights])
@@ -130,25 +130,90 @@ def test_corpus_attentions_fuse_and_match_the_unfused_module(exported, name, cou
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_a_training_step_makes_its_probabilities_again_for_the_backward(exported):
-    """The backward reads the probabilities: the forward's output comes from the kernel and
-    the scores and probabilities are computed right before the backward's first reader, not
-    held from the forward; the loss and every gradient equal the unfused step's."""
+def _computed_shapes(mod: tvm.IRModule) -> list[tuple[int, ...]]:
+    shapes = []
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            ty = binding.var.ty
+            if isinstance(ty, relax.TensorType) and ty.shape is not None:
+                shapes.append(tuple(int(d) for d in ty.shape))
+    return shapes
+
+
+@pytest.mark.parametrize("name", [
+    "llama_sdpa",  # grouped heads, sqrt-scales on q and k, zeroed -inf rows
+    "gpt2_eager",  # torch.export's bmm form, a scaled product and a causal mask
+    "falcon",  # one key head for all, broadcast after K's transpose (multi-query)
+])
+def test_a_training_steps_backward_is_fused_with_the_forward(exported, name):
+    """The backward of each attention is the two fused backward kernels: no softmax, and no
+    tensor of the scores' size left in the step; loss and every gradient equal the unfused
+    step's."""
     from tvm_ext.models.base import make_training_step
 
-    model, arrays = exported["llama_sdpa"]
+    model, arrays = exported[name]
     step = make_training_step(model, loss="mse")
     fuse = FuseAttention(LLVM)
     fused = fuse(step.mod)
-    assert fuse.fused == 2
+    assert fuse.fused == fuse.fused_backward == 2
+    assert "relax.nn.softmax" not in _ops(fused)
+    scores = [s for s in _computed_shapes(step.mod) if s[-2:] == (16, 16) and s[1] == 4]
+    assert scores  # the unfused step makes them
+    assert not [s for s in _computed_shapes(fused) if s[-2:] == (16, 16) and s[1] == 4]
+    _check_step(fused, step, model, arrays)
+
+
+def test_the_zoo_gpt_step_fuses_its_backward():
+    """relax.frontend.nn's 4-D form (the zoo's gpt): the same kernels, the same numbers."""
+    from tvm_ext.models import gpt
+    from tvm_ext.models.base import make_training_step
+
+    model = gpt.build(batch=2, seq=16, hidden=32, heads=2, layers=2, vocab=50)
+    step = make_training_step(model)
+    fuse = FuseAttention(LLVM)
+    fused = fuse(step.mod)
+    assert fuse.fused == fuse.fused_backward == 2
+    assert "relax.nn.softmax" not in _ops(fused)
+    rng = np.random.default_rng(0)
+    arrays = []
+    for param in step.mod["main"].params:
+        shape, dtype = [int(d) for d in param.ty.shape], str(param.ty.dtype)
+        arrays.append(rng.integers(0, 50, shape).astype(dtype) if "int" in dtype
+                      else (0.5 * rng.standard_normal(shape)).astype(dtype))
+    _compare(_run(fused, arrays), _run(step.mod, arrays))
+
+
+def _compare(got, want, rtol: float = 1e-5) -> None:
+    """Every output within `rtol` of the largest of all (some gradients are 0 up to rounding:
+    a key bias shifts each row's scores by one constant, which softmax ignores)."""
+    scale = max(float(np.abs(w).max()) for w in want)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * scale)
+
+
+def _check_step(fused, step, model, arrays) -> None:
+    inputs = _step_inputs(step, model, arrays)
+    _compare(_run(fused, inputs), _run(step.mod, inputs))
+
+
+def test_a_backward_that_reads_the_scores_makes_its_probabilities_again(exported):
+    """T5's position bias is trained: its gradient reads the scores' adjoint, so those two
+    attentions keep their backward (the probabilities are made again right before it, not
+    held from the forward); the cross attention's backward is fused. Loss and gradients
+    equal the unfused step's."""
+    from tvm_ext.models.base import make_training_step
+
+    model, arrays = exported["t5_eager"]
+    step = make_training_step(model, loss="mse")
+    fuse = FuseAttention(LLVM)
+    fused = fuse(step.mod)
+    assert fuse.fused == 3 and fuse.fused_backward == 1
     order = _ops(fused)
     kernels = [i for i, name in enumerate(order) if name == "relax.call_tir"]
     softmaxes = [i for i, name in enumerate(order) if name == "relax.nn.softmax"]
-    # Both in the backward: after the last layer's forward attention.
-    assert len(kernels) == len(softmaxes) == 2 and min(softmaxes) > max(kernels)
-    inputs = _step_inputs(step, model, arrays)
-    for got, want in zip(_run(fused, inputs), _run(step.mod, inputs), strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+    # Both in the backward: after the last forward attention.
+    assert len(softmaxes) == 2 and min(softmaxes) > kernels[2]
+    _check_step(fused, step, model, arrays)
 
 
 def _step_inputs(step, model, arrays) -> list[np.ndarray]:
@@ -175,6 +240,7 @@ def test_a_mixed_precision_step_fuses_with_its_operands_rounded(exported):
     assert fuse.fused == 2
     kernel = next(f for _, f in fused.functions_items() if isinstance(f, tirx.PrimFunc))
     assert "T.reinterpret" in kernel.script()  # operands rounded to bfloat16 on the bits
+    assert fuse.fused_backward == 0  # its backward rounds dO and dS to bfloat16 as well
     inputs = _step_inputs(step, model, arrays)
     got, want = _run(fused, inputs), _run(step.mod, inputs)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4)  # the loss
@@ -183,24 +249,33 @@ def test_a_mixed_precision_step_fuses_with_its_operands_rounded(exported):
 
 
 def test_without_a_budget_a_training_step_keeps_its_probabilities(exported, cuda_target):
-    """Making the probabilities twice costs a product per attention: a build without a device
-    budget keeps the training step's attention unfused; a budgeted build fuses it."""
+    """Making the probabilities twice costs a product per attention: where the backward cannot
+    be fused (a mixed-precision step), a build without a device budget keeps the attention
+    unfused and a budgeted build fuses it; a backward that fuses needs no probabilities, and
+    the step fuses with or without a budget (one forward kernel and two backward kernels, for
+    both layers)."""
     from tvm_ext.models.base import make_training_step
+    from tvm_ext.models.mixed_precision import low_precision_step
 
     model, _ = exported["llama_sdpa"]
     step = make_training_step(model, loss="mse")
+    mixed = low_precision_step(step, "bfloat16")
     fuse = FuseAttention(LLVM, recompute_for_backward=False)
-    assert fuse(step.mod).same_as(step.mod) and fuse.fused == 0
+    assert fuse(mixed.mod).same_as(mixed.mod) and fuse.fused == 0
     fuse(model.mod)
     assert fuse.fused == 2  # inference: nothing else reads the intermediates
-    for memory, fused in ((None, 0), ("50%", 1)):  # both layers call one kernel
-        staged = pipeline.run_phases(step.mod, cuda_target, through="legalize",
+    fuse(step.mod)
+    assert fuse.fused == fuse.fused_backward == 2
+    for memory, fused in ((None, 0), ("50%", 1)):
+        staged = pipeline.run_phases(mixed.mod, cuda_target, through="legalize",
                                      inclusive=True, device_memory=memory)
         assert _fused_kernels(staged) == fused
-        assert _fused_kernels(pipeline.fuse(step.mod, cuda_target,
+        assert _fused_kernels(pipeline.fuse(mixed.mod, cuda_target,
                                             budgeted=memory is not None)) == fused
+        assert _fused_kernels(pipeline.fuse(step.mod, cuda_target,
+                                            budgeted=memory is not None)) == 3
     # A swapped build's unswapped twin (what its outputs are compared with, bit for bit).
-    twin = pipeline.run_phases(step.mod, cuda_target, through="legalize", inclusive=True,
+    twin = pipeline.run_phases(mixed.mod, cuda_target, through="legalize", inclusive=True,
                                budgeted=True)
     assert _fused_kernels(twin) == 1
 

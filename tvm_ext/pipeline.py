@@ -4,9 +4,9 @@ Phases, in order (each a list of passes, so a caller can rebuild the pipeline fr
 
 1. `library_dispatch_passes`  target-specific library dispatch (sort, sampling); on GPU
                               targets FuseAttention (tvm_ext.passes): each attention one
-                              fused kernel (not with a partition, whose analysis reads
-                              the unfused operators; a training step's only under a
-                              device budget).
+                              fused kernel and its backward two (not with a partition,
+                              whose analysis reads the unfused operators; an attention
+                              whose backward stays unfused only under a device budget).
 2. `legalize_passes`          LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR,
                               BroadcastConstants (constants at their distinct extent),
                               DropUnreadKernelInputs (arguments a kernel never reads):
@@ -75,9 +75,10 @@ SCHEDULE_PHASE = "schedule"
 
 def library_dispatch_passes(target: tvm.target.Target, fused_attention: bool = True,
                             budgeted: bool = True) -> list:
-    """`fused_attention`: on a GPU target, each attention one fused kernel (FuseAttention);
-    `budgeted` (a device budget: memory is short), including the attentions of a training
-    step, whose probabilities are then made again for the backward."""
+    """`fused_attention`: on a GPU target, each attention one fused kernel and its backward
+    two (FuseAttention); `budgeted` (a device budget: memory is short), also the attentions
+    of a training step whose backward stays unfused, their probabilities then made again for
+    it."""
     fuse = [FuseAttention(target, recompute_for_backward=budgeted)] \
         if fused_attention and is_gpu(target) else []
     return [*fuse, relax.backend.DispatchSampling(), relax.backend.DispatchSortScan()]
@@ -303,10 +304,10 @@ def tvm_ext_pipeline(
             topology).
         library: GEMMs and convolutions call the vendor library through the runtime
             library (OpenBLAS on CPU, cuBLAS on CUDA); False keeps TVM's generated code.
-        fused_attention: on a GPU target, each attention is one fused kernel (FuseAttention;
-            not with a partition).
-        budgeted: fuse as a build under a device budget does (a training step's attention
-            too, its probabilities made again for the backward); None: whether
+        fused_attention: on a GPU target, each attention is one fused kernel, its backward
+            two (FuseAttention; not with a partition).
+        budgeted: fuse as a build under a device budget does (also an attention whose
+            backward stays unfused, its probabilities made again for it); None: whether
             `device_memory` or `swap_plan` is given. True without a budget builds the
             unswapped twin a swapped build is compared with, bit for bit.
         start_phase: skip the phases before this one (for a module that has been through

@@ -344,6 +344,29 @@ def _accumulate_phase(t: _Tiling):
     return accumulate
 
 
+def _row_sum_phase(t: _Tiling):
+    """The lanes' partial sums of each row meet in shared memory: dst = the sum of src over
+    the row's lanes (src may be dst)."""
+    threads = t.threads
+
+    @T.macro
+    def row_sum(src, dst, part, lbh, lqt):
+        for tid in t.thread(threads):
+            with T.sblock("sum_share"):
+                vbh, vqt, vt = T.axis.remap("SSS", [lbh, lqt, tid])
+                part[vt // LANES, vt % LANES] = src[vt]
+        for tid in t.thread(threads):
+            with T.sblock("row_sum_init"):
+                vbh, vqt, vt = T.axis.remap("SSS", [lbh, lqt, tid])
+                dst[vt] = T.float32(0)
+            for lane in t.unrolled(LANES):
+                with T.sblock("row_sum"):
+                    vbh, vqt, vt, vl = T.axis.remap("SSSR", [lbh, lqt, tid, lane])
+                    dst[vt] = dst[vt] + part[vt // LANES, vl]
+
+    return row_sum
+
+
 def _store_phase(t: _Tiling):
     """The lanes' partial sums meet; each lane writes its value dims of acc / l."""
     spec = t.spec
@@ -358,20 +381,12 @@ def _store_phase(t: _Tiling):
             return T.if_then_else(lsum == T.float32(0), T.float32(0), acc / lsum)
         return acc / lsum
 
+    row_sum = _row_sum_phase(t)
+
     @T.macro
     def store(o, acc, lsum, part, lbh, lqt):
+        row_sum(lsum, lsum, part, lbh, lqt)
         for tid in t.thread(threads):
-            with T.sblock("sum_share"):
-                vbh, vqt, vt = T.axis.remap("SSS", [lbh, lqt, tid])
-                part[vt // LANES, vt % LANES] = lsum[vt]
-        for tid in t.thread(threads):
-            with T.sblock("row_sum_init"):
-                vbh, vqt, vt = T.axis.remap("SSS", [lbh, lqt, tid])
-                lsum[vt] = T.float32(0)
-            for lane in t.unrolled(LANES):
-                with T.sblock("row_sum"):
-                    vbh, vqt, vt, vl = T.axis.remap("SSSR", [lbh, lqt, tid, lane])
-                    lsum[vt] = lsum[vt] + part[vt // LANES, vl]
             for c in t.unrolled(chunks):
                 for e in t.unrolled(width):
                     with T.sblock("store"):
