@@ -326,6 +326,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="llvm: a CPU build, to try the two halves on one machine")
     p.add_argument("--arch", default="sm_90")
     p.add_argument("--size", default="bench", choices=("quick", "bench", "real"))
+    p.add_argument("--unfused-attention", action="store_true",
+                   help="attention and its backward unfused (cuBLAS products): the A/B of "
+                        "the fused kernels, into a folder of its own")
     s = sub.add_parser("site", help="pack TVM's runtime and tvm_ext's for the GPU machine")
     s.add_argument("directory")
     r = sub.add_parser("run", help="check and time them (TVM's runtime, PyTorch)")
@@ -415,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
     _split(parser, args)
     if args.command == "run" and args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.command == "prepare" and args.unfused_attention and args.target != "cuda":
+        parser.error("--unfused-attention does nothing with --target llvm: attention is "
+                     "fused on GPU targets only")
     if args.command == "prepare":
         import warnings
 
@@ -422,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            prepare(args.directory, args.keys, args.size, args.target, args.arch)
+            prepare(args.directory, args.keys, args.size, args.target, args.arch,
+                    fused_attention=not args.unfused_attention)
         return 0
     return run(args)
 

@@ -135,8 +135,10 @@ def _peak_rss() -> int:
 
 
 def prepare_one(directory: str, name: str, mode: str, dtype: str, size_name: str,
-                target, log) -> dict:
-    """Build, compile and export one (model, mode, dtype); returns its manifest entry."""
+                target, log, fused_attention: bool = True) -> dict:
+    """Build, compile and export one (model, mode, dtype); returns its manifest entry.
+    `fused_attention=False`: each attention and its backward as the unfused graph computes
+    them (cuBLAS products), to time against the fused kernels."""
     import torch
     import vs_torch
 
@@ -159,13 +161,14 @@ def prepare_one(directory: str, name: str, mode: str, dtype: str, size_name: str
     gc.collect()  # the weights: nothing below needs them
     built = time.perf_counter()
     model = step if training else autocast_inference(imported.model, dtype)
-    executable = driver.build(model, target, library=True)
+    executable = driver.build(model, target, library=True, fused_attention=fused_attention)
     path = os.path.join(directory, module_file(name, mode, dtype))
     _write_whole(path, lambda tmp: driver.export(executable, tmp))
     if buffers:
         _write_whole(path.removesuffix(".so") + ".npz",
                      lambda tmp: np.savez(tmp, **buffers), suffix=".npz")
-    entry.update(target=str(target.kind.name), file=os.path.basename(path),
+    entry.update(target=str(target.kind.name), fused_attention=fused_attention,
+                 file=os.path.basename(path),
                  module_bytes=os.path.getsize(path),
                  buffer_bytes=int(sum(b.nbytes for b in buffers.values())),
                  export_s=round(exported_s, 1), build_s=round(time.perf_counter() - built, 1),
@@ -203,7 +206,7 @@ def update_manifest(directory: str, entries: dict) -> None:
 
 
 def prepare(directory: str, keys: list[tuple[str, str, str]], size_name: str,
-            target_kind: str, arch: str, log=print) -> None:
+            target_kind: str, arch: str, log=print, fused_attention: bool = True) -> None:
     """Prepare every (model, mode, dtype) of `keys` into `directory`/MODEL (one folder per
     model, so that a GPU call can carry some models and not others), each folder's manifest
     updated after each module."""
@@ -213,5 +216,6 @@ def prepare(directory: str, keys: list[tuple[str, str, str]], size_name: str,
     for name, mode, dtype in keys:
         folder = os.path.join(directory, name)
         os.makedirs(folder, exist_ok=True)
-        entry = prepare_one(folder, name, mode, dtype, size_name, target, log)
+        entry = prepare_one(folder, name, mode, dtype, size_name, target, log,
+                            fused_attention)
         update_manifest(folder, {entry_key(name, mode, dtype): entry})

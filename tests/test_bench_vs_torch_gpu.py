@@ -128,6 +128,14 @@ def test_merge_replaces_a_row_of_the_same_key(tmp_path):
         vs_torch_gpu.merge_row(str(tmp_path / "other.json"), "a/inference/fp32", {})
 
 
+def test_unfused_attention_on_a_cpu_target_is_refused(tmp_path, capsys):
+    """Attention is fused on GPU targets only: the option would do nothing there."""
+    with pytest.raises(SystemExit):
+        vs_torch_gpu.main(["prepare", str(tmp_path), "--target", "llvm", "--unfused-attention"])
+    assert "does nothing with --target llvm" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing prepared
+
+
 def _fake_prepared(folder: Path, keys: list[str]) -> None:
     entries = {}
     for key in keys:
