@@ -37,7 +37,7 @@ from tvm import relax
 from tvm_ext.ir.attention_backward_kernel import attention_backward_kernels, key_splits
 from tvm_ext.ir.attention_backward_pattern import (
     BackwardMatch,
-    canonical_views,
+    CanonicalViews,
     dataflow_bindings,
     find_attention_backward,
 )
@@ -200,7 +200,7 @@ def _fuse_backward(func: relax.Function, rewrite: _RewriteBackward) -> relax.Fun
     uses, forward = _uses(func), find_attention(func)
     found = []
     for bindings in dataflow_bindings(func):
-        views = canonical_views(bindings)
+        views = CanonicalViews(bindings)
         found += [m for m in (find_attention_backward(f, bindings, uses, views)
                               for f in forward if f.output in bindings) if m is not None]
     if not found:

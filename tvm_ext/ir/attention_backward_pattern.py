@@ -1,7 +1,8 @@
 """The backward of a fused attention in a training step, as `relax.transform.Gradient` writes it.
 
 For an attention `find_attention` matched (scores S = Q' K'^T, scaled and biased, P =
-softmax(S), O = P V'), `find_attention_backward(func, match)` finds the bindings that compute
+softmax(S), O = P V'), `find_attention_backward(match, bindings, uses)` finds the bindings
+that compute
 
     dP  = dO V'^T                            (M1)
     dV' = P^T dO                             (M2)
@@ -59,8 +60,9 @@ class _View:
         return self.base.same_as(other.base) and self.transposed == other.transposed
 
 
-class _Views:
-    """Canonical views of the vars of one function's dataflow blocks."""
+class CanonicalViews:
+    """Canonical views of the vars of one dataflow block (`bindings`: var -> value), computed
+    as asked, then kept."""
 
     def __init__(self, bindings: dict):
         self.bindings = bindings
@@ -122,7 +124,7 @@ def _same_rows(src: tuple, dst: tuple) -> bool:
     return prod_s == prod_d and (len(lead_s) == 1 or len(lead_d) == 1)
 
 
-def _product(views: _Views, value, left: _View, right: _View):
+def _product(views: CanonicalViews, value, left: _View, right: _View):
     """(factor, transposed) if the matmul `value` is factor * left @ right (transposed False)
     or its transpose (True), else None."""
     if not _op(value, "relax.matmul"):
@@ -152,7 +154,7 @@ class _Forward:
     k_scale: float
 
 
-def _forward(match: AttentionMatch, bindings: dict, views: _Views) -> _Forward | None:
+def _forward(match: AttentionMatch, bindings: dict, views: CanonicalViews) -> _Forward | None:
     values = {**match.values, match.output: bindings.get(match.output)}
     matmuls = [e for e in values.values() if _op(e, "relax.matmul")]
     softmax = [v for v, e in values.items() if _op(e, "relax.nn.softmax")]
@@ -182,7 +184,7 @@ def _forward(match: AttentionMatch, bindings: dict, views: _Views) -> _Forward |
 
 
 def find_attention_backward(match: AttentionMatch, bindings: dict, uses: dict,
-                            views: _Views | None = None) -> BackwardMatch | None:
+                            views: CanonicalViews | None = None) -> BackwardMatch | None:
     """The backward of `match` that the fused backward kernels compute, or None (see the
     module doc). `bindings`: var -> value of the bindings of the dataflow block of the
     forward (one of `dataflow_bindings`): the backward must be in it too; `uses`: var -> the
@@ -191,7 +193,7 @@ def find_attention_backward(match: AttentionMatch, bindings: dict, uses: dict,
     inputs = (match.q, match.k, match.v, *match.biases)
     if match.spec.operand_dtype is not None or not all(_reachable(x, bindings) for x in inputs):
         return None
-    views = views or _Views(bindings)
+    views = views or CanonicalViews(bindings)
     fwd = _forward(match, bindings, views)
     if fwd is None:
         return None
@@ -248,13 +250,13 @@ def find_attention_backward(match: AttentionMatch, bindings: dict, uses: dict,
     return BackwardMatch(match, bspec, d_out.base, d_q, d_k, k_t, d_v, v_t)
 
 
-def _products(views: _Views, backward: list, left: _View, right: _View) -> list:
+def _products(views: CanonicalViews, backward: list, left: _View, right: _View) -> list:
     """[(var, (factor, transposed))] of the matmuls of `backward` computing left @ right."""
     found = [(v, _product(views, e, left, right)) for v, e in backward]
     return [(v, r) for v, r in found if r is not None]
 
 
-def _closed(views: _Views, backward: list, uses: dict, region: set, exits: set) -> bool:
+def _closed(views: CanonicalViews, backward: list, uses: dict, region: set, exits: set) -> bool:
     """Whether nothing but `region`, its views and `exits` reads `region` or its views (the
     score-sized tensors of the backward die once the exits are the kernels')."""
     for var, e in backward:
@@ -298,7 +300,7 @@ def _scores_product_var(values: dict, scores_mm):
                  e.args[0].same_as(var)), var)
 
 
-def _softmax_gradient(views: _Views, backward: list, dp, p_soft):
+def _softmax_gradient(views: CanonicalViews, backward: list, dp, p_soft):
     """(dS, its intermediates) for dS = P * (dP - sum(dP * P, -1, keepdims)) in `backward`."""
     def is_(expr, base) -> bool:
         v = views.of(expr)
@@ -333,7 +335,3 @@ def dataflow_bindings(func: relax.Function) -> list[dict]:
     return [{b.var: b.value for b in block.bindings if isinstance(b, relax.VarBinding)}
             for block in func.body.blocks if isinstance(block, relax.DataflowBlock)]
 
-
-def canonical_views(bindings: dict) -> _Views:
-    """The canonical views of the vars of `bindings` (computed as asked, then kept)."""
-    return _Views(bindings)
