@@ -11,16 +11,18 @@ In a training step, the backward of each attention whose backward
 gradient and the four gradient products, as relax.transform.Gradient writes them) is first
 replaced by the two backward kernels of `tvm_ext.ir.attention_backward_kernel`
 (FlashAttention-2's backward: dQ, then dK' and dV', each recomputing its tiles of P from the
-row's log-sum-exp), so the step holds and makes no tensor of the scores' size at all.
+row's log-sum-exp), so the step holds and makes no tensor of the scores' size at all. In a
+mixed-precision step the kernels round each product's operands to the low dtype, as the
+unfused backward's products read them.
 
-Where the backward stays (its operands rounded to a low dtype, or a trainable bias whose
-gradient reads the scores' adjoint), the intermediates it reads (the probabilities, the
-operands' views) are kept, but computed right before their first such reader instead of in
-the forward: the forward's output comes from the kernel, and the scores and probabilities
-are made for the backward rather than held from the forward to it, which takes a layer's
-B x H x S x S probabilities off the activations a training step keeps. The kernel's work is
-then on top of the unfused step's, so the pipeline does that only under a device budget
-(`recompute_for_backward`); without one, such an attention stays unfused.
+Where the backward stays (a trainable bias whose gradient reads the scores' adjoint, or any
+other reader of a scores-sized tensor of the backward), the intermediates it reads (the
+probabilities, the operands' views) are kept, but computed right before their first such
+reader instead of in the forward: the forward's output comes from the kernel, and the
+scores and probabilities are made for the backward rather than held from the forward to it,
+which takes a layer's B x H x S x S probabilities off the activations a training step keeps.
+The kernel's work is then on top of the unfused step's, so the pipeline does that only under
+a device budget (`recompute_for_backward`); without one, such an attention stays unfused.
 
 On CUDA the kernels come scheduled (their loops bound to blocks and threads, their scratch in
 shared and local memory); on other targets it is the same TIR with serial loops, which is what
@@ -125,16 +127,18 @@ class _RewriteBackward(relax.expr_functor.PyExprMutator):
     def __init__(self, mod: tvm.IRModule, gpu: bool):
         super().__init__(mod)
         self.gpu = gpu
-        self.kernels: dict = {}  # spec -> (rows, keys) GlobalVars
+        self.kernels: dict = {}  # (spec, 0 rows / 1 keys) -> GlobalVar
         self.fused = 0
         self.set_matches([])
 
     def set_matches(self, matches: list[BackwardMatch]) -> None:
         self.targets = {}
         for m in matches:
-            self.targets[m.d_q] = (m, 0, False)
-            self.targets[m.d_k] = (m, 1, m.d_k_transposed)
-            self.targets[m.d_v] = (m, 2, m.d_v_transposed)
+            for which, (var, transposed) in enumerate(((m.d_q, False),
+                                                       (m.d_k, m.d_k_transposed),
+                                                       (m.d_v, m.d_v_transposed))):
+                if var is not None:
+                    self.targets[var] = (m, which, transposed)
         self.outputs: dict = {}  # match -> (dq, dk', dv')
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
@@ -153,13 +157,16 @@ class _RewriteBackward(relax.expr_functor.PyExprMutator):
             value = relax.op.reshape(value, shape)
         _rebind(self, binding.var, value)
 
+    def _kernel(self, spec, which: int) -> relax.GlobalVar:
+        """The rows (0) or keys (1) kernel of `spec`, added once."""
+        if (spec, which) not in self.kernels:
+            func = attention_backward_kernels(spec, gpu=self.gpu)[which]
+            name = ("fused_attention_rows", "fused_attention_keys")[which]
+            self.kernels[spec, which] = self.builder_.add_func(func, name)
+        return self.kernels[spec, which]
+
     def _call(self, match: BackwardMatch) -> tuple:
         fwd, spec = match.forward, match.spec.forward
-        if match.spec not in self.kernels:
-            rows, keys = attention_backward_kernels(match.spec, gpu=self.gpu)
-            self.kernels[match.spec] = (self.builder_.add_func(rows, "fused_attention_rows"),
-                                        self.builder_.add_func(keys, "fused_attention_keys"))
-        rows, keys = self.kernels[match.spec]
         q, k, v = (self.visit_expr(x) for x in (fwd.q, fwd.k, fwd.v))
         biases = []
         for bias, shape in zip(fwd.biases, spec.bias_shapes, strict=True):
@@ -173,17 +180,20 @@ class _RewriteBackward(relax.expr_functor.PyExprMutator):
             d_out = self.builder_.emit(relax.op.reshape(d_out, four))
         dtype = spec.dtype
         rows_out = self.builder_.emit(relax.op.call_tir(
-            rows, relax.Tuple([q, k, v, *biases, self.visit_expr(fwd.output), d_out]),
+            self._kernel(match.spec, 0),
+            relax.Tuple([q, k, v, *biases, self.visit_expr(fwd.output), d_out]),
             [relax.TensorType(q.ty.shape, dtype),
              relax.TensorType(four[:3], "float32"), relax.TensorType(four[:3], "float32")]))
         dq, lse, delta = (self.builder_.emit(relax.TupleGetItem(rows_out, i)) for i in range(3))
+        self.fused += 1
+        if match.d_k is None and match.d_v is None:
+            return dq, None, None  # K and V not trained: the keys kernel is not needed
         splits = key_splits(spec)[0]
         primed = (spec.batch, spec.heads, spec.kv_len)
         keys_out = self.builder_.emit(relax.op.call_tir(
-            keys, relax.Tuple([q, k, v, *biases, d_out, lse, delta]),
+            self._kernel(match.spec, 1), relax.Tuple([q, k, v, *biases, d_out, lse, delta]),
             [relax.TensorType((splits, *primed, spec.head_dim), dtype),
              relax.TensorType((splits, *primed, spec.value_dim), dtype)]))
-        self.fused += 1
         summed = []
         for i, dim in enumerate((spec.head_dim, spec.value_dim)):
             part = self.builder_.emit(relax.TupleGetItem(keys_out, i))

@@ -5,6 +5,8 @@ within the per-thread bound at GPT-2's size and compile for CUDA."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tvm
@@ -22,12 +24,25 @@ from tvm_ext.schedules.thread_work import serial_iterations
 DQ_SCALE, DK_SCALE = 0.7, 1.3
 
 
+def _bfloat16(x):
+    """float32 -> bfloat16 -> float32, to nearest even (numpy has no bfloat16)."""
+    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.astype(np.uint32).view(np.float32)
+
+
 def _reference(q, k, v, biases, do, spec: AttentionSpec):
-    """(O, dQ, dK', dV') in float64: the forward, then the chain rule written out."""
+    """(O, dQ, dK', dV') in float64: the forward, then the chain rule written out; with the
+    spec's bfloat16 operands, every product's operands rounded as the unfused step's are."""
+    def r(x):
+        if spec.operand_dtype == "float16":
+            return x.astype(np.float16).astype(np.float64)
+        return _bfloat16(x).astype(np.float64) if spec.operand_dtype else x
+
     group = q.shape[1] // k.shape[1]
-    k = np.repeat(k.astype(np.float64), group, axis=1)
-    v = np.repeat(v.astype(np.float64), group, axis=1)
-    q, do = q.astype(np.float64), do.astype(np.float64)
+    k = np.repeat(r(k.astype(np.float64)), group, axis=1)
+    v = np.repeat(r(v.astype(np.float64)), group, axis=1)
+    q, do = r(q.astype(np.float64)), r(do.astype(np.float64))
     s = np.einsum("bhqd,bhkd->bhqk", q, k) * spec.scale
     for bias in biases:
         s = s + bias
@@ -38,9 +53,10 @@ def _reference(q, k, v, biases, do, spec: AttentionSpec):
         p = np.where(np.all(s == -np.inf, -1, keepdims=True), 0, p)
     o = np.einsum("bhqk,bhkd->bhqd", p, v)
     dp = np.einsum("bhqd,bhkd->bhqk", do, v)
-    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    ds = r(p * (dp - (dp * p).sum(-1, keepdims=True)))
     return (o, DQ_SCALE * np.einsum("bhqk,bhkd->bhqd", ds, k),
-            DK_SCALE * np.einsum("bhqk,bhqd->bhkd", ds, q), np.einsum("bhqk,bhqd->bhkd", p, do))
+            DK_SCALE * np.einsum("bhqk,bhqd->bhkd", ds, q),
+            np.einsum("bhqk,bhqd->bhkd", r(p), do))
 
 
 def _compiled(func):
@@ -124,10 +140,19 @@ def test_fully_masked_rows_give_nan_unless_zeroed():
             np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
 
 
-def test_mixed_precision_operands_are_refused():
-    spec = AttentionSpec(1, 2, 2, 8, 8, 8, 8, "float32", 0.5, operand_dtype="bfloat16")
-    with pytest.raises(ValueError, match="bfloat16"):
-        BackwardSpec(spec, 1.0, 1.0)
+@pytest.mark.parametrize("low", ["bfloat16", "float16"])
+def test_mixed_precision_rounds_every_products_operands(low):
+    """Low-precision operands (a mixed-precision step): Q, K, V, dO, P and dS rounded before
+    each product. The kernels agree with the rounded chain rule to float32's rounding, and
+    differ from the unrounded one by the low dtype's."""
+    base = _spec(b=1, h=4, hk=2, sq=40, sk=36, d=16, dv=16, biases=[(1, 1, 40, 36)])
+    low = dataclasses.replace(base, operand_dtype=low)
+    got, rounded = _run(low, masked=0.2)
+    _, exact = _run(base, masked=0.2)
+    for g, w, e in zip(got, rounded, exact, strict=True):
+        scale = np.abs(w).max()
+        assert np.abs(g - w).max() < 1e-4 * scale  # measured <= 2.3e-6 (a rounding may flip)
+        assert np.abs(g - e).max() > 1e-4 * scale  # measured 4e-3 (bfloat16), 5e-4 (float16)
 
 
 def test_the_gpu_kernels_spread_rows_and_lanes_over_threads(cuda_target):
@@ -149,9 +174,22 @@ def test_the_gpu_kernels_spread_rows_and_lanes_over_threads(cuda_target):
         assert "__shared__" in source and "blockIdx.y" in source
 
 
-def test_low_precision_tensors_compile_for_cuda(cuda_target):
-    spec = AttentionSpec(1, 4, 2, 128, 96, 64, 64, "bfloat16", 0.125)
-    for func in attention_backward_kernels(BackwardSpec(spec, 0.125, 0.125), gpu=True):
+@pytest.mark.parametrize("dtype,operand_dtype", [
+    ("bfloat16", None),  # bfloat16 tensors
+    ("float32", "bfloat16"),  # a mixed-precision step: float32 tensors, rounded operands
+    ("float32", "float16"),
+])
+def test_low_precision_compiles_for_cuda(cuda_target, dtype, operand_dtype):
+    """At full tiles, and at 16 queries (a tile's other rows known to be out of range, so
+    their operands fold to constants)."""
+    for sq, sk in ((128, 96), (16, 16)):
+        spec = AttentionSpec(1, 4, 2, sq, sk, 64, 64, dtype, 0.125, operand_dtype=operand_dtype)
+        _compile_both(BackwardSpec(spec, 0.125, 0.125), cuda_target)
+
+
+def _compile_both(bspec: BackwardSpec, cuda_target):
+    for func in attention_backward_kernels(bspec, gpu=True):
+        assert serial_iterations(func).iterations <= MAX_SERIAL_ITERATIONS
         with cuda_target:
             tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
                         target=cuda_target)

@@ -105,7 +105,7 @@ def exported(tmp_path_factory):
 
     directory = str(tmp_path_factory.mktemp("attention"))
     out = {}
-    for name in ("llama_sdpa", "t5_eager", "falcon", "gpt2_eager"):
+    for name in ("llama_sdpa", "t5_eager", "falcon", "gpt2_eager", "sdpa_causal"):
         path, inputs = corpus.export(corpus.BY_NAME[name], directory)
         model = load_file(path)
         out[name] = (model, [*inputs, *model.weights])
@@ -160,6 +160,25 @@ def test_a_training_steps_backward_is_fused_with_the_forward(exported, name):
     scores = [s for s in _computed_shapes(step.mod) if s[-2:] == (16, 16) and s[1] == 4]
     assert scores  # the unfused step makes them
     assert not [s for s in _computed_shapes(fused) if s[-2:] == (16, 16) and s[1] == 4]
+    _check_step(fused, step, model, arrays)
+
+
+def test_a_step_that_trains_only_the_queries_runs_the_rows_kernel_alone(exported):
+    """sdpa_causal trains a scale on Q alone: the step computes dQ' but neither dK' nor dV',
+    so its backward is the rows kernel (dQ) without the keys kernel; no tensor of the scores'
+    size is left, and loss and gradient equal the unfused step's."""
+    from tvm_ext.models.base import make_training_step
+
+    model, arrays = exported["sdpa_causal"]
+    step = make_training_step(model, loss="mse")
+    fuse = FuseAttention(LLVM)
+    fused = fuse(step.mod)
+    assert fuse.fused == fuse.fused_backward == 1
+    names = sorted(gv.name_hint for gv, f in fused.functions_items()
+                   if isinstance(f, tirx.PrimFunc))
+    assert names == ["fused_attention", "fused_attention_rows"]
+    assert not [s for s in _computed_shapes(fused) if s[-2:] == (16, 16) and len(s) == 4
+                and s[1] > 1]
     _check_step(fused, step, model, arrays)
 
 
@@ -227,9 +246,10 @@ def _step_inputs(step, model, arrays) -> list[np.ndarray]:
 
 
 def test_a_mixed_precision_step_fuses_with_its_operands_rounded(exported):
-    """bfloat16 products (float32 casts of every operand): the kernel reads the float32
-    tensors and rounds them; loss and gradients equal the unfused step's within bfloat16's
-    rounding."""
+    """bfloat16 products (float32 casts of every operand): the kernels read the float32
+    tensors and round them, forward and backward (dO, P and dS too); no softmax and no
+    tensor of the scores' size is left. Loss and gradients equal the unfused step's within
+    bfloat16's rounding."""
     from tvm_ext.models.base import make_training_step
     from tvm_ext.models.mixed_precision import low_precision_step
 
@@ -237,10 +257,12 @@ def test_a_mixed_precision_step_fuses_with_its_operands_rounded(exported):
     step = low_precision_step(make_training_step(model, loss="mse"), "bfloat16")
     fuse = FuseAttention(LLVM)
     fused = fuse(step.mod)
-    assert fuse.fused == 2
-    kernel = next(f for _, f in fused.functions_items() if isinstance(f, tirx.PrimFunc))
-    assert "T.reinterpret" in kernel.script()  # operands rounded to bfloat16 on the bits
-    assert fuse.fused_backward == 0  # its backward rounds dO and dS to bfloat16 as well
+    assert fuse.fused == fuse.fused_backward == 2
+    for _, func in fused.functions_items():
+        if isinstance(func, tirx.PrimFunc) and FUSED_ATTENTION_ATTR in func.attrs:
+            assert "T.reinterpret" in func.script()  # operands rounded to bfloat16 on the bits
+    assert "relax.nn.softmax" not in _ops(fused)
+    assert not [s for s in _computed_shapes(fused) if s[-2:] == (16, 16) and s[1] == 4]
     inputs = _step_inputs(step, model, arrays)
     got, want = _run(fused, inputs), _run(step.mod, inputs)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-4)  # the loss
@@ -250,34 +272,37 @@ def test_a_mixed_precision_step_fuses_with_its_operands_rounded(exported):
 
 def test_without_a_budget_a_training_step_keeps_its_probabilities(exported, cuda_target):
     """Making the probabilities twice costs a product per attention: where the backward cannot
-    be fused (a mixed-precision step), a build without a device budget keeps the attention
-    unfused and a budgeted build fuses it; a backward that fuses needs no probabilities, and
-    the step fuses with or without a budget (one forward kernel and two backward kernels, for
-    both layers)."""
+    be fused (T5's trained position bias), a build without a device budget keeps that
+    attention unfused and a budgeted build fuses it; a backward that fuses needs no
+    probabilities, and the step fuses with or without a budget (one forward kernel and two
+    backward kernels, for both layers)."""
     from tvm_ext.models.base import make_training_step
-    from tvm_ext.models.mixed_precision import low_precision_step
 
     model, _ = exported["llama_sdpa"]
     step = make_training_step(model, loss="mse")
-    mixed = low_precision_step(step, "bfloat16")
+    t5 = make_training_step(exported["t5_eager"][0], loss="mse")
     fuse = FuseAttention(LLVM, recompute_for_backward=False)
-    assert fuse(mixed.mod).same_as(mixed.mod) and fuse.fused == 0
+    fuse(t5.mod)
+    assert fuse.fused == fuse.fused_backward == 1  # the cross attention
     fuse(model.mod)
     assert fuse.fused == 2  # inference: nothing else reads the intermediates
     fuse(step.mod)
     assert fuse.fused == fuse.fused_backward == 2
-    for memory, fused in ((None, 0), ("50%", 1)):
-        staged = pipeline.run_phases(mixed.mod, cuda_target, through="legalize",
+    counts = {}
+    for memory in (None, "50%"):
+        staged = pipeline.run_phases(t5.mod, cuda_target, through="legalize",
                                      inclusive=True, device_memory=memory)
-        assert _fused_kernels(staged) == fused
-        assert _fused_kernels(pipeline.fuse(mixed.mod, cuda_target,
-                                            budgeted=memory is not None)) == fused
+        counts[memory] = _fused_kernels(staged)
+        assert _fused_kernels(pipeline.fuse(t5.mod, cuda_target,
+                                            budgeted=memory is not None)) == counts[memory]
         assert _fused_kernels(pipeline.fuse(step.mod, cuda_target,
                                             budgeted=memory is not None)) == 3
+    # the cross attention and its two backward kernels; with a budget the other two too
+    assert counts[None] == 3 and counts["50%"] > 3
     # A swapped build's unswapped twin (what its outputs are compared with, bit for bit).
-    twin = pipeline.run_phases(mixed.mod, cuda_target, through="legalize", inclusive=True,
+    twin = pipeline.run_phases(t5.mod, cuda_target, through="legalize", inclusive=True,
                                budgeted=True)
-    assert _fused_kernels(twin) == 1
+    assert _fused_kernels(twin) == counts["50%"]
 
 
 def test_the_pipeline_fuses_on_gpu_targets_without_a_partition(cuda_target):

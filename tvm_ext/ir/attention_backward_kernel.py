@@ -26,7 +26,9 @@ Q, K and the row's log-sum-exp, so nothing of size q_len x kv_len reaches global
 
 A row whose every score is -inf gives NaN gradients, as the unfused graph does, or zeros with
 `zero_masked_rows` (the where() that zeroes such rows passes no gradient to them). Scores,
-probabilities and sums are float32 whatever the operands' dtype.
+probabilities and sums are float32 whatever the operands' dtype; with the forward's
+`operand_dtype` (a mixed-precision step) each product's operands are first rounded to it, as
+the unfused step's low-precision products read them.
 
 `attention_backward_kernels(spec, gpu=False)` are the same TIR with serial loops and global
 scratch: what the CPU tests check, statement for statement the GPU kernels.
@@ -65,17 +67,14 @@ _NEG_INF = float("-inf")
 @dataclasses.dataclass(frozen=True)
 class BackwardSpec:
     """A fused attention's backward: the forward's spec and the gradient scales (dQ =
-    dq_scale * dS K, dK' = dk_scale * dS^T Q). Operands rounded to a low dtype (mixed
-    precision) are not supported: their backward rounds dO and dS as well."""
+    dq_scale * dS K, dK' = dk_scale * dS^T Q). With the forward's `operand_dtype` (mixed
+    precision) every product operand is rounded to it as the unfused backward's products
+    read them: Q, K, V, dO, P (for dV') and dS (for dQ and dK'); softmax's gradient stays
+    float32."""
 
     forward: AttentionSpec
     dq_scale: float
     dk_scale: float
-
-    def __post_init__(self):
-        if self.forward.operand_dtype is not None:
-            raise ValueError("the fused backward computes in the operands' dtype: products "
-                             f"rounded to {self.forward.operand_dtype} are not supported")
 
 
 def _dims(dim: int) -> tuple[int, int]:
@@ -128,7 +127,7 @@ def _rows_init(c: _Rows):
                     vbh, vqt, vt, vd = T.axis.remap("SSSS", [lbh, lqt, tid, d])
                     q_loc[vt, vd] = T.if_then_else(
                         vqt * ROWS + vt // LANES < SQ,
-                        T.Cast("float32", q[vbh // H, vbh % H, vqt * ROWS + vt // LANES, vd])
+                        t.operand(q[vbh // H, vbh % H, vqt * ROWS + vt // LANES, vd])
                         * scale, T.float32(0))
             with T.sblock("delta_init"):
                 vbh, vqt, vt = T.axis.remap("SSS", [lbh, lqt, tid])
@@ -138,7 +137,7 @@ def _rows_init(c: _Rows):
                     vbh, vqt, vt, vd = T.axis.remap("SSSS", [lbh, lqt, tid, d])
                     do_loc[vt, vd] = T.if_then_else(
                         vqt * ROWS + vt // LANES < SQ,
-                        T.Cast("float32", do[vbh // H, vbh % H, vqt * ROWS + vt // LANES, vd]),
+                        t.operand(do[vbh // H, vbh % H, vqt * ROWS + vt // LANES, vd]),
                         T.float32(0))
                 with T.sblock("delta"):
                     vbh, vqt, vt, vd = T.axis.remap("SSSR", [lbh, lqt, tid, d])
@@ -193,10 +192,10 @@ def _rows_grad_scores(c: _Rows):
                             + do_loc[vt, vd] * v_sh[(vj * LANES + vt % LANES) * DV + vd]
                 with T.sblock("ds"):
                     vbh, vqt, vkt, vt, vj = T.axis.remap("SSRSS", [lbh, lqt, kt, tid, jj])
-                    ds_sh[vt // LANES * p_stride + vj * LANES + vt % LANES] = \
+                    ds_sh[vt // LANES * p_stride + vj * LANES + vt % LANES] = t.operand(
                         _prob(spec, s[vt, vj], lse[vt]) * (
                             ds_sh[vt // LANES * p_stride + vj * LANES + vt % LANES]
-                            - delta[vt])
+                            - delta[vt]))
 
     return grad_scores
 
@@ -301,8 +300,6 @@ def _rows_body(c: _Rows):
 
     return body
 
-    return body
-
 
 def _rows_kernel(bs: BackwardSpec, gpu: bool):
     return _rows_body(_Rows(bs, gpu))
@@ -355,14 +352,14 @@ def _keys_init(c: _Keys):
                     vbh, vkt, vt, vd = T.axis.remap("SSSS", [lbh, lkt, tid, d])
                     k_loc[vt, vd] = T.if_then_else(
                         vkt % k_tiles * ROWS + vt // LANES < SK,
-                        T.Cast("float32", k[vbh // H, vbh % H // group,
+                        t.operand(k[vbh // H, vbh % H // group,
                                             vkt % k_tiles * ROWS + vt // LANES, vd]), T.float32(0))
             for d in t.unrolled(DV):
                 with T.sblock("v_row"):
                     vbh, vkt, vt, vd = T.axis.remap("SSSS", [lbh, lkt, tid, d])
                     v_loc[vt, vd] = T.if_then_else(
                         vkt % k_tiles * ROWS + vt // LANES < SK,
-                        T.Cast("float32", v[vbh // H, vbh % H // group,
+                        t.operand(v[vbh // H, vbh % H // group,
                                             vkt % k_tiles * ROWS + vt // LANES, vd]), T.float32(0))
             for d in t.unrolled(kc * kw):
                 with T.sblock("dk_init"):
@@ -392,7 +389,7 @@ def _query_tile_loader(c: _Keys, dim: int, stride: int, name: str):
                 row: T.let[T.int32] = (vkt // k_tiles * per_split + vqt) * TILE_Q + flat // dim
                 if flat < TILE_Q * dim:
                     dst[flat // dim * stride + flat % dim] = T.if_then_else(
-                        row < SQ, T.Cast("float32", src[vbh // H, vbh % H, row, flat % dim]),
+                        row < SQ, c.t.operand(src[vbh // H, vbh % H, row, flat % dim]),
                         T.float32(0))
 
     return load
@@ -451,14 +448,16 @@ def _keys_grad_scores(c: _Keys):
                     qi: T.let[T.int32] = vi * LANES + vt % LANES
                     row: T.let[T.int32] = (vkt // k_tiles * per_split + vqt) * TILE_Q + qi
                     key: T.let[T.int32] = vkt % k_tiles * ROWS + vt // LANES
+                    p: T.let[T.float32] = _prob(spec, s[vt, vi] * scale + _bias_sum(
+                        spec, biases, vbh // H, vbh % H, T.min(row, SQ - 1),
+                        T.min(key, SK - 1)), lse_sh[qi])
+                    # Rounded inside the select: a row or key known to be out of range
+                    # folds to a constant 0, which CUDA's reinterpret cannot take.
                     p_sh[vt // LANES * p_stride + qi] = T.if_then_else(
-                        row < SQ and key < SK,
-                        _prob(spec, s[vt, vi] * scale + _bias_sum(
-                            spec, biases, vbh // H, vbh % H, T.min(row, SQ - 1),
-                            T.min(key, SK - 1)), lse_sh[qi]),
+                        row < SQ and key < SK, t.operand(p), T.float32(0))
+                    ds_sh[vt // LANES * p_stride + qi] = T.if_then_else(
+                        row < SQ and key < SK, t.operand(p * (dp[vt, vi] - delta_sh[qi])),
                         T.float32(0))
-                    ds_sh[vt // LANES * p_stride + qi] = p_sh[vt // LANES * p_stride + qi] \
-                        * (dp[vt, vi] - delta_sh[qi])
 
     return grad_scores
 
@@ -533,8 +532,6 @@ def _keys_body(c: _Keys):
                         accumulate_dk(q_sh, ds_sh, dk_acc, lbh, lkt, qt)
                         accumulate_dv(do_sh, p_sh, dv_acc, lbh, lkt, qt)
                     store(dk, dv, dk_acc, dv_acc, lbh, lkt)
-
-    return body
 
     return body
 

@@ -12,16 +12,21 @@ that compute
 
 whatever views the frontend put between them. Every tensor is read through its *canonical
 view*: (base, transposed, factor) after following aliases, reshapes that only merge or split
-the (batch, heads) axes, same-shape broadcast_to / collapse_sum_to, last-two-axes transposes
-and multiplications or divisions by scalar constants. Two operands are the same when their
-canonical views are. With PyTorch's zeroed -inf rows, dP passes through the same where() as
-the forward's probabilities.
+the (batch, heads) axes, same-shape broadcast_to / collapse_sum_to, last-two-axes transposes,
+multiplications or divisions by scalar constants and casts of a float32 tensor to a low float
+dtype (the view notes the rounding). Two operands are the same when their canonical views
+are. With PyTorch's zeroed -inf rows, dP passes through the same where() as the forward's
+probabilities. In a mixed-precision step (the forward's products read operands rounded to a
+low dtype) every product of the backward must read its operands rounded to that dtype too,
+and softmax's gradient must read dP and P unrounded: what the kernels compute then.
 
-The match is refused unless each of M1..M4 and the softmax gradient is found exactly once,
-dO and P enter unscaled, and nothing outside these bindings reads dP, dS or what lies between
-(a trainable bias's gradient reads dS: then the score matrix is needed anyway). Then M2, M3
-and M4 are what the fused backward kernels compute (dq_scale and dk_scale gather the scalar
-factors), and everything of size q_len x kv_len in the backward dies with them.
+The match is refused unless M1 and the softmax gradient are found exactly once, M2, M3 and M4
+at most once each and M3 or M4 at all (a gradient the step does not compute, its input not
+trained, has no product), dO and P enter unscaled, and nothing outside these bindings reads
+dP, dS or what lies between (a trainable bias's gradient reads dS: then the score matrix is
+needed anyway; so does a product of a form not recognised). Then M2, M3 and M4 are what the
+fused backward kernels compute (dq_scale and dk_scale gather the scalar factors), and
+everything of size q_len x kv_len in the backward dies with them.
 """
 
 from __future__ import annotations
@@ -33,20 +38,23 @@ from tvm import relax
 from .attention_backward_kernel import BackwardSpec
 from .attention_pattern import AttentionMatch, _dtype, _op, _Reader, _scalar, _shape
 
+_LOW = ("float16", "bfloat16")
+
 
 @dataclasses.dataclass(frozen=True)
 class BackwardMatch:
     """One attention's backward: the output's adjoint (`d_out`, a tensor whose canonical view
     is [batch, heads, q_len, value_dim] or its 3-D merge) and the bindings the kernels
-    replace, each with whether it holds the transpose of the kernel's output."""
+    replace, each with whether it holds the transpose of the kernel's output; None where the
+    step does not compute that gradient (nothing trainable reads it)."""
 
     forward: AttentionMatch
     spec: BackwardSpec
     d_out: relax.Expr
-    d_q: relax.Var
-    d_k: relax.Var
+    d_q: relax.Var | None
+    d_k: relax.Var | None
     d_k_transposed: bool
-    d_v: relax.Var
+    d_v: relax.Var | None
     d_v_transposed: bool
 
 
@@ -55,9 +63,15 @@ class _View:
     base: relax.Expr
     transposed: bool
     factor: float
+    low: str | None = None  # the dtype the base is rounded to (cast and read in float32)
 
     def same(self, other: _View) -> bool:
         return self.base.same_as(other.base) and self.transposed == other.transposed
+
+    def plain(self, base) -> bool:
+        """Whether this is `base` itself: not transposed, scaled or rounded."""
+        return self.base.same_as(base) and not self.transposed and self.factor == 1.0 and \
+            self.low is None
 
 
 class CanonicalViews:
@@ -95,7 +109,7 @@ class CanonicalViews:
             n = len(axes)
             if n >= 2 and axes == [*range(n - 2), n - 1, n - 2]:
                 v = self.of(inner)
-                return _View(v.base, not v.transposed, v.factor)
+                return dataclasses.replace(v, transposed=not v.transposed)
         if _op(value, "relax.multiply") or _op(value, "relax.divide"):
             a, b = value.args
             c, other = (_scalar(b), a) if _scalar(b) is not None else (None, None)
@@ -103,8 +117,13 @@ class CanonicalViews:
                 c, other = _scalar(a), b
             if c is not None and c != 0 and _shape(other) == shape:
                 v = self.of(other)
-                return _View(v.base, v.transposed,
-                             v.factor * (c if _op(value, "relax.multiply") else 1.0 / c))
+                return dataclasses.replace(
+                    v, factor=v.factor * (c if _op(value, "relax.multiply") else 1.0 / c))
+        if _op(value, "relax.astype") and s_in == shape and _dtype(inner) == "float32" and \
+                _dtype(expr) in _LOW:
+            v = self.of(inner)
+            if v.low is None:
+                return dataclasses.replace(v, low=_dtype(expr))
         return _View(expr, False, 1.0)
 
 
@@ -124,12 +143,14 @@ def _same_rows(src: tuple, dst: tuple) -> bool:
     return prod_s == prod_d and (len(lead_s) == 1 or len(lead_d) == 1)
 
 
-def _product(views: CanonicalViews, value, left: _View, right: _View):
+def _product(views: CanonicalViews, value, left: _View, right: _View, low: str | None):
     """(factor, transposed) if the matmul `value` is factor * left @ right (transposed False)
-    or its transpose (True), else None."""
+    or its transpose (True), its operands rounded to `low`, else None."""
     if not _op(value, "relax.matmul"):
         return None
     x, y = (views.of(a) for a in value.args)
+    if x.low != low or y.low != low:
+        return None
     if x.same(left) and y.same(right):
         return x.factor * y.factor, False
     flip = (_View(right.base, not right.transposed, 1.0),
@@ -172,7 +193,9 @@ def _forward(match: AttentionMatch, bindings: dict, views: CanonicalViews) -> _F
     q, kt = (views.of(a) for a in scores_mm.args)
     # The transposes of K'^T (and of V' or Q') may sit below a broadcast of one key head to
     # all (multi-query attention): a view's base is then the broadcast, transposed or not.
-    if p.transposed or p.factor != 1.0 or v.factor != 1.0:
+    low = match.spec.operand_dtype
+    if p.transposed or p.factor != 1.0 or v.factor != 1.0 or \
+            any(x.low != low for x in (p, v, q, kt)):
         return None
     reader = _Reader(bindings)
     operands = reader.split(_scores_product_var(values, scores_mm))
@@ -185,24 +208,25 @@ def _forward(match: AttentionMatch, bindings: dict, views: CanonicalViews) -> _F
 
 def find_attention_backward(match: AttentionMatch, bindings: dict, uses: dict,
                             views: CanonicalViews | None = None) -> BackwardMatch | None:
-    """The backward of `match` that the fused backward kernels compute, or None (see the
-    module doc). `bindings`: var -> value of the bindings of the dataflow block of the
-    forward (one of `dataflow_bindings`): the backward must be in it too; `uses`: var -> the
-    vars whose bindings read it; `views`: the block's canonical views (shared between its
-    attentions)."""
+    """The backward of `match` that the fused backward kernels compute (dQ', dK' and dV', or
+    those of them the step computes), or None (see the module doc). `bindings`: var -> value
+    of the bindings of the dataflow block of the forward (one of `dataflow_bindings`): the
+    backward must be in it too; `uses`: var -> the vars whose bindings read it; `views`: the
+    block's canonical views (shared between its attentions)."""
     inputs = (match.q, match.k, match.v, *match.biases)
-    if match.spec.operand_dtype is not None or not all(_reachable(x, bindings) for x in inputs):
+    if not all(_reachable(x, bindings) for x in inputs):
         return None
     views = views or CanonicalViews(bindings)
     fwd = _forward(match, bindings, views)
     if fwd is None:
         return None
-    spec = match.spec
+    spec, low = match.spec, match.spec.operand_dtype
     backward = [(v, e) for v, e in bindings.items() if v not in match.values and
                 v is not match.output and isinstance(e, relax.Call | relax.Var)]
     # M1: dP = dO V'^T, with dO unscaled and not transposed.
     m1 = [(v, e) for v, e in backward if _op(e, "relax.matmul") and
-          views.of(e.args[1]).same(_View(fwd.v.base, not fwd.v.transposed, 1.0))]
+          views.of(e.args[1]).same(_View(fwd.v.base, not fwd.v.transposed, 1.0)) and
+          views.of(e.args[0]).low == views.of(e.args[1]).low == low]
     if len(m1) != 1:
         return None
     m1_var, m1_value = m1[0]
@@ -214,16 +238,16 @@ def find_attention_backward(match: AttentionMatch, bindings: dict, uses: dict,
             not _reachable(d_out.base, bindings):
         return None
     # M2: dV' = P^T dO (or its transpose)
-    m2 = _products(views, backward, _View(fwd.p.base, True, 1.0), _View(d_out.base, False, 1.0))
-    if len(m2) != 1 or m2[0][1][0] != 1.0:
+    m2 = _products(views, backward, _View(fwd.p.base, True, 1.0), _View(d_out.base, False, 1.0),
+                   low)
+    if len(m2) > 1 or (m2 and m2[0][1][0] != 1.0):
         return None
     # dP of the softmax: dP itself, or where(guard, 0, dP) with zeroed rows
     dp_base = views.of(m1_var).base
     if fwd.guard is not None:
         wheres = [v for v, e in backward if _op(e, "relax.where") and
                   e.args[0].same_as(fwd.guard) and _scalar(e.args[1]) == 0.0 and
-                  views.of(e.args[2]).base.same_as(dp_base) and
-                  views.of(e.args[2]).factor == 1.0]
+                  views.of(e.args[2]).plain(dp_base)]
         if len(wheres) != 1:
             return None
         dp_base = wheres[0]
@@ -233,15 +257,20 @@ def find_attention_backward(match: AttentionMatch, bindings: dict, uses: dict,
     ds, inner = d_scores
     # M3: dQ' = a dS K'; M4: dK' = a dS^T Q' (or its transpose)
     m3 = [(v, r) for v, r in _products(views, backward, _View(ds, False, 1.0),
-                                        _View(fwd.kt.base, not fwd.kt.transposed, 1.0))
+                                        _View(fwd.kt.base, not fwd.kt.transposed, 1.0), low)
           if not r[1]]
     m4 = _products(views, backward, _View(ds, True, 1.0),
-                   _View(fwd.q.base, fwd.q.transposed, 1.0))
-    if len(m3) != 1 or len(m4) != 1:
+                   _View(fwd.q.base, fwd.q.transposed, 1.0), low)
+    if len(m3) > 1 or len(m4) > 1 or not (m3 or m4):
         return None
-    (d_q, (f3, _)), (d_k, (f4, k_t)), (d_v, (_, v_t)) = m3[0], m4[0], m2[0]
-    if any(_dtype(x) != spec.dtype for x in (d_q, d_k, d_v)) or \
-            not _closed(views, backward, uses, {m1_var, *inner, ds}, {d_q, d_k}):
+    # A gradient the step does not compute has no product (its input is not trained): the
+    # kernels' output goes unread. A product of a form not found fails _closed below.
+    d_q, (f3, _) = m3[0] if m3 else (None, (1.0, False))
+    d_k, (f4, k_t) = m4[0] if m4 else (None, (1.0, False))
+    d_v, (_, v_t) = m2[0] if m2 else (None, (1.0, False))
+    found = {x for x in (d_q, d_k, d_v) if x is not None}
+    if any(_dtype(x) != spec.dtype for x in found) or \
+            not _closed(views, backward, uses, {m1_var, *inner, ds}, found):
         return None
     # K'^T is kt.factor times its view of the base and k_scale times the kernel's K (repeated):
     # M3 = f3 dS (that view)^T = f3 k_scale / kt.factor dS K; likewise M4 with Q.
@@ -250,9 +279,11 @@ def find_attention_backward(match: AttentionMatch, bindings: dict, uses: dict,
     return BackwardMatch(match, bspec, d_out.base, d_q, d_k, k_t, d_v, v_t)
 
 
-def _products(views: CanonicalViews, backward: list, left: _View, right: _View) -> list:
-    """[(var, (factor, transposed))] of the matmuls of `backward` computing left @ right."""
-    found = [(v, _product(views, e, left, right)) for v, e in backward]
+def _products(views: CanonicalViews, backward: list, left: _View, right: _View,
+              low: str | None) -> list:
+    """[(var, (factor, transposed))] of the matmuls of `backward` computing left @ right, their
+    operands rounded to `low`."""
+    found = [(v, _product(views, e, left, right, low)) for v, e in backward]
     return [(v, r) for v, r in found if r is not None]
 
 
@@ -303,8 +334,7 @@ def _scores_product_var(values: dict, scores_mm):
 def _softmax_gradient(views: CanonicalViews, backward: list, dp, p_soft):
     """(dS, its intermediates) for dS = P * (dP - sum(dP * P, -1, keepdims)) in `backward`."""
     def is_(expr, base) -> bool:
-        v = views.of(expr)
-        return v.base.same_as(base) and not v.transposed and v.factor == 1.0
+        return views.of(expr).plain(base)
 
     def pair(e, a_base, b_base) -> bool:
         x, y = e.args
