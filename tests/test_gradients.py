@@ -131,6 +131,30 @@ def test_strided_slice_and_squeeze_gradients_scatter(axes, begin, end, strides):
     assert float(loss.numpy()) == pytest.approx(float((sliced * r[0]).sum()))
 
 
+@pytest.mark.parametrize("shape, repeats", [
+    ((2, 3), (2, 3)),  # the same rank
+    ((2, 3), (3, 1, 2)),  # more repeats than axes: x gains a leading axis
+    ((2, 1, 3), (2,)),  # fewer repeats than axes: the leading axes are not repeated
+])
+def test_tile_gradient_sums_the_copies(shape, repeats):
+    """tile is linear: the gradient of sum(tile(x) * r) sums r over the copies of each
+    element (numpy's tile has the same semantics)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape)
+    tiled = np.tile(x, repeats)
+    r = rng.standard_normal(tiled.shape)
+
+    def build(bb, vx, vr):
+        return relax.op.sum(relax.op.multiply(bb.emit(relax.op.tile(vx, repeats)), vr))
+
+    loss, (grad,) = _adjoint_vm(build, [x.shape, r.shape], wrt=[0])(x, r)
+    # which element of x each element of the tiled tensor is
+    source = np.tile(np.arange(x.size).reshape(shape), repeats)
+    expected = np.bincount(source.ravel(), weights=r.ravel(), minlength=x.size).reshape(shape)
+    np.testing.assert_allclose(grad.numpy(), expected, rtol=1e-12)
+    assert float(loss.numpy()) == pytest.approx(float((tiled * r).sum()))
+
+
 @pytest.mark.parametrize(
     "method, mode, rounding, size",
     [

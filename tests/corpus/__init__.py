@@ -367,7 +367,7 @@ MODELS: list[CorpusModel] = [
     *(CorpusModel(name, build, "op", training=not name.startswith("linear_b"))
       for name, build in OPS.items()),
     CorpusModel("falcon", falcon(), "language", ci_modes=("plain", "training")),
-    CorpusModel("deberta_v2", deberta_v2(), "language", ci_modes=("plain",)),
+    CorpusModel("deberta_v2", deberta_v2(), "language", ci_modes=("plain", "training")),
     CorpusModel("mobilenet_v2", mobilenet_v2(), "vision", ci_modes=("plain",)),
     CorpusModel("opt_unwrapped", opt_unwrapped(), "language", ci_modes=("plain",)),
 ]

@@ -103,6 +103,20 @@ def _squeeze_grad(orig_var, orig_call, output_grad, ctx):
     return [_op.reshape(output_grad, orig_call.args[0].ty.shape)]
 
 
+def _tile_grad(orig_var, orig_call, output_grad, ctx):
+    """tile repeats x r_i times along axis i (x's shape and the repeats padded with leading
+    1s to a common rank): dy seen as [r_0, s_0, r_1, s_1, ..], summed over the r axes."""
+    x = orig_call.args[0]
+    shape = _dims(x)
+    repeats = [int(r) for r in orig_call.attrs.repeats]
+    rank = max(len(shape), len(repeats))
+    dims = [1] * (rank - len(shape)) + list(shape)
+    reps = [1] * (rank - len(repeats)) + repeats
+    split = [d for r, s in zip(reps, dims, strict=True) for d in (r, s)]
+    grad = _op.sum(_op.reshape(output_grad, split), axis=list(range(0, 2 * rank, 2)))
+    return [_op.reshape(grad, shape)]
+
+
 def _strided_slice_grad(orig_var, orig_call, output_grad, ctx):
     """dy scattered back into zeros of x's shape, one sliced axis at a time: a stride s spreads
     each row over s rows (s - 1 of them zeros), then zeros pad the slice to x's extent."""
@@ -326,6 +340,7 @@ def register_all() -> None:
         ("relax.nn.conv1d_transpose", _conv1d_transpose_grad),
         ("relax.nn.conv2d_transpose", _conv2d_transpose_grad),
         ("relax.squeeze", _squeeze_grad),
+        ("relax.tile", _tile_grad),
         ("relax.where", _where_grad),
         ("relax.gather_elements", _gather_elements_grad),
         ("relax.strided_slice", _strided_slice_grad),
