@@ -131,6 +131,40 @@ def test_strided_slice_and_squeeze_gradients_scatter(axes, begin, end, strides):
     assert float(loss.numpy()) == pytest.approx(float((sliced * r[0]).sum()))
 
 
+def test_clip_gradient_passes_strictly_inside_the_bounds():
+    """relu6 as torch.export writes it (clip(x, 0, 6)): dy where 0 < x < 6, none at the bounds
+    or beyond (PyTorch's hardtanh backward)."""
+    x = np.array([[-1.0, 0.0, 0.5, 3.0], [5.99, 6.0, 7.0, 2.0]])
+    r = np.arange(1.0, 9.0).reshape(2, 4)
+
+    def build(bb, vx, vr):
+        return relax.op.sum(relax.op.multiply(bb.emit(relax.op.clip(vx, 0.0, 6.0)), vr))
+
+    loss, (grad,) = _adjoint_vm(build, [x.shape, r.shape], wrt=[0])(x, r)
+    np.testing.assert_array_equal(grad.numpy(), [[0, 0, 3, 4], [5, 0, 0, 8]])
+    assert float(loss.numpy()) == pytest.approx(float((np.clip(x, 0, 6) * r).sum()))
+
+
+def test_pad_gradient_is_dy_without_the_padding():
+    """A constant pad is linear: the gradient of sum(pad(x) * r) is r at x's place; other
+    modes are refused by name."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 4, 5))
+    widths = [0, 0, 1, 0, 1, 2, 0, 3]
+    padded = np.pad(x, [(0, 0), (1, 0), (1, 2), (0, 3)])
+    r = rng.standard_normal(padded.shape)
+
+    def build(bb, vx, vr):
+        return relax.op.sum(relax.op.multiply(bb.emit(relax.op.nn.pad(vx, widths)), vr))
+
+    loss, (grad,) = _adjoint_vm(build, [x.shape, r.shape], wrt=[0])(x, r)
+    np.testing.assert_array_equal(grad.numpy(), r[:, 1:4, 1:5, 0:5])
+    assert float(loss.numpy()) == pytest.approx(float((padded * r).sum()))
+    with pytest.raises(Exception, match="constant, non-negative padding"):
+        _adjoint_vm(lambda bb, vx: relax.op.sum(bb.emit(relax.op.nn.pad(vx, widths, "reflect"))),
+                    [x.shape], wrt=[0])
+
+
 @pytest.mark.parametrize("shape, repeats", [
     ((2, 3), (2, 3)),  # the same rank
     ((2, 3), (3, 1, 2)),  # more repeats than axes: x gains a leading axis

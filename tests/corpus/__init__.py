@@ -368,8 +368,8 @@ MODELS: list[CorpusModel] = [
       for name, build in OPS.items()),
     CorpusModel("falcon", falcon(), "language", ci_modes=("plain", "training")),
     CorpusModel("deberta_v2", deberta_v2(), "language", ci_modes=("plain", "training")),
-    CorpusModel("mobilenet_v2", mobilenet_v2(), "vision", ci_modes=("plain",)),
-    CorpusModel("opt_unwrapped", opt_unwrapped(), "language", ci_modes=("plain",)),
+    CorpusModel("mobilenet_v2", mobilenet_v2(), "vision", ci_modes=("plain", "training")),
+    CorpusModel("opt_unwrapped", opt_unwrapped(), "language", ci_modes=("plain", "training")),
 ]
 
 BY_NAME = {m.name: m for m in MODELS}

@@ -103,6 +103,30 @@ def _squeeze_grad(orig_var, orig_call, output_grad, ctx):
     return [_op.reshape(output_grad, orig_call.args[0].ty.shape)]
 
 
+def _clip_grad(orig_var, orig_call, output_grad, ctx):
+    """dy where min < x < max, else 0 (PyTorch's hardtanh backward: none at the bounds)."""
+    x, low, high = orig_call.args
+    bound = [_const(float(getattr(b.value, "value", b.value)), x) for b in (low, high)]
+    inside = _op.logical_and(_op.greater(x, bound[0]), _op.less(x, bound[1]))
+    return [_op.where(inside, output_grad, _op.zeros_like(output_grad)),
+            _op.grad.no_grad(low), _op.grad.no_grad(high)]
+
+
+def _pad_grad(orig_var, orig_call, output_grad, ctx):
+    """A constant pad's gradient is dy without the padding: its slice at x's place."""
+    x = orig_call.args[0]
+    mode = str(orig_call.attrs.pad_mode)
+    widths = [int(w) for w in orig_call.attrs.pad_width]
+    if mode != "constant" or min(widths) < 0:
+        raise ValueError(f"nn.pad gradient: only constant, non-negative padding is supported "
+                         f"(got {mode!r} with widths {widths})")
+    shape = _dims(x)
+    axes = list(range(len(shape)))
+    begins = widths[0::2]
+    ends = [b + s for b, s in zip(begins, shape, strict=True)]
+    return [_op.strided_slice(output_grad, axes, begins, ends)]
+
+
 def _tile_grad(orig_var, orig_call, output_grad, ctx):
     """tile repeats x r_i times along axis i (x's shape and the repeats padded with leading
     1s to a common rank): dy seen as [r_0, s_0, r_1, s_1, ..], summed over the r axes."""
@@ -341,6 +365,8 @@ def register_all() -> None:
         ("relax.nn.conv2d_transpose", _conv2d_transpose_grad),
         ("relax.squeeze", _squeeze_grad),
         ("relax.tile", _tile_grad),
+        ("relax.clip", _clip_grad),
+        ("relax.nn.pad", _pad_grad),
         ("relax.where", _where_grad),
         ("relax.gather_elements", _gather_elements_grad),
         ("relax.strided_slice", _strided_slice_grad),
