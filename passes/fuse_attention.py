@@ -33,6 +33,8 @@ operators (their batch and head dims split), where it would replicate the fused 
 
 from __future__ import annotations
 
+import dataclasses
+
 import tvm
 from tvm import relax
 
@@ -90,12 +92,7 @@ class _Rewrite(relax.expr_functor.PyExprMutator):
                     self._emit(kept)
             self._emit(binding)
             return
-        args = [self.visit_expr(x) for x in (match.q, match.k, match.v)]
-        for bias, shape in zip(match.biases, match.spec.bias_shapes, strict=True):
-            bias = self.visit_expr(bias)
-            if len(bias.ty.shape) < 4:
-                bias = self.builder_.emit(relax.op.reshape(bias, shape))
-            args.append(bias)
+        args = _kernel_args(self, match)
         self._bind(var, relax.op.call_tir(self._kernel(match), relax.Tuple(args), var.ty))
         self.fused += 1
 
@@ -110,6 +107,18 @@ class _Rewrite(relax.expr_functor.PyExprMutator):
         _rebind(self, var, value)
 
 
+def _kernel_args(mutator: relax.expr_functor.PyExprMutator, match: AttentionMatch) -> list:
+    """Q, K, V and the biases of `match` as the kernels take them (a bias of lower rank
+    reshaped to 4-D, a view)."""
+    args = [mutator.visit_expr(x) for x in (match.q, match.k, match.v)]
+    for bias, shape in zip(match.biases, match.spec.bias_shapes, strict=True):
+        bias = mutator.visit_expr(bias)
+        if len(bias.ty.shape) < 4:
+            bias = mutator.builder_.emit(relax.op.reshape(bias, shape))
+        args.append(bias)
+    return args
+
+
 def _rebind(mutator: relax.expr_functor.PyExprMutator, var: relax.Var,
             value: relax.Expr) -> None:
     """Emits `value` bound to a new var of `var`'s name (and its new type), read for `var`."""
@@ -121,17 +130,20 @@ def _rebind(mutator: relax.expr_functor.PyExprMutator, var: relax.Var,
 
 @relax.expr_functor.mutator
 class _RewriteBackward(relax.expr_functor.PyExprMutator):
-    """Binds the backward's dV', dQ' and dK' (or their views) to the fused backward kernels'
-    outputs, both kernels called where the first of the three was bound."""
+    """Binds each forward's output to the fused kernel's, which also writes each row's
+    log-sum-exp, and the backward's dV', dQ' and dK' (or their views) to the fused backward
+    kernels' outputs, both kernels called where the first of the three was bound."""
 
     def __init__(self, mod: tvm.IRModule, gpu: bool):
         super().__init__(mod)
         self.gpu = gpu
-        self.kernels: dict = {}  # (spec, 0 rows / 1 keys) -> GlobalVar
+        self.kernels: dict = {}  # (spec, 0 rows / 1 keys / 2 forward) -> GlobalVar
         self.fused = 0
         self.set_matches([])
 
     def set_matches(self, matches: list[BackwardMatch]) -> None:
+        self.forwards = {m.forward.output: m for m in matches}
+        self.lse: dict = {}  # match -> its forward's log-sum-exp
         self.targets = {}
         for m in matches:
             for which, (var, transposed) in enumerate(((m.d_q, False),
@@ -142,6 +154,10 @@ class _RewriteBackward(relax.expr_functor.PyExprMutator):
         self.outputs: dict = {}  # match -> (dq, dk', dv')
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        forward = self.forwards.get(binding.var)
+        if forward is not None:
+            self._forward(binding.var, forward)
+            return
         hit = self.targets.get(binding.var)
         if hit is None:
             super().visit_var_binding_(binding)
@@ -158,30 +174,35 @@ class _RewriteBackward(relax.expr_functor.PyExprMutator):
         _rebind(self, binding.var, value)
 
     def _kernel(self, spec, which: int) -> relax.GlobalVar:
-        """The rows (0) or keys (1) kernel of `spec`, added once."""
+        """The rows (0) or keys (1) kernel of backward `spec`, or (2) the forward kernel with
+        its log-sum-exp of forward `spec`, added once."""
         if (spec, which) not in self.kernels:
-            func = attention_backward_kernels(spec, gpu=self.gpu)[which]
-            name = ("fused_attention_rows", "fused_attention_keys")[which]
+            func = attention_kernel(spec, gpu=self.gpu, with_lse=True) if which == 2 \
+                else attention_backward_kernels(spec, gpu=self.gpu)[which]
+            name = ("fused_attention_rows", "fused_attention_keys", "fused_attention")[which]
             self.kernels[spec, which] = self.builder_.add_func(func, name)
         return self.kernels[spec, which]
 
+    def _forward(self, var: relax.Var, match: BackwardMatch) -> None:
+        spec = match.spec.forward
+        out = self.builder_.emit(relax.op.call_tir(
+            self._kernel(spec, 2), relax.Tuple(_kernel_args(self, match.forward)),
+            [var.ty, relax.TensorType((spec.batch, spec.heads, spec.q_len), "float32")]))
+        self.lse[match] = self.builder_.emit(relax.TupleGetItem(out, 1))
+        _rebind(self, var, relax.TupleGetItem(out, 0))
+
     def _call(self, match: BackwardMatch) -> tuple:
         fwd, spec = match.forward, match.spec.forward
-        q, k, v = (self.visit_expr(x) for x in (fwd.q, fwd.k, fwd.v))
-        biases = []
-        for bias, shape in zip(fwd.biases, spec.bias_shapes, strict=True):
-            bias = self.visit_expr(bias)
-            if len(bias.ty.shape) < 4:
-                bias = self.builder_.emit(relax.op.reshape(bias, shape))
-            biases.append(bias)
+        q, k, v, *biases = _kernel_args(self, fwd)
         d_out = self.visit_expr(match.d_out)
         four = (spec.batch, spec.heads, spec.q_len, spec.value_dim)
         if tuple(int(d) for d in d_out.ty.shape) != four:
             d_out = self.builder_.emit(relax.op.reshape(d_out, four))
         dtype = spec.dtype
         rows_out = self.builder_.emit(relax.op.call_tir(
-            self._kernel(match.spec, 0),
-            relax.Tuple([q, k, v, *biases, self.visit_expr(fwd.output), d_out]),
+            self._kernel(dataclasses.replace(match.spec, lse_from_forward=True), 0),
+            relax.Tuple([q, k, v, *biases, self.visit_expr(fwd.output), d_out,
+                         self.lse[match]]),
             [relax.TensorType(q.ty.shape, dtype),
              relax.TensorType(four[:3], "float32"), relax.TensorType(four[:3], "float32")]))
         dq, lse, delta = (self.builder_.emit(relax.TupleGetItem(rows_out, i)) for i in range(3))
@@ -258,5 +279,5 @@ class FuseAttention:
             rewrite.set_matches(matches)
             new = rewrite.visit_expr(func)
             rewrite.builder_.update_func(gv, relax.analysis.remove_all_unused(new))
-        self.fused = rewrite.fused
+        self.fused = rewrite.fused + backward.fused  # each fused backward's forward too
         return rewrite.builder_.get() if rewrite.fused else mod

@@ -117,6 +117,38 @@ def test_the_serial_kernels_compute_the_gradients_of_attention(spec, masked):
                                    atol=1e-5 * np.abs(w[finite]).max())
 
 
+@pytest.mark.parametrize("zero_rows", [False, True])
+def test_the_forward_kernels_log_sum_exp_replaces_the_rows_kernels_first_pass(zero_rows):
+    """The forward kernel `with_lse` writes each row's log-sum-exp as the rows kernel's first
+    walk over the keys computes it, bit for bit (fully masked rows included), so the rows
+    kernel that reads it gives the same dQ, lse and delta."""
+    from tvm_ext.ir.attention_kernel import attention_kernel
+
+    spec = _spec(b=1, h=4, hk=2, sq=40, sk=36, biases=[(1, 1, 40, 36)], zero_rows=zero_rows)
+    rng = np.random.default_rng(1)
+    q, do = (rng.standard_normal((1, 4, 40, 16)).astype("float32") for _ in range(2))
+    k, v = (rng.standard_normal((1, 2, 36, 16)).astype("float32") for _ in range(2))
+    bias = rng.standard_normal((1, 1, 40, 36)).astype("float32")
+    bias[rng.random(bias.shape) < 0.2] = -np.inf
+    bias[0, 0, 3] = -np.inf  # a row with every key masked
+    inputs = [tvm.runtime.tensor(x) for x in (q, k, v, bias)]
+    o, lse_fwd = (tvm.runtime.empty(shape, "float32", tvm.cpu())
+                  for shape in ((1, 4, 40, 16), (1, 4, 40)))
+    _compiled(attention_kernel(spec, with_lse=True))(*inputs, o, lse_fwd)
+    outs = {}
+    for given in (False, True):
+        bspec = BackwardSpec(spec, DQ_SCALE, DK_SCALE, lse_from_forward=given)
+        rows, _ = attention_backward_kernels(bspec)
+        got = [tvm.runtime.empty(shape, "float32", tvm.cpu())
+               for shape in ((1, 4, 40, 16), (1, 4, 40), (1, 4, 40))]
+        _compiled(rows)(*inputs, o, tvm.runtime.tensor(do), *([lse_fwd] if given else []), *got)
+        outs[given] = [x.numpy() for x in got]
+    np.testing.assert_array_equal(lse_fwd.numpy(), outs[False][1])
+    assert np.isneginf(lse_fwd.numpy()[0, :2, 3]).all()
+    for computed, read in zip(outs[False], outs[True], strict=True):
+        np.testing.assert_array_equal(computed, read)
+
+
 def test_a_long_query_walk_is_split_within_the_thread_bound(cuda_target):
     """SegFormer's first stage at 224 x 224: 3136 queries, 49 keys: the keys kernel walks the
     queries in parts, each within the bound (the rows kernel walks the keys)."""
@@ -158,10 +190,15 @@ def test_mixed_precision_rounds_every_products_operands(low):
 def test_the_gpu_kernels_spread_rows_and_lanes_over_threads(cuda_target):
     """At GPT-2's size (512 queries and keys, head dim 64) a thread of either kernel runs
     4096 iterations (FlashAttention's walk over the other side's tiles), within the bound of
-    the real-size schedule test; both compile for CUDA with their tiles in shared memory."""
+    the real-size schedule test; both compile for CUDA with their tiles in shared memory. The
+    rows kernel that reads the forward's log-sum-exp skips a third of its work."""
     spec = AttentionSpec(2, 12, 12, 512, 512, 64, 64, "float32", 0.125, ((2, 1, 512, 512),),
                          ("float32",), True)
-    for func in attention_backward_kernels(BackwardSpec(spec, 0.125, 0.125), gpu=True):
+    rows, keys = attention_backward_kernels(BackwardSpec(spec, 0.125, 0.125), gpu=True)
+    rows_given, _ = attention_backward_kernels(
+        BackwardSpec(spec, 0.125, 0.125, lse_from_forward=True), gpu=True)
+    assert analyze_kernel(rows_given).flops < 0.7 * analyze_kernel(rows).flops
+    for func in (rows, keys, rows_given):
         assert func.attrs["tirx.is_scheduled"]
         assert serial_iterations(func).iterations == 4096 <= MAX_SERIAL_ITERATIONS
         # its scratch is on chip (shared and local memory), not device memory

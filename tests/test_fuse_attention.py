@@ -157,6 +157,11 @@ def test_a_training_steps_backward_is_fused_with_the_forward(exported, name):
     fused = fuse(step.mod)
     assert fuse.fused == fuse.fused_backward == 2
     assert "relax.nn.softmax" not in _ops(fused)
+    # the forward kernel writes each row's log-sum-exp; the rows kernel reads it
+    params = {gv.name_hint: [p.name for p in f.params] for gv, f in fused.functions_items()
+              if isinstance(f, tirx.PrimFunc)}
+    assert params["fused_attention"][-2:] == ["o", "lse"]
+    assert "lse_in" in params["fused_attention_rows"]
     scores = [s for s in _computed_shapes(step.mod) if s[-2:] == (16, 16) and s[1] == 4]
     assert scores  # the unfused step makes them
     assert not [s for s in _computed_shapes(fused) if s[-2:] == (16, 16) and s[1] == 4]

@@ -45,6 +45,7 @@ from tvm import tirx
 from tvm.script import tirx as T
 
 from .attention_kernel import (
+    _BIASES,
     FUSED_ATTENTION_ATTR,
     LANES,
     ROWS,
@@ -55,6 +56,8 @@ from .attention_kernel import (
     _softmax_phase,
     _tile_loader,
     _Tiling,
+    bias_buffers,
+    only_params,
 )
 
 TILE_Q = 32  # query rows per shared-memory tile of the keys kernel
@@ -75,6 +78,9 @@ class BackwardSpec:
     forward: AttentionSpec
     dq_scale: float
     dk_scale: float
+    # the rows kernel reads each row's log-sum-exp from the forward kernel (its `with_lse`
+    # output) instead of walking the keys once more to compute it
+    lse_from_forward: bool = False
 
 
 def _dims(dim: int) -> tuple[int, int]:
@@ -113,6 +119,7 @@ class _Rows:
         self.load_v = _tile_loader(t, spec.value_dim, t.vvec, spec.value_dim, "v_load")
         self.score, self.softmax = _score_phase(t), _softmax_phase(t)
         self.local, self.shared = t.local, t.shared
+        self.lse_given = bs.lse_from_forward
 
 
 def _rows_init(c: _Rows):
@@ -158,19 +165,41 @@ def _rows_init(c: _Rows):
     return init
 
 
-def _rows_row_lse(c: _Rows):
-    t, threads = c.t, c.threads
+def _rows_first_pass(c: _Rows):
+    """Each row's log-sum-exp: read from the forward kernel's output, or computed by a first
+    walk over the key tiles (the forward's online softmax, its statements reused)."""
+    t, H, SQ, threads, load_k, score, softmax = c.t, c.H, c.SQ, c.threads, c.load_k, c.score, \
+        c.softmax
     row_sum = _row_sum_phase(t)
+    if c.lse_given:
+        @T.macro
+        def given(k, biases, lse_in, q_loc, k_sh, s, kreg, m, m_new, alpha, lsum, lse, part,
+                  p_sh, lbh, lqt):
+            for tid in t.thread(threads):
+                with T.sblock("lse_load"):
+                    vbh, vqt, vt = T.axis.remap("SSS", [lbh, lqt, tid])
+                    row: T.let[T.int32] = vqt * ROWS + vt // LANES
+                    lse[vt] = T.if_then_else(row < SQ, lse_in[vbh // H, vbh % H,
+                                                              T.min(row, SQ - 1)],
+                                             T.float32(0))
+
+        return given
 
     @T.macro
-    def row_lse(lse, m, lsum, part, lbh, lqt):
+    def computed(k, biases, lse_in, q_loc, k_sh, s, kreg, m, m_new, alpha, lsum, lse, part,
+                 p_sh, lbh, lqt):
+        for kt in T.serial(t.kv_tiles):
+            for tid in t.thread(threads):
+                load_k(k, k_sh, lbh, lqt, kt, tid)
+            score(biases, q_loc, k_sh, s, kreg, m_new, part, lbh, lqt, kt)
+            softmax(s, m, m_new, alpha, lsum, part, p_sh, lbh, lqt, kt)
         row_sum(lsum, lse, part, lbh, lqt)
         for tid in t.thread(threads):
             with T.sblock("lse"):
                 vbh, vqt, vt = T.axis.remap("SSS", [lbh, lqt, tid])
                 lse[vt] = m[vt] + T.log(lse[vt])
 
-    return row_lse
+    return computed
 
 
 def _rows_grad_scores(c: _Rows):
@@ -252,16 +281,16 @@ def _rows_store(c: _Rows):
 
 def _rows_body(c: _Rows):
     init = _rows_init(c)
-    row_lse = _rows_row_lse(c)
     grad_scores = _rows_grad_scores(c)
     accumulate = _lane_accumulate(c.t, TILE_KV, c.D, c.k_stride, "dq")
     store = _rows_store(c)
     spec, t, H, D, DV, threads, per_lane = c.spec, c.t, c.H, c.D, c.DV, c.threads, c.per_lane
     p_stride, k_stride, width, chunks, load_k = c.p_stride, c.k_stride, c.width, c.chunks, c.load_k
-    load_v, score, softmax, local, shared = c.load_v, c.score, c.softmax, c.local, c.shared
+    load_v, score, local, shared = c.load_v, c.score, c.local, c.shared
+    first_pass = _rows_first_pass(c)
 
     @T.macro
-    def body(q, k, v, biases, o, do, dq, lse_out, delta_out):
+    def body(q, k, v, biases, o, do, lse_in, dq, lse_out, delta_out):
         for lbh in t.grid(spec.batch * H, "y"):
             for lqt in t.grid(t.q_tiles, "x"):
                 with T.sblock("tile"):
@@ -283,12 +312,8 @@ def _rows_body(c: _Rows):
                     p_sh = T.sblock_alloc_buffer((ROWS * p_stride,), "float32", scope=shared)
                     part = T.sblock_alloc_buffer((ROWS, LANES), "float32", scope=shared)
                     init(q, o, do, q_loc, do_loc, delta, dq_acc, m, lsum, lbh, lqt)
-                    for kt in T.serial(t.kv_tiles):
-                        for tid in t.thread(threads):
-                            load_k(k, k_sh, lbh, lqt, kt, tid)
-                        score(biases, q_loc, k_sh, s, kreg, m_new, part, lbh, lqt, kt)
-                        softmax(s, m, m_new, alpha, lsum, part, p_sh, lbh, lqt, kt)
-                    row_lse(lse, m, lsum, part, lbh, lqt)
+                    first_pass(k, biases, lse_in, q_loc, k_sh, s, kreg, m, m_new, alpha, lsum,
+                               lse, part, p_sh, lbh, lqt)
                     for kt2 in T.serial(t.kv_tiles):
                         for tid in t.thread(threads):
                             load_k(k, k_sh, lbh, lqt, kt2, tid)
@@ -545,56 +570,28 @@ def _finish(func: tirx.PrimFunc, gpu: bool) -> tirx.PrimFunc:
     return func.with_attr("tirx.is_scheduled", True) if gpu else func
 
 
-def _bias_buffers(spec: AttentionSpec):
-    """(shape, dtype) of the first and last bias; a one-element stand-in where there is none
-    (the variant without biases has no such parameter)."""
-    shapes, dtypes = spec.bias_shapes, spec.bias_dtypes
-    if not shapes:
-        return (1, 1, 1, 1), "float32", (1, 1, 1, 1), "float32"
-    return shapes[0], dtypes[0], shapes[-1], dtypes[-1]
-
-
 def _rows_func(bs: BackwardSpec, gpu: bool) -> tirx.PrimFunc:
     spec = bs.forward
     B, H, HK = spec.batch, spec.heads, spec.kv_heads
     SQ, SK, D, DV, dtype = spec.q_len, spec.kv_len, spec.head_dim, spec.value_dim, spec.dtype
     rows = _rows_kernel(bs, gpu)
-    s0, d0, s1, d1 = _bias_buffers(spec)
-    n = len(spec.bias_shapes)
-    if n == 2:
-        @T.prim_func(private=True, s_tir=True)
-        def attention_rows(q: T.Buffer((B, H, SQ, D), dtype), k: T.Buffer((B, HK, SK, D), dtype),
-                           v: T.Buffer((B, HK, SK, DV), dtype), bias0: T.Buffer(s0, d0),
-                           bias1: T.Buffer(s1, d1), o: T.Buffer((B, H, SQ, DV), dtype),
-                           do: T.Buffer((B, H, SQ, DV), dtype),
-                           dq: T.Buffer((B, H, SQ, D), dtype),
-                           lse: T.Buffer((B, H, SQ), "float32"),
-                           delta: T.Buffer((B, H, SQ), "float32")):
-            T.func_attr({"tirx.noalias": True})
-            rows(q, k, v, (bias0, bias1), o, do, dq, lse, delta)
-    elif n == 1:
-        @T.prim_func(private=True, s_tir=True)
-        def attention_rows(q: T.Buffer((B, H, SQ, D), dtype), k: T.Buffer((B, HK, SK, D), dtype),
-                           v: T.Buffer((B, HK, SK, DV), dtype), bias0: T.Buffer(s0, d0),
-                           o: T.Buffer((B, H, SQ, DV), dtype),
-                           do: T.Buffer((B, H, SQ, DV), dtype),
-                           dq: T.Buffer((B, H, SQ, D), dtype),
-                           lse: T.Buffer((B, H, SQ), "float32"),
-                           delta: T.Buffer((B, H, SQ), "float32")):
-            T.func_attr({"tirx.noalias": True})
-            rows(q, k, v, (bias0,), o, do, dq, lse, delta)
-    else:
-        @T.prim_func(private=True, s_tir=True)
-        def attention_rows(q: T.Buffer((B, H, SQ, D), dtype), k: T.Buffer((B, HK, SK, D), dtype),
-                           v: T.Buffer((B, HK, SK, DV), dtype),
-                           o: T.Buffer((B, H, SQ, DV), dtype),
-                           do: T.Buffer((B, H, SQ, DV), dtype),
-                           dq: T.Buffer((B, H, SQ, D), dtype),
-                           lse: T.Buffer((B, H, SQ), "float32"),
-                           delta: T.Buffer((B, H, SQ), "float32")):
-            T.func_attr({"tirx.noalias": True})
-            rows(q, k, v, (), o, do, dq, lse, delta)
-    return _finish(attention_rows, gpu)
+    s0, d0, s1, d1 = bias_buffers(spec)
+
+    @T.prim_func(private=True, s_tir=True)
+    def attention_rows(q: T.Buffer((B, H, SQ, D), dtype), k: T.Buffer((B, HK, SK, D), dtype),
+                       v: T.Buffer((B, HK, SK, DV), dtype), bias0: T.Buffer(s0, d0),
+                       bias1: T.Buffer(s1, d1), o: T.Buffer((B, H, SQ, DV), dtype),
+                       do: T.Buffer((B, H, SQ, DV), dtype),
+                       lse_in: T.Buffer((B, H, SQ), "float32"),
+                       dq: T.Buffer((B, H, SQ, D), dtype),
+                       lse: T.Buffer((B, H, SQ), "float32"),
+                       delta: T.Buffer((B, H, SQ), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        rows(q, k, v, (bias0, bias1), o, do, lse_in, dq, lse, delta)
+
+    return _finish(only_params(attention_rows, [
+        "q", "k", "v", *_BIASES[:len(spec.bias_shapes)], "o", "do",
+        *(["lse_in"] if bs.lse_from_forward else []), "dq", "lse", "delta"]), gpu)
 
 
 def _keys_func(bs: BackwardSpec, gpu: bool) -> tirx.PrimFunc:
@@ -603,49 +600,28 @@ def _keys_func(bs: BackwardSpec, gpu: bool) -> tirx.PrimFunc:
     SQ, SK, D, DV, dtype = spec.q_len, spec.kv_len, spec.head_dim, spec.value_dim, spec.dtype
     keys = _keys_kernel(bs, gpu)
     NS = key_splits(spec)[0]
-    s0, d0, s1, d1 = _bias_buffers(spec)
-    n = len(spec.bias_shapes)
-    if n == 2:
-        @T.prim_func(private=True, s_tir=True)
-        def attention_keys(q: T.Buffer((B, H, SQ, D), dtype), k: T.Buffer((B, HK, SK, D), dtype),
-                           v: T.Buffer((B, HK, SK, DV), dtype), bias0: T.Buffer(s0, d0),
-                           bias1: T.Buffer(s1, d1), do: T.Buffer((B, H, SQ, DV), dtype),
-                           lse: T.Buffer((B, H, SQ), "float32"),
-                           delta: T.Buffer((B, H, SQ), "float32"),
-                           dk: T.Buffer((NS, B, H, SK, D), dtype),
-                           dv: T.Buffer((NS, B, H, SK, DV), dtype)):
-            T.func_attr({"tirx.noalias": True})
-            keys(q, k, v, (bias0, bias1), do, lse, delta, dk, dv)
-    elif n == 1:
-        @T.prim_func(private=True, s_tir=True)
-        def attention_keys(q: T.Buffer((B, H, SQ, D), dtype), k: T.Buffer((B, HK, SK, D), dtype),
-                           v: T.Buffer((B, HK, SK, DV), dtype), bias0: T.Buffer(s0, d0),
-                           do: T.Buffer((B, H, SQ, DV), dtype),
-                           lse: T.Buffer((B, H, SQ), "float32"),
-                           delta: T.Buffer((B, H, SQ), "float32"),
-                           dk: T.Buffer((NS, B, H, SK, D), dtype),
-                           dv: T.Buffer((NS, B, H, SK, DV), dtype)):
-            T.func_attr({"tirx.noalias": True})
-            keys(q, k, v, (bias0,), do, lse, delta, dk, dv)
-    else:
-        @T.prim_func(private=True, s_tir=True)
-        def attention_keys(q: T.Buffer((B, H, SQ, D), dtype), k: T.Buffer((B, HK, SK, D), dtype),
-                           v: T.Buffer((B, HK, SK, DV), dtype),
-                           do: T.Buffer((B, H, SQ, DV), dtype),
-                           lse: T.Buffer((B, H, SQ), "float32"),
-                           delta: T.Buffer((B, H, SQ), "float32"),
-                           dk: T.Buffer((NS, B, H, SK, D), dtype),
-                           dv: T.Buffer((NS, B, H, SK, DV), dtype)):
-            T.func_attr({"tirx.noalias": True})
-            keys(q, k, v, (), do, lse, delta, dk, dv)
-    return _finish(attention_keys, gpu)
+    s0, d0, s1, d1 = bias_buffers(spec)
+
+    @T.prim_func(private=True, s_tir=True)
+    def attention_keys(q: T.Buffer((B, H, SQ, D), dtype), k: T.Buffer((B, HK, SK, D), dtype),
+                       v: T.Buffer((B, HK, SK, DV), dtype), bias0: T.Buffer(s0, d0),
+                       bias1: T.Buffer(s1, d1), do: T.Buffer((B, H, SQ, DV), dtype),
+                       lse: T.Buffer((B, H, SQ), "float32"),
+                       delta: T.Buffer((B, H, SQ), "float32"),
+                       dk: T.Buffer((NS, B, H, SK, D), dtype),
+                       dv: T.Buffer((NS, B, H, SK, DV), dtype)):
+        T.func_attr({"tirx.noalias": True})
+        keys(q, k, v, (bias0, bias1), do, lse, delta, dk, dv)
+
+    return _finish(only_params(attention_keys, [
+        "q", "k", "v", *_BIASES[:len(spec.bias_shapes)], "do", "lse", "delta", "dk", "dv"]), gpu)
 
 
 def attention_backward_kernels(bs: BackwardSpec, gpu: bool = False) \
         -> tuple[tirx.PrimFunc, tirx.PrimFunc]:
-    """(rows, keys): rows(q, k, v, biases.., o, do) -> (dq, lse, delta) and keys(q, k, v,
-    biases.., do, lse, delta) -> (dk', dv'), the primed gradients per query head in
-    `key_splits(spec)[0]` parts to be summed ([splits, batch, heads, kv_len, dim]). With
-    `gpu`, bound to CUDA blocks and threads with shared and local scratch (marked
+    """(rows, keys): rows(q, k, v, biases.., o, do[, lse from the forward]) -> (dq, lse,
+    delta) and keys(q, k, v, biases.., do, lse, delta) -> (dk', dv'), the primed gradients
+    per query head in `key_splits(spec)[0]` parts to be summed ([splits, batch, heads, kv_len,
+    dim]). With `gpu`, bound to CUDA blocks and threads with shared and local scratch (marked
     scheduled); without, serial (any target)."""
     return _rows_func(bs, gpu), _keys_func(bs, gpu)

@@ -144,6 +144,29 @@ class _Tiling:
         return T.Cast("float32", T.Cast(low, x)) if low else x
 
 
+_BIASES = ("bias0", "bias1")
+
+
+def bias_buffers(spec: AttentionSpec):
+    """(shape, dtype) of the first and last bias; a one-element stand-in where there is none
+    (`only_params` drops the parameters a kernel without them does not read)."""
+    shapes, dtypes = spec.bias_shapes, spec.bias_dtypes
+    if not shapes:
+        return (1, 1, 1, 1), "float32", (1, 1, 1, 1), "float32"
+    return shapes[0], dtypes[0], shapes[-1], dtypes[-1]
+
+
+def only_params(func: tirx.PrimFunc, names: list[str]) -> tirx.PrimFunc:
+    """`func` with only the parameters named, in `func`'s order: a kernel is written once with
+    every optional buffer (the biases, what a variant also reads or writes) and each variant
+    keeps those its body uses."""
+    params = [p for p in func.params if p.name in names]
+    missing = set(names) - {p.name for p in params}
+    if missing:
+        raise ValueError(f"{func}: no parameters {sorted(missing)}")
+    return tirx.PrimFunc(params, func.body, func.ret_type, func.attrs)
+
+
 def _init_phase(t: _Tiling):
     """Each thread's copy of its query row (scaled), zero accumulators, m = -inf."""
     H, SQ, D, threads, scale = t.spec.heads, t.spec.q_len, t.spec.head_dim, t.threads, \
@@ -367,8 +390,10 @@ def _row_sum_phase(t: _Tiling):
     return row_sum
 
 
-def _store_phase(t: _Tiling):
-    """The lanes' partial sums meet; each lane writes its value dims of acc / l."""
+def _store_phase(t: _Tiling, with_lse: bool):
+    """The lanes' partial sums meet; each lane writes its value dims of acc / l (and with
+    `with_lse` the row's first lane its log-sum-exp m + log(l), what the backward's rows
+    kernel would otherwise compute again)."""
     spec = t.spec
     H, SQ, DV, dtype = spec.heads, spec.q_len, spec.value_dim, spec.dtype
     threads, chunks, width = t.threads, t.chunks, t.width
@@ -384,9 +409,15 @@ def _store_phase(t: _Tiling):
     row_sum = _row_sum_phase(t)
 
     @T.macro
-    def store(o, acc, lsum, part, lbh, lqt):
+    def store(o, lse, m, acc, lsum, part, lbh, lqt):
         row_sum(lsum, lsum, part, lbh, lqt)
         for tid in t.thread(threads):
+            if with_lse:
+                with T.sblock("lse_store"):
+                    vbh, vqt, vt = T.axis.remap("SSS", [lbh, lqt, tid])
+                    row: T.let[T.int32] = vqt * ROWS + vt // LANES
+                    if row < SQ and vt % LANES == 0:
+                        lse[vbh // H, vbh % H, row] = m[vt] + T.log(lsum[vt])
             for c in t.unrolled(chunks):
                 for e in t.unrolled(width):
                     with T.sblock("store"):
@@ -400,16 +431,17 @@ def _store_phase(t: _Tiling):
     return store
 
 
-def _tile_body(t: _Tiling):
+def _tile_body(t: _Tiling, with_lse: bool):
     """One thread block's work: a tile of query rows against every key."""
     spec = t.spec
     D, DV, threads = spec.head_dim, spec.value_dim, t.threads
     init, load, score = _init_phase(t), _load_phase(t), _score_phase(t)
-    softmax, accumulate, store = _softmax_phase(t), _accumulate_phase(t), _store_phase(t)
+    softmax, accumulate = _softmax_phase(t), _accumulate_phase(t)
+    store = _store_phase(t, with_lse)
     local, shared = t.local, t.shared
 
     @T.macro
-    def body(q, k, v, biases, o):
+    def body(q, k, v, biases, o, lse):
         for lbh in t.grid(spec.batch * spec.heads, "y"):
             for lqt in t.grid(t.q_tiles, "x"):
                 with T.sblock("tile"):
@@ -434,41 +466,32 @@ def _tile_body(t: _Tiling):
                         score(biases, q_loc, k_sh, s, kreg, m_new, part, lbh, lqt, kt)
                         softmax(s, m, m_new, alpha, lsum, part, p_sh, lbh, lqt, kt)
                         accumulate(v_sh, p_sh, acc, vreg, alpha, lbh, lqt, kt)
-                    store(o, acc, lsum, part, lbh, lqt)
+                    store(o, lse, m, acc, lsum, part, lbh, lqt)
 
     return body
 
 
-def attention_kernel(spec: AttentionSpec, gpu: bool = False) -> tirx.PrimFunc:
-    """The fused attention PrimFunc of `spec`: parameters q, k, v, the biases, o. With `gpu`, its
-    loops are bound to CUDA blocks and threads and its scratch lives in shared and local memory
-    (marked scheduled); without, the same statements run serially (any target)."""
+def attention_kernel(spec: AttentionSpec, gpu: bool = False,
+                     with_lse: bool = False) -> tirx.PrimFunc:
+    """The fused attention PrimFunc of `spec`: parameters q, k, v, the biases, o (and with
+    `with_lse` each row's log-sum-exp lse [batch, heads, q_len], float32, for the backward).
+    With `gpu`, its loops are bound to CUDA blocks and threads and its scratch lives in shared
+    and local memory (marked scheduled); without, the same statements run serially (any
+    target)."""
     B, H, HK = spec.batch, spec.heads, spec.kv_heads
     SQ, SK, D, DV, dtype = spec.q_len, spec.kv_len, spec.head_dim, spec.value_dim, spec.dtype
-    body = _tile_body(_Tiling(spec, gpu))
-    shapes, dtypes = spec.bias_shapes, spec.bias_dtypes
-    if len(shapes) == 2:
-        @T.prim_func(private=True, s_tir=True)
-        def attention(q: T.Buffer((B, H, SQ, D), dtype), k: T.Buffer((B, HK, SK, D), dtype),
-                      v: T.Buffer((B, HK, SK, DV), dtype),
-                      bias0: T.Buffer(shapes[0], dtypes[0]),
-                      bias1: T.Buffer(shapes[-1], dtypes[-1]),
-                      o: T.Buffer((B, H, SQ, DV), dtype)):
-            T.func_attr({"tirx.noalias": True})
-            body(q, k, v, (bias0, bias1), o)
-    elif len(shapes) == 1:
-        @T.prim_func(private=True, s_tir=True)
-        def attention(q: T.Buffer((B, H, SQ, D), dtype), k: T.Buffer((B, HK, SK, D), dtype),
-                      v: T.Buffer((B, HK, SK, DV), dtype),
-                      bias0: T.Buffer(shapes[0], dtypes[0]),
-                      o: T.Buffer((B, H, SQ, DV), dtype)):
-            T.func_attr({"tirx.noalias": True})
-            body(q, k, v, (bias0,), o)
-    else:
-        @T.prim_func(private=True, s_tir=True)
-        def attention(q: T.Buffer((B, H, SQ, D), dtype), k: T.Buffer((B, HK, SK, D), dtype),
-                      v: T.Buffer((B, HK, SK, DV), dtype), o: T.Buffer((B, H, SQ, DV), dtype)):
-            T.func_attr({"tirx.noalias": True})
-            body(q, k, v, (), o)
+    body = _tile_body(_Tiling(spec, gpu), with_lse)
+    s0, d0, s1, d1 = bias_buffers(spec)
+
+    @T.prim_func(private=True, s_tir=True)
+    def attention(q: T.Buffer((B, H, SQ, D), dtype), k: T.Buffer((B, HK, SK, D), dtype),
+                  v: T.Buffer((B, HK, SK, DV), dtype), bias0: T.Buffer(s0, d0),
+                  bias1: T.Buffer(s1, d1), o: T.Buffer((B, H, SQ, DV), dtype),
+                  lse: T.Buffer((B, H, SQ), "float32")):
+        T.func_attr({"tirx.noalias": True})
+        body(q, k, v, (bias0, bias1), o, lse)
+
+    attention = only_params(attention, ["q", "k", "v", *_BIASES[:len(spec.bias_shapes)], "o",
+                                        *(["lse"] if with_lse else [])])
     func = attention.with_attr(FUSED_ATTENTION_ATTR, True)
     return func.with_attr("tirx.is_scheduled", True) if gpu else func
