@@ -11,7 +11,8 @@ In a training step, the backward of each attention whose backward
 gradient and the four gradient products, as relax.transform.Gradient writes them) is first
 replaced by the two backward kernels of `tvm_ext.ir.attention_backward_kernel`
 (FlashAttention-2's backward: dQ, then dK' and dV', each recomputing its tiles of P from the
-row's log-sum-exp), so the step holds and makes no tensor of the scores' size at all. In a
+row's log-sum-exp, which the forward's kernel writes beside its output), so the step holds
+and makes no tensor of the scores' size at all. In a
 mixed-precision step the kernels round each product's operands to the low dtype, as the
 unfused backward's products read them.
 

@@ -15,10 +15,11 @@ where dq_scale and dk_scale are what the graph's products were scaled by on the 
 Q, K and the row's log-sum-exp, so nothing of size q_len x kv_len reaches global memory.
 
 * `rows`: a thread block takes `ROWS` query rows of one (batch, head), `LANES` threads per row
-  (as the forward kernel): a first pass over the key tiles gives each row's maximum and sum
-  (the forward's online softmax, its statements reused), hence lse_i = m_i + log(l_i); a second
-  pass scores the keys again, forms P and dS (lane t of a row its keys t, t + LANES, ..) and
-  accumulates dQ (each lane its head dims). It writes dQ, lse and delta.
+  (as the forward kernel): each row's lse_i = m_i + log(l_i) is read from the forward kernel
+  (`lse_from_forward`), or a first pass over the key tiles computes it (the forward's online
+  softmax, its statements reused: the same bits); a pass over the key tiles scores the keys
+  again, forms P and dS (lane t of a row its keys t, t + LANES, ..) and accumulates dQ (each
+  lane its head dims). It writes dQ, lse and delta.
 * `keys`: a thread block takes `ROWS` key rows of one (batch, query head), `LANES` threads
   per key row; query tiles (Q, dO, lse, delta) stream through shared memory; lane t scores
   the queries t, t + LANES, .. of a tile against its key row, forms P and dS, and the lanes

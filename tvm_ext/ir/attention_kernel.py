@@ -24,7 +24,9 @@ head dim of 64).
 Semantics at the edges, as the unfused graph computes them: a row whose every score is -inf
 gives NaN (softmax of all -inf), or 0 with `zero_masked_rows` (PyTorch's scaled_dot_product_
 attention, which zeroes such rows). Scores, softmax and accumulation are float32 whatever the
-operands' dtype; the output is cast once.
+operands' dtype; the output is cast once. With `with_lse` (a training step's forward) the
+kernel also writes each row's log-sum-exp m + log(l) (-inf for a fully masked row), which the
+backward's rows kernel reads instead of computing it again.
 
 `attention_kernel(spec, gpu=False)` is the same TIR with its loops serial and its scratch in
 global memory: the kernel whose numerics the CPU tests check, statement for statement the GPU
