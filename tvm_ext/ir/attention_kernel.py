@@ -165,7 +165,8 @@ def only_params(func: tirx.PrimFunc, names: list[str]) -> tirx.PrimFunc:
     params = [p for p in func.params if p.name in names]
     missing = set(names) - {p.name for p in params}
     if missing:
-        raise ValueError(f"{func}: no parameters {sorted(missing)}")
+        raise ValueError(f"no parameters {sorted(missing)} among "
+                         f"{[p.name for p in func.params]}")
     return tirx.PrimFunc(params, func.body, func.ret_type, func.attrs)
 
 
