@@ -10,6 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 import tvm
+from cuda_source import cuda_source
 
 from tvm_ext.ir.attention_backward_kernel import (
     BackwardSpec,
@@ -155,11 +156,7 @@ def test_a_long_query_walk_is_split_within_the_thread_bound(cuda_target):
     spec = AttentionSpec(8, 1, 1, 3136, 49, 32, 32, "float32", 32 ** -0.5)
     assert key_splits(spec) == (4, 25)
     assert key_splits(_spec(sq=512, sk=512, d=64, dv=64)) == (1, 16)
-    for func in attention_backward_kernels(BackwardSpec(spec, 1.0, 1.0), gpu=True):
-        assert serial_iterations(func).iterations <= MAX_SERIAL_ITERATIONS
-        with cuda_target:
-            tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
-                        target=cuda_target)
+    _compile_both(BackwardSpec(spec, 1.0, 1.0), cuda_target)
 
 
 def test_fully_masked_rows_give_nan_unless_zeroed():
@@ -203,11 +200,7 @@ def test_the_gpu_kernels_spread_rows_and_lanes_over_threads(cuda_target):
         assert serial_iterations(func).iterations == 4096 <= MAX_SERIAL_ITERATIONS
         # its scratch is on chip (shared and local memory), not device memory
         assert analyze_kernel(func).scratch_bytes == 0
-        with cuda_target:
-            lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
-                              target=cuda_target)
-        source = "\n".join(m.inspect_source() for m in [lib.mod, *lib.mod.imports]
-                           if m.kind == "cuda")
+        source = cuda_source(func, cuda_target)
         assert "__shared__" in source and "blockIdx.y" in source
 
 
@@ -225,8 +218,7 @@ def test_low_precision_compiles_for_cuda(cuda_target, dtype, operand_dtype):
 
 
 def _compile_both(bspec: BackwardSpec, cuda_target):
+    """Both GPU kernels within the per-thread bound, compiled for CUDA."""
     for func in attention_backward_kernels(bspec, gpu=True):
         assert serial_iterations(func).iterations <= MAX_SERIAL_ITERATIONS
-        with cuda_target:
-            tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
-                        target=cuda_target)
+        cuda_source(func, cuda_target)

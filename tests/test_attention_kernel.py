@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+from cuda_source import cuda_source
 
 from tvm_ext.ir.attention_kernel import LANES, ROWS, TILE_KV, AttentionSpec, attention_kernel
 from tvm_ext.ir.kernel_cost import analyze_kernel
@@ -152,17 +153,11 @@ def test_the_gpu_kernel_spreads_rows_and_lanes_over_threads(cuda_target):
     work = serial_iterations(func)
     assert work.iterations <= MAX_SERIAL_ITERATIONS
     assert work.iterations == 512 // LANES * 64
-    with cuda_target:
-        lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
-                          target=cuda_target)
-    source = "\n".join(m.inspect_source() for m in [lib.mod, *lib.mod.imports]
-                       if m.kind == "cuda")
+    source = cuda_source(func, cuda_target)
     assert "__shared__" in source and "blockIdx.y" in source
     assert "float4" in source  # keys and values read four floats at a time
 
 
 def test_low_precision_operands_compile_for_cuda(cuda_target):
     spec = AttentionSpec(1, 4, 2, 128, 96, 64, 64, "bfloat16", 0.125)
-    func = attention_kernel(spec, gpu=True).with_attr("global_symbol", "main")
-    with cuda_target:
-        tvm.compile(tvm.IRModule({"main": func}), target=cuda_target)
+    cuda_source(attention_kernel(spec, gpu=True), cuda_target)

@@ -52,6 +52,7 @@ from .attention_kernel import (
     ROWS,
     TILE_KV,
     AttentionSpec,
+    _init_phase,
     _row_sum_phase,
     _score_phase,
     _softmax_phase,
@@ -115,7 +116,7 @@ class _Rows:
         self.threads, self.per_lane = t.threads, t.per_lane
         self.p_stride, self.k_stride = t.p_stride, t.k_stride
         self.width, self.chunks = _dims(spec.head_dim)
-        self.dq_scale, self.scale = float(bs.dq_scale), float(spec.scale)
+        self.dq_scale = float(bs.dq_scale)
         self.load_k = _tile_loader(t, spec.head_dim, t.kvec, t.k_stride, "k_load")
         self.load_v = _tile_loader(t, spec.value_dim, t.vvec, spec.value_dim, "v_load")
         self.score, self.softmax = _score_phase(t), _softmax_phase(t)
@@ -124,19 +125,15 @@ class _Rows:
 
 
 def _rows_init(c: _Rows):
-    t, H, SQ, D, DV, threads, width = c.t, c.H, c.SQ, c.D, c.DV, c.threads, c.width
-    chunks, scale = c.chunks, c.scale
+    """The forward's init (the query row, dQ's accumulators, m and l), then dO's row and
+    delta = dO . O."""
+    t, H, SQ, DV, threads = c.t, c.H, c.SQ, c.DV, c.threads
+    forward_init = _init_phase(t, c.chunks * c.width)
 
     @T.macro
     def init(q, o, do, q_loc, do_loc, delta, dq_acc, m, lsum, lbh, lqt):
+        forward_init(q, q_loc, dq_acc, m, lsum, lbh, lqt)
         for tid in t.thread(threads):
-            for d in t.unrolled(D):
-                with T.sblock("q_load"):
-                    vbh, vqt, vt, vd = T.axis.remap("SSSS", [lbh, lqt, tid, d])
-                    q_loc[vt, vd] = T.if_then_else(
-                        vqt * ROWS + vt // LANES < SQ,
-                        t.operand(q[vbh // H, vbh % H, vqt * ROWS + vt // LANES, vd])
-                        * scale, T.float32(0))
             with T.sblock("delta_init"):
                 vbh, vqt, vt = T.axis.remap("SSS", [lbh, lqt, tid])
                 delta[vt] = T.float32(0)
@@ -154,14 +151,6 @@ def _rows_init(c: _Rows):
                         T.Cast("float32", o[vbh // H, vbh % H,
                                             T.min(vqt * ROWS + vt // LANES, SQ - 1), vd]),
                         T.float32(0))
-            for d in t.unrolled(chunks * width):
-                with T.sblock("dq_init"):
-                    vbh, vqt, vt, vd = T.axis.remap("SSSS", [lbh, lqt, tid, d])
-                    dq_acc[vt, vd] = T.float32(0)
-            with T.sblock("state_init"):
-                vbh, vqt, vt = T.axis.remap("SSS", [lbh, lqt, tid])
-                m[vt] = T.float32(_NEG_INF)
-                lsum[vt] = T.float32(0)
 
     return init
 
@@ -489,30 +478,36 @@ def _keys_grad_scores(c: _Keys):
 
 
 def _keys_store(c: _Keys):
-    spec, t, H, SK, D, DV, threads = c.spec, c.t, c.H, c.SK, c.D, c.DV, c.threads
-    k_tiles, kw, kc, vw, vc_, dk_scale = c.k_tiles, c.kw, c.kc, c.vw, c.vc_, c.dk_scale
+    """Each lane writes its dims of dK' (scaled by dk_scale) and dV' for its key row."""
+    spec, t, H, SK, threads, k_tiles = c.spec, c.t, c.H, c.SK, c.threads, c.k_tiles
+
+    def one(width: int, chunks: int, dim: int, scale: float, name: str):
+        @T.macro
+        def store(out, acc, lbh, lkt, tid):
+            for c in t.unrolled(chunks):
+                for e in t.unrolled(width):
+                    with T.sblock(name):
+                        vbh, vkt, vt, vc, ve = T.axis.remap("SSSSS", [lbh, lkt, tid, c, e])
+                        key: T.let[T.int32] = vkt % k_tiles * ROWS + vt // LANES
+                        d: T.let[T.int32] = vc * width * LANES + vt % LANES * width + ve
+                        if key < SK and d < dim:
+                            if scale == 1.0:
+                                out[vkt // k_tiles, vbh // H, vbh % H, key, d] = T.Cast(
+                                    spec.dtype, acc[vt, vc * width + ve])
+                            else:
+                                out[vkt // k_tiles, vbh // H, vbh % H, key, d] = T.Cast(
+                                    spec.dtype, acc[vt, vc * width + ve] * scale)
+
+        return store
+
+    store_dk = one(c.kw, c.kc, c.D, c.dk_scale, "dk_store")
+    store_dv = one(c.vw, c.vc_, c.DV, 1.0, "dv_store")
 
     @T.macro
     def store(dk, dv, dk_acc, dv_acc, lbh, lkt):
         for tid in t.thread(threads):
-            for c in t.unrolled(kc):
-                for e in t.unrolled(kw):
-                    with T.sblock("dk_store"):
-                        vbh, vkt, vt, vc, ve = T.axis.remap("SSSSS", [lbh, lkt, tid, c, e])
-                        key: T.let[T.int32] = vkt % k_tiles * ROWS + vt // LANES
-                        dim: T.let[T.int32] = vc * kw * LANES + vt % LANES * kw + ve
-                        if key < SK and dim < D:
-                            dk[vkt // k_tiles, vbh // H, vbh % H, key, dim] = T.Cast(
-                                spec.dtype, dk_acc[vt, vc * kw + ve] * dk_scale)
-            for c in t.unrolled(vc_):
-                for e in t.unrolled(vw):
-                    with T.sblock("dv_store"):
-                        vbh, vkt, vt, vc, ve = T.axis.remap("SSSSS", [lbh, lkt, tid, c, e])
-                        key: T.let[T.int32] = vkt % k_tiles * ROWS + vt // LANES
-                        dim: T.let[T.int32] = vc * vw * LANES + vt % LANES * vw + ve
-                        if key < SK and dim < DV:
-                            dv[vkt // k_tiles, vbh // H, vbh % H, key, dim] = T.Cast(
-                                spec.dtype, dv_acc[vt, vc * vw + ve])
+            store_dk(dk, dk_acc, lbh, lkt, tid)
+            store_dv(dv, dv_acc, lbh, lkt, tid)
 
     return store
 

@@ -170,11 +170,12 @@ def only_params(func: tirx.PrimFunc, names: list[str]) -> tirx.PrimFunc:
     return tirx.PrimFunc(params, func.body, func.ret_type, func.attrs)
 
 
-def _init_phase(t: _Tiling):
-    """Each thread's copy of its query row (scaled), zero accumulators, m = -inf."""
+def _init_phase(t: _Tiling, acc_dims: int | None = None):
+    """Each thread's copy of its query row (scaled), zero accumulators (`acc_dims` per thread:
+    by default the lane's value dims), m = -inf."""
     H, SQ, D, threads, scale = t.spec.heads, t.spec.q_len, t.spec.head_dim, t.threads, \
         float(t.spec.scale)
-    acc_dims = t.chunks * t.width
+    acc_dims = t.chunks * t.width if acc_dims is None else acc_dims
 
     @T.macro
     def init(q, q_loc, acc, m, lsum, lbh, lqt):
