@@ -145,6 +145,7 @@ class _RewriteBackward(relax.expr_functor.PyExprMutator):
     def set_matches(self, matches: list[BackwardMatch]) -> None:
         self.forwards = {m.forward.output: m for m in matches}
         self.lse: dict = {}  # match -> its forward's log-sum-exp
+        self.args: dict = {}  # match -> the kernels' Q, K, V and biases (emitted once)
         self.targets = {}
         for m in matches:
             for which, (var, transposed) in enumerate(((m.d_q, False),
@@ -186,15 +187,16 @@ class _RewriteBackward(relax.expr_functor.PyExprMutator):
 
     def _forward(self, var: relax.Var, match: BackwardMatch) -> None:
         spec = match.spec.forward
+        self.args[match] = _kernel_args(self, match.forward)
         out = self.builder_.emit(relax.op.call_tir(
-            self._kernel(spec, 2), relax.Tuple(_kernel_args(self, match.forward)),
+            self._kernel(spec, 2), relax.Tuple(self.args[match]),
             [var.ty, relax.TensorType((spec.batch, spec.heads, spec.q_len), "float32")]))
         self.lse[match] = self.builder_.emit(relax.TupleGetItem(out, 1))
         _rebind(self, var, relax.TupleGetItem(out, 0))
 
     def _call(self, match: BackwardMatch) -> tuple:
         fwd, spec = match.forward, match.spec.forward
-        q, k, v, *biases = _kernel_args(self, fwd)
+        q, k, v, *biases = self.args[match]  # bound with the forward, which comes first
         d_out = self.visit_expr(match.d_out)
         four = (spec.batch, spec.heads, spec.q_len, spec.value_dim)
         if tuple(int(d) for d in d_out.ty.shape) != four:
