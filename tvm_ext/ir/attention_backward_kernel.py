@@ -59,7 +59,9 @@ from .attention_kernel import (
     _tile_loader,
     _Tiling,
     bias_buffers,
+    key_tiles_end,
     only_params,
+    query_tiles_start,
 )
 
 TILE_Q = 32  # query rows per shared-memory tile of the keys kernel
@@ -178,7 +180,7 @@ def _rows_first_pass(c: _Rows):
     @T.macro
     def computed(k, biases, lse_in, q_loc, k_sh, s, kreg, m, m_new, alpha, lsum, lse, part,
                  p_sh, lbh, lqt):
-        for kt in T.serial(t.kv_tiles):
+        for kt in T.serial(key_tiles_end(c.spec, lqt, ROWS, TILE_KV, t.kv_tiles)):
             for tid in t.thread(threads):
                 load_k(k, k_sh, lbh, lqt, kt, tid)
             score(biases, q_loc, k_sh, s, kreg, m_new, part, lbh, lqt, kt)
@@ -304,7 +306,7 @@ def _rows_body(c: _Rows):
                     init(q, o, do, q_loc, do_loc, delta, dq_acc, m, lsum, lbh, lqt)
                     first_pass(k, biases, lse_in, q_loc, k_sh, s, kreg, m, m_new, alpha, lsum,
                                lse, part, p_sh, lbh, lqt)
-                    for kt2 in T.serial(t.kv_tiles):
+                    for kt2 in T.serial(key_tiles_end(spec, lqt, ROWS, TILE_KV, t.kv_tiles)):
                         for tid in t.thread(threads):
                             load_k(k, k_sh, lbh, lqt, kt2, tid)
                             load_v(v, v_sh, lbh, lqt, kt2, tid)
@@ -512,6 +514,16 @@ def _keys_store(c: _Keys):
     return store
 
 
+def _split_start(c: _Keys, lkt):
+    """The first of the query tiles of block `lkt`'s split that sees a key of its key tile
+    (0 without a causal offset)."""
+    if c.spec.causal_offset is None:
+        return 0
+    first = query_tiles_start(c.spec, lkt % c.k_tiles, ROWS, TILE_Q) - \
+        lkt // c.k_tiles * c.per_split
+    return T.min(c.per_split, T.max(0, first))
+
+
 def _keys_body(c: _Keys):
     init = _keys_init(c)
     load = _keys_load(c)
@@ -546,7 +558,7 @@ def _keys_body(c: _Keys):
                     ds_sh = T.sblock_alloc_buffer((ROWS * p_stride,), "float32",
                                                   scope=shared)
                     init(k, v, k_loc, v_loc, dk_acc, dv_acc, lbh, lkt)
-                    for qt in T.serial(per_split):
+                    for qt in T.serial(_split_start(c, lkt), per_split):
                         load(q, do, lse, delta, q_sh, do_sh, lse_sh, delta_sh, lbh, lkt, qt)
                         grad_scores(biases, k_loc, v_loc, q_sh, do_sh, lse_sh, delta_sh, s,
                                     dp, p_sh, ds_sh, lbh, lkt, qt)

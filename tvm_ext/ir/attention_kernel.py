@@ -73,6 +73,11 @@ class AttentionSpec:
     # the low dtype the unfused products read their operands in (mixed precision): Q, K, V and
     # the probabilities are rounded to it, the products accumulate in float32
     operand_dtype: str | None = None
+    # Every key j > i + causal_offset of query row i is masked (-inf) by a constant bias, in
+    # every batch and head, and every row keeps an unmasked key (a causal mask: 0; aligned to
+    # the last key: kv_len - q_len): the kernels skip the tiles past that line
+    # (`key_tiles_end`, `query_tiles_start`).
+    causal_offset: int | None = None
 
     def __post_init__(self):
         if self.heads % self.kv_heads:
@@ -86,6 +91,8 @@ class AttentionSpec:
             if len(shape) != 4 or any(
                     s not in (1, f) for s, f in zip(shape, full, strict=True)):
                 raise ValueError(f"bias of shape {shape} does not broadcast to {full}")
+        if self.causal_offset is not None and not self.bias_shapes:
+            raise ValueError("a causal offset without a bias: nothing masks the keys past it")
 
     @property
     def flops(self) -> int:
@@ -156,6 +163,25 @@ def bias_buffers(spec: AttentionSpec):
     if not shapes:
         return (1, 1, 1, 1), "float32", (1, 1, 1, 1), "float32"
     return shapes[0], dtypes[0], shapes[-1], dtypes[-1]
+
+
+def key_tiles_end(spec: AttentionSpec, q_tile, q_rows: int, k_rows: int, k_tiles: int):
+    """How many tiles of `k_rows` keys the tile of `q_rows` query rows numbered `q_tile`
+    walks: all `k_tiles`, or with a `causal_offset` those up to the last key the mask leaves
+    any of its rows (an expression of the tile's number). The tiles past it are wholly -inf:
+    their probabilities are exp(-inf) = 0, adding nothing to a sum, a maximum or a gradient."""
+    if spec.causal_offset is None:
+        return k_tiles
+    return T.min(k_tiles, (q_tile * q_rows + (q_rows - 1 + spec.causal_offset)) // k_rows + 1)
+
+
+def query_tiles_start(spec: AttentionSpec, k_tile, k_rows: int, q_rows: int):
+    """The first tile of `q_rows` query rows that sees a key of the tile of `k_rows` keys
+    numbered `k_tile` (the keys kernel's walk; 0 without a `causal_offset`): the tiles before
+    it mask every key of this one."""
+    if spec.causal_offset is None:
+        return 0
+    return T.max(0, T.floordiv(k_tile * k_rows - spec.causal_offset, q_rows))
 
 
 def only_params(func: tirx.PrimFunc, names: list[str]) -> tirx.PrimFunc:
@@ -465,7 +491,7 @@ def _tile_body(t: _Tiling, with_lse: bool):
                     p_sh = T.sblock_alloc_buffer((ROWS * t.p_stride,), "float32", scope=shared)
                     part = T.sblock_alloc_buffer((ROWS, LANES), "float32", scope=shared)
                     init(q, q_loc, acc, m, lsum, lbh, lqt)
-                    for kt in T.serial(t.kv_tiles):
+                    for kt in T.serial(key_tiles_end(spec, lqt, ROWS, TILE_KV, t.kv_tiles)):
                         load(k, v, k_sh, v_sh, lbh, lqt, kt)
                         score(biases, q_loc, k_sh, s, kreg, m_new, part, lbh, lqt, kt)
                         softmax(s, m, m_new, alpha, lsum, part, p_sh, lbh, lqt, kt)

@@ -15,7 +15,9 @@ in the function's dataflow blocks, where:
 * K' and V' are K and V or, for grouped-query attention, K and V repeated over groups of heads
   (`expand_dims` at axis 2, `broadcast_to`, `reshape`: transformers' `repeat_kv`);
 * `bias` is one or two float tensors broadcast to the scores' shape (a causal or padding mask,
-  T5's position bias and mask) added after the scaling;
+  T5's position bias and mask) added after the scaling; where a bias computed from constants
+  alone (`constant_eval`) masks every key past a line parallel to the diagonal, the spec's
+  `causal_offset` says where (`attention_mask`), and the kernels skip the tiles past it;
 * in a mixed-precision training step (`tvm_ext.models.mixed_precision`) every operand of both
   products is cast from float32 to bfloat16 or float16 (accumulating in float32): the kernel
   reads the float32 tensors and rounds them as the casts do;
@@ -40,6 +42,8 @@ import tvm
 from tvm import relax
 
 from .attention_kernel import AttentionSpec
+from .attention_mask import causal_offset
+from .constant_eval import ConstantEvaluator
 
 _FLOATS = ("float32", "float16", "bfloat16")
 
@@ -315,7 +319,8 @@ def _broadcasts(bias, shape: tuple[int, ...]) -> bool:
     return all(x in (1, y) for x, y in zip(b[::-1], shape[::-1], strict=False))
 
 
-def _match(out_var, value, bindings: dict) -> AttentionMatch | None:
+def _match(out_var, value, bindings: dict,
+           constants: ConstantEvaluator) -> AttentionMatch | None:
     """The attention whose output `out_var` (bound to `value`) is, if it is one."""
     reader = _Reader(bindings)
     operands = reader.split(out_var)
@@ -347,7 +352,8 @@ def _match(out_var, value, bindings: dict) -> AttentionMatch | None:
         return None  # some operands of the products cast to a low dtype, others not
     shapes = tuple((1,) * (4 - len(_shape(x))) + _shape(x) for x in biases)
     spec = AttentionSpec(b, h, ks[1], sq, ks[2], d, vs[3], dtype, float(scale), shapes,
-                         tuple(_dtype(x) for x in biases), probs[1], reader.rounded[0])
+                         tuple(_dtype(x) for x in biases), probs[1], reader.rounded[0],
+                         causal_offset([constants.value(x) for x in biases], sq, ks[2]))
     internal = frozenset(v for v in reader.seen if not v.same_as(out_var))
     return AttentionMatch(out_var, q, k, v, biases, spec, internal,
                           {x: bindings[x] for x in internal})
@@ -401,11 +407,12 @@ def find_attention(func: relax.Function) -> list[AttentionMatch]:
                 bindings[b.var] = b.value
                 block_of[b.var] = i
     uses = _uses(func)
+    constants = ConstantEvaluator(bindings)
     found = []
     for var, value in bindings.items():
         if not (_op(value, "relax.reshape") or _op(value, "relax.matmul")):
             continue
-        match = _match(var, value, bindings)
+        match = _match(var, value, bindings, constants)
         if match is None:
             continue
         kept = _kept(match, uses, block_of, bindings)

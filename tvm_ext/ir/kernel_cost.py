@@ -2,9 +2,11 @@
 
 FLOPs: for every block, the size of its iteration domain times the arithmetic operations in
 the value it stores (index arithmetic excluded; a reduction `C = C + A * B` counts 2, so a GEMM
-gives the textbook 2*M*N*K). Bytes moved: every parameter buffer read or written once (the
-compulsory traffic a roofline model charges). Scratch: buffers a fused kernel allocates for its
-intermediate stages.
+gives the textbook 2*M*N*K). A domain whose extent depends on an enclosing loop's index (a
+fused attention's causal walk) counts the iterations it has over that loop, and `if` guards on
+loop indices the iterations they admit; any other guard admits every iteration. Bytes moved:
+every parameter buffer read or written once (the compulsory traffic a roofline model charges).
+Scratch: buffers a fused kernel allocates for its intermediate stages.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm.ir import TensorLoad
 from tvm.ir.prim import expr as pe
-from tvm.s_tir import SBlock
+from tvm.s_tir import SBlock, SBlockRealize
 
 from .library_kernels import find_library_calls
 
@@ -61,26 +64,122 @@ def _arith_ops(expr) -> int:
     return 0
 
 
-def _domain_size(block: SBlock) -> int:
-    size = 1
+# Guards are evaluated over at most this many combinations of the loop indices they read.
+_MAX_GUARD_POINTS = 1 << 16
+_INT_OPS = {pe.Add: np.add, pe.Sub: np.subtract, pe.Mul: np.multiply,
+            pe.FloorDiv: np.floor_divide, pe.FloorMod: np.mod, pe.Min: np.minimum,
+            pe.Max: np.maximum, pe.LT: np.less, pe.LE: np.less_equal, pe.GT: np.greater,
+            pe.GE: np.greater_equal, pe.EQ: np.equal, pe.NE: np.not_equal,
+            pe.And: np.logical_and, pe.Or: np.logical_or}
+
+
+def _evaluate(expr, values: dict):
+    """An integer or boolean expression of loop indices over arrays of their values; None
+    where it reads anything else."""
+    if isinstance(expr, pe.IntImm):
+        return np.int64(expr.value)
+    if isinstance(expr, pe.Var):
+        return values.get(expr)
+    if isinstance(expr, pe.Not):
+        a = _evaluate(expr.a, values)
+        return None if a is None else np.logical_not(a)
+    op = _INT_OPS.get(type(expr))
+    if op is None:
+        return None
+    a, b = _evaluate(expr.a, values), _evaluate(expr.b, values)
+    return None if a is None or b is None else op(a, b)
+
+
+def _mean_over_loops(factors: list, guards: list, loops: dict) -> float | None:
+    """The mean over the iterations of the loops in `loops` (var -> (min, extent)) of the
+    product of `factors` (integer expressions) times whether every guard holds; None where
+    they read anything but those loops' indices."""
+    exprs = [*factors, *guards]
+    read: dict = {}
+    for expr in exprs:
+        tvm_ffi.structural_walk(expr, [(pe.Var, lambda v: read.setdefault(v, None))])
+    if any(v not in loops for v in read):
+        return None
+    ranges = [loops[v] for v in read]
+    if int(np.prod([extent for _, extent in ranges], dtype=np.int64)) > _MAX_GUARD_POINTS:
+        return None
+    grids = np.meshgrid(*[np.arange(lo, lo + extent, dtype=np.int64) for lo, extent in ranges],
+                        indexing="ij")
+    values = dict(zip(read, grids, strict=True))
+    total = np.ones(grids[0].shape if grids else (), np.float64)
+    for expr in exprs:
+        value = _evaluate(expr, values)
+        if value is None:
+            return None
+        total = total * np.asarray(value, np.float64)
+    return float(total.mean())
+
+
+def _block_iterations(block: SBlock, guards: list, loops: dict) -> float:
+    """The iterations of `block`'s domain that run: an extent that depends on an enclosing
+    loop's index (a fused attention's causal walk) is averaged over that loop, and guards on
+    loop indices count the iterations they admit; where those read anything else, an extent
+    counts as its largest value and a guard as admitting every iteration."""
+    size, variable = 1, []
     for iv in block.iter_vars:
-        size *= int(iv.dom.extent)
-    return size
+        if isinstance(iv.dom.extent, pe.IntImm):
+            size *= int(iv.dom.extent.value)
+        else:
+            variable.append(iv.dom.extent)
+    share = _mean_over_loops(variable, guards, loops)
+    if share is None:
+        share = _mean_over_loops(variable, [], loops)
+    if share is None:
+        analyzer = tvm.sym.Analyzer()
+        for extent in variable:
+            bound = analyzer.const_int_bound(extent).max_value
+            if bound >= 2**62:
+                raise ValueError(f"block {block.name_hint}: its extent {extent} is unbounded")
+            size *= bound
+        return float(size)
+    return size * share
+
+
+def _guarded_blocks(stmt, loops: dict, guards: list, out: list) -> None:
+    """(block, iterations that run) of every block under `stmt`."""
+    if isinstance(stmt, tirx.SeqStmt):
+        for s in stmt.seq:
+            _guarded_blocks(s, loops, guards, out)
+    elif isinstance(stmt, tirx.For):
+        inner = dict(loops)
+        if isinstance(stmt.min, pe.IntImm) and isinstance(stmt.extent, pe.IntImm):
+            inner[stmt.loop_var] = (int(stmt.min.value), int(stmt.extent.value))
+        _guarded_blocks(stmt.body, inner, guards, out)
+    elif isinstance(stmt, tirx.IfThenElse):
+        _guarded_blocks(stmt.then_case, loops, [*guards, stmt.condition], out)
+        if stmt.else_case is not None:
+            _guarded_blocks(stmt.else_case, loops, [*guards, pe.Not(stmt.condition)], out)
+    elif isinstance(stmt, SBlockRealize):
+        out.append((stmt.block, _block_iterations(stmt.block, guards, loops)))
+        _guarded_blocks(stmt.block.body, loops, guards, out)
+        if stmt.block.init is not None:
+            _guarded_blocks(stmt.block.init, loops, guards, out)
+    elif hasattr(stmt, "body"):
+        _guarded_blocks(stmt.body, loops, guards, out)
 
 
 def analyze_kernel(func: tirx.PrimFunc) -> KernelCost:
     """FLOPs, bytes moved and scratch bytes of a PrimFunc with static shapes."""
     blocks: list[SBlock] = []
     tvm_ffi.structural_walk(func.body, [(SBlock, blocks.append)])
+    guarded: list = []
+    _guarded_blocks(func.body, {}, [], guarded)
+    if len(guarded) != len(blocks):  # a statement kind the walk does not descend: no guards
+        guarded = [(block, _block_iterations(block, [], {})) for block in blocks]
     flops = 0.0
     scratch = 0
-    for block in blocks:
+    for block, iterations in guarded:
         for buf in block.alloc_buffers:
             # Shared and local buffers of a scheduled GPU kernel are on-chip, not device memory.
             if str(getattr(buf, "scope", lambda: "global")()) in ("global", ""):
                 scratch += buffer_bytes(buf.shape, buf.dtype)
         if isinstance(block.body, tirx.BufferStore) and block.iter_vars:
-            flops += _domain_size(block) * _arith_ops(block.body.value)
+            flops += iterations * _arith_ops(block.body.value)
     moved = 0
     for param in func.params:
         shape = getattr(param, "shape", None)

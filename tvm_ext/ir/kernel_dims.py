@@ -145,6 +145,10 @@ class _KernelReader:
         for iv in block.iter_vars:
             if iv.iter_type not in (tirx.IterVar.DataPar, tirx.IterVar.CommReduce):
                 raise _Unsupported(f"block {block.name_hint}: iteration type {iv.iter_type}")
+            if not isinstance(iv.dom.min, pe.IntImm) or \
+                    not isinstance(iv.dom.extent, pe.IntImm):
+                raise _Unsupported(f"block {block.name_hint}: its domain depends on an "
+                                   f"enclosing loop")
             if _int(iv.dom.min) != 0:
                 raise _Unsupported(f"block {block.name_hint}: iteration not from 0")
             local[iv.var] = len(self.var_extent)
