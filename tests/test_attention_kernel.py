@@ -10,6 +10,7 @@ import pytest
 import tvm
 from cuda_source import cuda_source
 
+from tvm_ext.ir.attention_backward_kernel import BackwardSpec
 from tvm_ext.ir.attention_kernel import LANES, ROWS, TILE_KV, AttentionSpec, attention_kernel
 from tvm_ext.ir.kernel_cost import analyze_kernel
 from tvm_ext.schedules.default_gpu import MAX_SERIAL_ITERATIONS
@@ -161,3 +162,17 @@ def test_the_gpu_kernel_spreads_rows_and_lanes_over_threads(cuda_target):
 def test_low_precision_operands_compile_for_cuda(cuda_target):
     spec = AttentionSpec(1, 4, 2, 128, 96, 64, 64, "bfloat16", 0.125)
     cuda_source(attention_kernel(spec, gpu=True), cuda_target)
+    # autocast's Llama: float32 Q and K rounded to bfloat16 beside a bfloat16 V
+    autocast = AttentionSpec(1, 4, 2, 128, 128, 64, 64, "bfloat16", 0.125, ((1, 1, 128, 128),),
+                             ("float32",), True, "bfloat16", 0, "float32")
+    source = cuda_source(attention_kernel(autocast, gpu=True), cuda_target)
+    assert "float* __restrict__ q" in source and "nv_bfloat16* __restrict__ v" in source
+
+
+def test_float32_queries_and_keys_need_rounding_beside_a_low_value():
+    with pytest.raises(ValueError, match="rounded to bfloat16"):
+        AttentionSpec(1, 2, 2, 8, 8, 8, 8, "bfloat16", 1.0, qk_dtype="float32")
+    spec = AttentionSpec(1, 2, 2, 8, 8, 8, 8, "bfloat16", 1.0, operand_dtype="bfloat16",
+                         qk_dtype="float32")
+    with pytest.raises(ValueError, match="no fused backward"):
+        BackwardSpec(spec, 1.0, 1.0)

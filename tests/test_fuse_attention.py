@@ -322,3 +322,30 @@ def test_the_pipeline_fuses_on_gpu_targets_without_a_partition(cuda_target):
                                      **options)
         assert _fused_kernels(staged) == 0
     assert _fused_kernels(pipeline.fuse(mod, LLVM)) == 0  # CPUs keep their BLAS GEMMs
+
+
+@pytest.mark.parametrize("name,qk_float32", [
+    ("gpt2_eager", False),  # Q, K and V bfloat16 out of their GEMMs, the scale rounded to it
+    ("llama_sdpa", True),  # the rotary embedding leaves Q and K float32, cast for the product
+])
+def test_autocast_inference_fuses_its_attention(exported, name, qk_float32):
+    """Under autocast's policy (bf16 inference) every attention is one kernel: it reads the
+    operands as the products do (the probabilities rounded to bfloat16), keeps the scores
+    float32 where autocast rounds them, and casts its output as the product's is. Its error
+    against the float32 model is no larger than the unfused bf16 module's."""
+    from tvm_ext.ir.attention_pattern import find_attention
+    from tvm_ext.models.autocast import autocast_inference
+
+    model, arrays = exported[name]
+    low = autocast_inference(model, "bf16")
+    found = find_attention(low.mod["main"])
+    assert [m.spec.qk_dtype for m in found] == [("float32" if qk_float32 else None)] * 2
+    assert {(m.spec.dtype, m.spec.operand_dtype) for m in found} == {("bfloat16",) * 2}
+    fuse = FuseAttention(LLVM)
+    fused = fuse(low.mod)
+    assert fuse.fused == 2 and "relax.nn.softmax" not in _ops(fused)
+    want = _run(model.mod, arrays)[0]
+    got, unfused = (_run(m, arrays)[0].astype("float32") for m in (fused, low.mod))
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() <= 1.5 * np.abs(unfused - want).max() + 1e-3 * scale
+    np.testing.assert_allclose(got, unfused, atol=5e-2 * scale)

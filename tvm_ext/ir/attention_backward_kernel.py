@@ -86,6 +86,11 @@ class BackwardSpec:
     # output) instead of walking the keys once more to compute it
     lse_from_forward: bool = False
 
+    def __post_init__(self):
+        if self.forward.qk_dtype is not None:
+            raise ValueError("no fused backward for Q and K of another dtype than V's "
+                             "(an autocast inference's attention)")
+
 
 def _dims(dim: int) -> tuple[int, int]:
     """(width, chunks) of the dims of a lane: dim c * width * LANES + lane * width + e."""

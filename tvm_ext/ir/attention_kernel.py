@@ -64,7 +64,7 @@ class AttentionSpec:
     kv_len: int
     head_dim: int
     value_dim: int
-    dtype: str  # of Q, K, V and the output
+    dtype: str  # of Q, K, V and the output (of Q and K: see `qk_dtype`)
     scale: float
     # additive biases (at most two): 4-D, each axis 1 (broadcast) or full; their dtypes
     bias_shapes: tuple[tuple[int, int, int, int], ...] = ()
@@ -78,6 +78,9 @@ class AttentionSpec:
     # the last key: kv_len - q_len): the kernels skip the tiles past that line
     # (`key_tiles_end`, `query_tiles_start`).
     causal_offset: int | None = None
+    # the dtype of Q and K where it is not `dtype` (autocast: Llama's rotary embedding leaves
+    # them float32 beside a bfloat16 V; the products read them rounded to `operand_dtype`)
+    qk_dtype: str | None = None
 
     def __post_init__(self):
         if self.heads % self.kv_heads:
@@ -91,6 +94,9 @@ class AttentionSpec:
             if len(shape) != 4 or any(
                     s not in (1, f) for s, f in zip(shape, full, strict=True)):
                 raise ValueError(f"bias of shape {shape} does not broadcast to {full}")
+        if self.qk_dtype is not None and self.operand_dtype != self.dtype:
+            raise ValueError(f"Q and K in {self.qk_dtype} beside V in {self.dtype}: the "
+                             f"products must read them rounded to {self.dtype}")
         if self.causal_offset is not None and not self.bias_shapes:
             raise ValueError("a causal offset without a bias: nothing masks the keys past it")
 
@@ -510,11 +516,12 @@ def attention_kernel(spec: AttentionSpec, gpu: bool = False,
     target)."""
     B, H, HK = spec.batch, spec.heads, spec.kv_heads
     SQ, SK, D, DV, dtype = spec.q_len, spec.kv_len, spec.head_dim, spec.value_dim, spec.dtype
+    qk = spec.qk_dtype or dtype
     body = _tile_body(_Tiling(spec, gpu), with_lse)
     s0, d0, s1, d1 = bias_buffers(spec)
 
     @T.prim_func(private=True, s_tir=True)
-    def attention(q: T.Buffer((B, H, SQ, D), dtype), k: T.Buffer((B, HK, SK, D), dtype),
+    def attention(q: T.Buffer((B, H, SQ, D), qk), k: T.Buffer((B, HK, SK, D), qk),
                   v: T.Buffer((B, HK, SK, DV), dtype), bias0: T.Buffer(s0, d0),
                   bias1: T.Buffer(s1, d1), o: T.Buffer((B, H, SQ, DV), dtype),
                   lse: T.Buffer((B, H, SQ), "float32")):

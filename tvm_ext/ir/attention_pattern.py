@@ -21,6 +21,13 @@ in the function's dataflow blocks, where:
 * in a mixed-precision training step (`tvm_ext.models.mixed_precision`) every operand of both
   products is cast from float32 to bfloat16 or float16 (accumulating in float32): the kernel
   reads the float32 tensors and rounds them as the casts do;
+* under autocast's policy (`tvm_ext.models.autocast`, bf16/fp16 inference) V and the output
+  are in the low dtype, Q and K too or float32 cast to it for the product (Llama's rotary
+  embedding promotes them), the float32 probabilities are cast to it for the second product,
+  each product's float32 result is cast to it, and a scale may be a constant cast to it: the
+  kernel rounds its operands as the casts do and casts its output; the scores, which
+  autocast rounds to the low dtype and back before the float32 softmax, stay float32
+  (`_Reader.widened`);
 * PyTorch's scaled_dot_product_attention zeroes rows whose every score is -inf:
   `where(not(any(S != -inf)), 0, P)` (the `equal` / `logical_not` / `max` chain over int8 that
   torch.export writes) is matched as that option.
@@ -30,7 +37,8 @@ probabilities and the operands' views) are `kept`: FuseAttention computes them w
 first read instead, so the probabilities are made again for the backward rather than held
 from the forward to it. A match is refused where an intermediate is a function output or is
 read in another dataflow block. Q, K, V and the output share one float dtype
-(float32, float16 or bfloat16) and static shapes. Nothing else is assumed; anything else is no
+(float32, float16 or bfloat16; Q and K may be float32 under autocast, above) and static
+shapes. Nothing else is assumed; anything else is no
 match.
 """
 
@@ -38,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -96,6 +105,15 @@ def _scalar(expr) -> float | None:
     return None
 
 
+def _rounded(value: float, dtype: str) -> float:
+    """`value` rounded to float16 or bfloat16 (to nearest even), as a cast rounds it."""
+    if dtype == "float16":
+        return float(np.float16(value))
+    bits = int(np.array(value, np.float32).view(np.uint32))
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return float(np.array(bits, np.uint32).view(np.float32))
+
+
 class _Reader:
     """Follows bindings backwards, recording every var it looks through."""
 
@@ -115,6 +133,25 @@ class _Reader:
     def peek(self, var):
         return self.bindings.get(var) if isinstance(var, relax.Var) else None
 
+    def scalar(self, expr) -> float | None:
+        """`_scalar`, or the value of a variable bound to a scalar constant cast to a low
+        float dtype (autocast's scale), rounded as the cast rounds it."""
+        value = _scalar(expr)
+        if value is not None:
+            return value
+        bound = self.peek(expr)
+        low = _dtype(expr)
+        if _op(bound, "relax.astype") and low in _FLOATS[1:] and \
+                _scalar(bound.args[0]) is not None:
+            return _rounded(_scalar(bound.args[0]), low)
+        return None
+
+    def take_scalar(self, expr) -> float:
+        """`scalar(expr)`, recording the cast's binding as an intermediate."""
+        if _scalar(expr) is None:
+            self.value(expr)
+        return self.scalar(expr)
+
     def scaled(self, expr, allow_transpose: bool) -> tuple[relax.Expr, float, bool]:
         """(the operand under scalar multiplies and at most one last-two-axes transpose,
         their product, whether it was transposed)."""
@@ -123,11 +160,11 @@ class _Reader:
             value = self.peek(expr)
             if _op(value, "relax.multiply"):
                 a, b = value.args
-                c, other = (_scalar(b), a) if _scalar(b) is not None else (_scalar(a), b)
-                if c is None or _shape(other) != _shape(expr):
+                c, other = (b, a) if self.scalar(b) is not None else (a, b)
+                if self.scalar(c) is None or _shape(other) != _shape(expr):
                     break
                 self.value(expr)
-                scale, expr = scale * c, other
+                scale, expr = scale * self.take_scalar(c), other
                 continue
             if allow_transpose and not transposed and _op(value, "relax.permute_dims") and \
                     value.attrs.axes is not None and \
@@ -166,20 +203,23 @@ class _Reader:
         """A 4-D scores/output tensor: (the matmul, its two operands as 4-D tensors); operands
         cast to a low float dtype for the product (mixed precision) are read before the cast,
         the dtype noted in `rounded`."""
-        value = self.peek(expr)
         shape = _shape(expr)
         if shape is None or len(shape) != 4:
             return None
+        value = self.peek(expr)
         if _op(value, "relax.reshape"):
-            inner = self.peek(value.args[0])
+            product = self.rounded_product(value.args[0])
+            inner = self.peek(product)
             if not _op(inner, "relax.matmul"):
                 return None
             self.value(expr)
-            self.value(value.args[0])
+            self.value(product)
             a, b = (self.merged(self.unrounded(x)) for x in inner.args)
-        elif _op(value, "relax.matmul"):
+        elif _op(self.peek(self.rounded_product(expr)), "relax.matmul"):
+            product = self.rounded_product(expr)
             self.value(expr)
-            a, b = (self.unrounded(x) for x in value.args)
+            self.value(product)
+            a, b = (self.unrounded(x) for x in self.peek(product).args)
             if _shape(a) is None or len(_shape(a)) != 4 or len(_shape(b) or ()) != 4:
                 return None
         else:
@@ -187,6 +227,28 @@ class _Reader:
         if a is None or b is None:
             return None
         return a, b
+
+    def widened(self, expr):
+        """The low-precision tensor a float32 one is cast from (autocast's product, rounded to
+        the low dtype, then cast back for a float32 op: the kernel keeps its scores float32,
+        unrounded, as PyTorch's fused kernels do), or `expr`."""
+        value = self.peek(expr)
+        if _op(value, "relax.astype") and _dtype(expr) == "float32" and \
+                _dtype(value.args[0]) in _FLOATS[1:]:
+            self.value(expr)
+            return value.args[0]
+        return expr
+
+    def rounded_product(self, expr):
+        """The float32 matmul whose result `expr` is cast to a low dtype (autocast rounds
+        each product's result once; the kernel casts its output likewise), or `expr`."""
+        value = self.peek(expr)
+        if _op(value, "relax.astype") and _dtype(expr) in _FLOATS[1:] and \
+                _dtype(value.args[0]) == "float32" and \
+                _op(self.peek(value.args[0]), "relax.matmul"):
+            self.value(expr)
+            return value.args[0]
+        return expr
 
     def unrounded(self, expr):
         """The float32 tensor a low-precision product operand is cast from (noting the low
@@ -274,10 +336,11 @@ def _scaled_scores(expr, reader: _Reader):
     """(Q, K', scale) of scores = scale * (Q' @ K'^T) (scaled by scalar multiplies or a
     division, on the product or on its operands)."""
     scale = 1.0
+    expr = reader.widened(expr)
     value = reader.peek(expr)
-    if _op(value, "relax.divide") and _scalar(value.args[1]):
+    if _op(value, "relax.divide") and reader.scalar(value.args[1]):
         reader.value(expr)
-        scale, expr = 1.0 / _scalar(value.args[1]), value.args[0]
+        scale, expr = 1.0 / reader.take_scalar(value.args[1]), value.args[0]
     else:
         expr, scale, _ = reader.scaled(expr, allow_transpose=False)
     operands = reader.split(expr)
@@ -337,9 +400,9 @@ def _match(out_var, value, bindings: dict,
     k, group = reader.ungrouped(k)
     v, v_group = reader.ungrouped(v_expr)
     qs, ks, vs, os_ = _shape(q), _shape(k), _shape(v), _shape(out_var)
-    dtype = _dtype(q)
-    if None in (qs, ks, vs, os_) or dtype not in _FLOATS or \
-            any(_dtype(x) != dtype for x in (k, v, out_var)) or group != v_group:
+    dtype, qk = _dtype(v), _dtype(q)
+    if None in (qs, ks, vs, os_) or dtype not in _FLOATS or _dtype(k) != qk or \
+            _dtype(out_var) != dtype or group != v_group or qk not in (dtype, "float32"):
         return None
     b, h, sq, d = qs
     # Head h reads key head h // group: repeat_kv's groups, or one head broadcast to all.
@@ -348,12 +411,23 @@ def _match(out_var, value, bindings: dict,
     if ks[0] != b or ks[1] * group != h or vs[:3] != ks[:3] or ks[3] != d or \
             os_ != (b, h, sq, vs[3]) or _shape(probs[0]) != (b, h, sq, ks[2]):
         return None
-    if len(set(reader.rounded)) != 1:
+    rounded = set(reader.rounded)
+    # reader.rounded: P and V (the output's product), then Q' and K' (the scores')
+    if qk != dtype and reader.rounded[2:] != [dtype, dtype]:
+        return None  # float32 Q or K read unrounded by a product of the low dtype
+    if dtype in _FLOATS[1:] and dtype in rounded and rounded <= {None, dtype}:
+        # autocast: V in the low dtype, the float32 probabilities (and Q and K where they
+        # are float32) cast to it
+        operand = dtype
+    elif len(rounded) != 1 or qk != dtype:
         return None  # some operands of the products cast to a low dtype, others not
+    else:
+        operand = reader.rounded[0]
     shapes = tuple((1,) * (4 - len(_shape(x))) + _shape(x) for x in biases)
     spec = AttentionSpec(b, h, ks[1], sq, ks[2], d, vs[3], dtype, float(scale), shapes,
-                         tuple(_dtype(x) for x in biases), probs[1], reader.rounded[0],
-                         causal_offset([constants.value(x) for x in biases], sq, ks[2]))
+                         tuple(_dtype(x) for x in biases), probs[1], operand,
+                         causal_offset([constants.value(x) for x in biases], sq, ks[2]),
+                         qk if qk != dtype else None)
     internal = frozenset(v for v in reader.seen if not v.same_as(out_var))
     return AttentionMatch(out_var, q, k, v, biases, spec, internal,
                           {x: bindings[x] for x in internal})
