@@ -52,3 +52,14 @@ def test_what_reads_a_parameter_or_is_too_large_has_no_value():
     bindings, masks = _mask_function(6)
     assert ConstantEvaluator(bindings, max_elements=35).value(masks[0]) is None
     assert ConstantEvaluator(bindings).value(relax.const(np.ones(3, "float32"))).sum() == 3
+
+
+def test_a_computation_tvm_cannot_build_has_no_value(monkeypatch):
+    def fail(func):
+        raise RuntimeError("no legalization")
+
+    bindings, masks = _mask_function(6)
+    evaluator = ConstantEvaluator(bindings)
+    monkeypatch.setattr(ConstantEvaluator, "_run", staticmethod(fail))
+    assert evaluator.value(masks[0]) is None
+    assert evaluator.value(masks[1]) is None and evaluator.builds == 1

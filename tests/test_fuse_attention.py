@@ -349,3 +349,24 @@ def test_autocast_inference_fuses_its_attention(exported, name, qk_float32):
     scale = np.abs(want).max()
     assert np.abs(got - want).max() <= 1.5 * np.abs(unfused - want).max() + 1e-3 * scale
     np.testing.assert_allclose(got, unfused, atol=5e-2 * scale)
+
+
+def test_the_zoo_gpts_autocast_attention_fuses_in_its_4d_form():
+    """relax.frontend.nn's gpt: 4-D products whose float32 results autocast casts to
+    bfloat16 (the output variable is the cast), a -1e9 mask (no causal line: not -inf)."""
+    from tvm_ext.ir.attention_pattern import find_attention
+    from tvm_ext.models import get_model
+    from tvm_ext.models.autocast import autocast_inference
+
+    model = get_model("gpt", "tiny")
+    low = autocast_inference(model, "bf16")
+    found = find_attention(low.mod["main"])
+    assert [(m.spec.dtype, m.spec.causal_offset) for m in found] == [("bfloat16", None)] * 2
+    fuse = FuseAttention(LLVM)
+    fused = fuse(low.mod)
+    assert fuse.fused == 2 and "relax.nn.softmax" not in _ops(fused)
+    arrays = model.random_arguments(seed=0)
+    want = _run(model.mod, arrays)[0]
+    got, unfused = (_run(m, arrays)[0].astype("float32") for m in (fused, low.mod))
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() <= 1.5 * np.abs(unfused - want).max() + 1e-3 * scale

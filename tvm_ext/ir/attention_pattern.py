@@ -413,7 +413,7 @@ def _match(out_var, value, bindings: dict,
         return None
     rounded = set(reader.rounded)
     # reader.rounded: P and V (the output's product), then Q' and K' (the scores')
-    if qk != dtype and reader.rounded[2:] != [dtype, dtype]:
+    if qk != dtype and (len(reader.rounded) != 4 or reader.rounded[2:] != [dtype, dtype]):
         return None  # float32 Q or K read unrounded by a product of the low dtype
     if dtype in _FLOATS[1:] and dtype in rounded and rounded <= {None, dtype}:
         # autocast: V in the low dtype, the float32 probabilities (and Q and K where they
@@ -484,7 +484,8 @@ def find_attention(func: relax.Function) -> list[AttentionMatch]:
     constants = ConstantEvaluator(bindings)
     found = []
     for var, value in bindings.items():
-        if not (_op(value, "relax.reshape") or _op(value, "relax.matmul")):
+        if not (_op(value, "relax.reshape") or _op(value, "relax.matmul")
+                or _op(value, "relax.astype")):  # autocast's rounding of the product
             continue
         match = _match(var, value, bindings, constants)
         if match is None:

@@ -5,7 +5,7 @@ only once it is legalized, which is after the passes that want to read the mask.
 bindings the expression depends on are gathered into a function of no parameters, legalized,
 built for the CPU and run once. An expression that reads a parameter, a binding outside the
 dataflow blocks or anything but a Relax operator has no compile-time value (None); nor has one
-whose result holds more than `max_elements` elements.
+whose result holds more than `max_elements` elements, or one TVM cannot legalize or build.
 """
 
 from __future__ import annotations
@@ -77,7 +77,10 @@ class ConstantEvaluator:
         for known, value in self._cache.get(key, []):
             if tvm_ffi.structural_equal(known, func):
                 return value
-        value = self._run(func)
+        try:
+            value = self._run(func)
+        except (RuntimeError, ValueError, TypeError):  # TVM's errors are RuntimeErrors
+            value = None  # an operator this TVM cannot legalize or build: no value, no fact
         self.builds += 1
         self._cache.setdefault(key, []).append((func, value))
         return value
