@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import ml_dtypes
 import numpy as np
 import tvm
 from tvm import relax
@@ -107,11 +108,8 @@ def _scalar(expr) -> float | None:
 
 def _rounded(value: float, dtype: str) -> float:
     """`value` rounded to float16 or bfloat16 (to nearest even), as a cast rounds it."""
-    if dtype == "float16":
-        return float(np.float16(value))
-    bits = int(np.array(value, np.float32).view(np.uint32))
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return float(np.array(bits, np.uint32).view(np.float32))
+    low = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
+    return float(np.float32(value).astype(low))
 
 
 class _Reader:
@@ -207,23 +205,19 @@ class _Reader:
         if shape is None or len(shape) != 4:
             return None
         value = self.peek(expr)
-        if _op(value, "relax.reshape"):
-            product = self.rounded_product(value.args[0])
-            inner = self.peek(product)
-            if not _op(inner, "relax.matmul"):
-                return None
-            self.value(expr)
-            self.value(product)
+        reshaped = _op(value, "relax.reshape")
+        product = self.rounded_product(value.args[0] if reshaped else expr)
+        inner = self.peek(product)
+        if not _op(inner, "relax.matmul"):
+            return None
+        self.value(expr)
+        self.value(product)
+        if reshaped:
             a, b = (self.merged(self.unrounded(x)) for x in inner.args)
-        elif _op(self.peek(self.rounded_product(expr)), "relax.matmul"):
-            product = self.rounded_product(expr)
-            self.value(expr)
-            self.value(product)
-            a, b = (self.unrounded(x) for x in self.peek(product).args)
+        else:
+            a, b = (self.unrounded(x) for x in inner.args)
             if _shape(a) is None or len(_shape(a)) != 4 or len(_shape(b) or ()) != 4:
                 return None
-        else:
-            return None
         if a is None or b is None:
             return None
         return a, b

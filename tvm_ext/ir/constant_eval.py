@@ -88,8 +88,7 @@ class ConstantEvaluator:
     def _function(self, order: list, expr) -> relax.Function:
         bindings = [relax.VarBinding(var, self.bindings[var]) for var in order]
         out = relax.Var("out", expr.ty)
-        block = relax.DataflowBlock([*bindings, relax.VarBinding(out, expr)]) if bindings \
-            else relax.DataflowBlock([relax.VarBinding(out, expr)])
+        block = relax.DataflowBlock([*bindings, relax.VarBinding(out, expr)])
         return relax.Function([], relax.SeqExpr([block], out), expr.ty)
 
     @staticmethod
