@@ -329,6 +329,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--unfused-attention", action="store_true",
                    help="attention and its backward unfused (cuBLAS products): the A/B of "
                         "the fused kernels, into a folder of its own")
+    p.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
+                   help="every kernel launched on its own: the A/B of the CUDA graphs, into "
+                        "a folder of its own")
     s = sub.add_parser("site", help="pack TVM's runtime and tvm_ext's for the GPU machine")
     s.add_argument("directory")
     r = sub.add_parser("run", help="check and time them (TVM's runtime, PyTorch)")
@@ -421,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "prepare" and args.unfused_attention and args.target != "cuda":
         parser.error("--unfused-attention does nothing with --target llvm: attention is "
                      "fused on GPU targets only")
+    if args.command == "prepare" and not args.cuda_graph and args.target != "cuda":
+        parser.error("--no-cuda-graph does nothing with --target llvm: CUDA graphs are a "
+                     "CUDA build's")
     if args.command == "prepare":
         import warnings
 
@@ -429,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             prepare(args.directory, args.keys, args.size, args.target, args.arch,
-                    fused_attention=not args.unfused_attention)
+                    fused_attention=not args.unfused_attention, cuda_graph=args.cuda_graph)
         return 0
     return run(args)
 

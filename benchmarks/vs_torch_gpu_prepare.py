@@ -135,14 +135,16 @@ def _peak_rss() -> int:
 
 
 def prepare_one(directory: str, name: str, mode: str, dtype: str, size_name: str,
-                target, log, fused_attention: bool = True) -> dict:
+                target, log, fused_attention: bool = True, cuda_graph: bool = True) -> dict:
     """Build, compile and export one (model, mode, dtype); returns its manifest entry.
     `fused_attention=False`: each attention and its backward as the unfused graph computes
-    them (cuBLAS products), to time against the fused kernels."""
+    them (cuBLAS products), to time against the fused kernels. `cuda_graph=False`: every
+    kernel launched on its own (the A/B of the CUDA graphs)."""
     import torch
     import vs_torch
 
     from tvm_ext import driver
+    from tvm_ext.ir.kernel_graphs import graph_coverage
     from tvm_ext.models.autocast import autocast_inference
 
     start = time.perf_counter()
@@ -161,13 +163,20 @@ def prepare_one(directory: str, name: str, mode: str, dtype: str, size_name: str
     gc.collect()  # the weights: nothing below needs them
     built = time.perf_counter()
     model = step if training else autocast_inference(imported.model, dtype)
-    executable = driver.build(model, target, library=True, fused_attention=fused_attention)
+    finalized: list = []
+    executable = driver.build(model, target, library=True, fused_attention=fused_attention,
+                              cuda_graph=None if cuda_graph else False,
+                              on_finalized=finalized.append)
+    launches = graph_coverage(finalized[0])
     path = os.path.join(directory, module_file(name, mode, dtype))
     _write_whole(path, lambda tmp: driver.export(executable, tmp))
     if buffers:
         _write_whole(path.removesuffix(".so") + ".npz",
                      lambda tmp: np.savez(tmp, **buffers), suffix=".npz")
     entry.update(target=str(target.kind.name), fused_attention=fused_attention,
+                 kernel_launches={"graphs": launches.regions, "in_graphs": launches.captured,
+                                  "outside": launches.uncaptured,
+                                  "per_call": launches.launches},
                  file=os.path.basename(path),
                  module_bytes=os.path.getsize(path),
                  buffer_bytes=int(sum(b.nbytes for b in buffers.values())),
@@ -206,7 +215,8 @@ def update_manifest(directory: str, entries: dict) -> None:
 
 
 def prepare(directory: str, keys: list[tuple[str, str, str]], size_name: str,
-            target_kind: str, arch: str, log=print, fused_attention: bool = True) -> None:
+            target_kind: str, arch: str, log=print, fused_attention: bool = True,
+            cuda_graph: bool = True) -> None:
     """Prepare every (model, mode, dtype) of `keys` into `directory`/MODEL (one folder per
     model, so that a GPU call can carry some models and not others), each folder's manifest
     updated after each module."""
@@ -217,5 +227,5 @@ def prepare(directory: str, keys: list[tuple[str, str, str]], size_name: str,
         folder = os.path.join(directory, name)
         os.makedirs(folder, exist_ok=True)
         entry = prepare_one(folder, name, mode, dtype, size_name, target, log,
-                            fused_attention)
+                            fused_attention, cuda_graph)
         update_manifest(folder, {entry_key(name, mode, dtype): entry})

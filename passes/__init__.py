@@ -1,6 +1,7 @@
 """tvm_ext.passes: Relax passes, one per file, each consuming a plan made by a planner."""
 
 from .broadcast_constants import BroadcastConstants
+from .capture_kernel_graphs import CaptureKernelGraphs
 from .dispatch_library import DispatchLibraryKernels
 from .drop_unread_kernel_inputs import DropUnreadKernelInputs
 from .fuse_attention import FuseAttention
@@ -11,6 +12,7 @@ from .update_arguments_in_place import UpdateArgumentsInPlace
 
 __all__ = [
     "BroadcastConstants",
+    "CaptureKernelGraphs",
     "DispatchLibraryKernels",
     "DropUnreadKernelInputs",
     "FuseAttention",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -57,6 +58,12 @@ def test_cuda_export_holds_device_code(tmp_path):
     if proc.returncode == 2 and "CUDA runtime does not load" in proc.stderr:
         pytest.skip(proc.stderr.strip())
     assert proc.returncode == 0, proc.stderr
+    # Its kernels are replayed as CUDA graphs: a few launches a call, not one per kernel.
+    launch = re.search(r"launch  (\d+) of (\d+) kernel calls in 1 CUDA graph: (\d+) launches",
+                       proc.stdout)
+    assert launch, proc.stdout
+    captured, kernels, launches = map(int, launch.groups())
+    assert captured > 30 and launches == 1 + kernels - captured
     check = f"""
 import tvm, tvm_ext
 from tvm_ext.runtime.cuda import ensure_cuda_runtime
@@ -458,6 +465,9 @@ def test_bad_values_exit_2(argv, message, tmp_path, capsys):
     (["mlp", "--device-memory", "50%", "--devices", "2", "--plot", "p.png"],
      "--plot draws a single-device swap plan: not with --devices"),
     (["mlp", "--arch", "sm_80"], "--arch applies to --target cuda only, not llvm"),
+    (["mlp", "--no-cuda-graph"], "--no-cuda-graph applies to --target cuda only, not llvm"),
+    (["mlp", "--target", "cuda", "--no-cuda-graph", "--device-memory", "50%"],
+     "--no-cuda-graph does nothing with --device-memory or --devices"),
     (["mlp", "--target", "cuda", "--arch", "sm_1"], "--arch sm_1: expected sm_NN"),
     (["mlp", "--target", "cuda", "--arch", "90"], "--arch 90: expected sm_NN"),
     (["mlp", "--link", "pcie"], "--link applies to a partitioned build: it needs --devices"),

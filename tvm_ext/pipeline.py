@@ -37,7 +37,10 @@ Phases, in order (each a list of passes, so a caller can rebuild the pipeline fr
 8. `dataflow_lower_passes`    RewriteDataflowReshape, ToNonDataflow, RemovePurityChecking,
                               CallTIRRewrite, ReturnLossOnly (an optimizer step returns its
                               loss; the rest is in its arguments).
-9. `finalize_passes`          memory planning, builtin lowering, VM shape lowering.
+9. `finalize_passes`          memory planning; on CUDA, CaptureKernelGraphs (tvm_ext.passes):
+                              each run of static kernels one CUDA graph (not in swapped,
+                              partitioned or budgeted builds, see `kernel_graphs_refusal`);
+                              builtin lowering, VM shape lowering.
 
 With `dump_dir`, the module is written after each phase as `NN_<phase>.py` (TVMScript).
 """
@@ -52,6 +55,7 @@ from tvm import relax
 from tvm_ext.partition import PartitionPlan
 from tvm_ext.passes import (
     BroadcastConstants,
+    CaptureKernelGraphs,
     DispatchLibraryKernels,
     DropUnreadKernelInputs,
     FuseAttention,
@@ -67,6 +71,7 @@ from tvm_ext.schedules import (
 )
 
 from . import interrupts
+from .errors import InputError
 from .ir.targets import is_cpu, is_gpu
 from .runtime.blas import cublas_workspace_bytes
 
@@ -163,12 +168,43 @@ def dataflow_lower_passes(target: tvm.target.Target) -> list:
     ]
 
 
-def finalize_passes(target: tvm.target.Target, memory_planning: bool = True) -> list:
+def kernel_graphs_refusal(target: tvm.target.Target, *, swapped: bool = False,
+                          partitioned: bool = False, memory_planning: bool = True) -> str | None:
+    """Why a build cannot replay its kernels as CUDA graphs (None: it can)."""
+    if target.kind.name != "cuda":
+        return f"CUDA graphs need a CUDA target, not {target.kind.name}"
+    if swapped:
+        return ("a swapped module's copies run on streams of their own and the host waits for "
+                "them, which a graph of the VM's stream cannot hold")
+    if partitioned:
+        return "a partitioned module's collectives run outside the VM's stream"
+    if not memory_planning:
+        return "without memory planning no intermediate tensor has a fixed address"
+    return None
+
+
+def use_kernel_graphs(target: tvm.target.Target, cuda_graph: bool | None, *, swapped: bool,
+                      partitioned: bool, memory_planning: bool, budgeted: bool) -> bool:
+    """Whether the build replays its kernels as CUDA graphs: `cuda_graph`, or where None, on
+    wherever they apply except in a budgeted build (a swapped build's unswapped twin keeps one
+    launch per kernel, as its swapped build does). InputError when True cannot apply."""
+    refusal = kernel_graphs_refusal(target, swapped=swapped, partitioned=partitioned,
+                                    memory_planning=memory_planning)
+    if cuda_graph and refusal:
+        raise InputError(f"cuda_graph=True does nothing here: {refusal}")
+    return refusal is None and not budgeted if cuda_graph is None else cuda_graph
+
+
+def finalize_passes(target: tvm.target.Target, memory_planning: bool = True,
+                    cuda_graph: bool = False) -> list:
     """`memory_planning=False` skips StaticPlanBlockMemory: every tensor is allocated before its
-    kernel and freed after its last use, which `DataflowGraph.peak_memory` predicts exactly."""
+    kernel and freed after its last use, which `DataflowGraph.peak_memory` predicts exactly.
+    `cuda_graph`: CaptureKernelGraphs after the planning (the caller checks it applies)."""
     planning = [relax.transform.StaticPlanBlockMemory()] if memory_planning else []
+    graphs = [CaptureKernelGraphs()] if cuda_graph else []
     return [
         *planning,
+        *graphs,
         relax.transform.LowerAllocTensor(),
         relax.transform.KillAfterLastUse(),
         relax.transform.LowerRuntimeBuiltin(),
@@ -190,11 +226,15 @@ def phases(
     device_memory=None, swap_plan=None, swap_options: dict | None = None,
     num_devices: int | None = None, partition_plan=None, partition_options: dict | None = None,
     library: bool = True, fused_attention: bool = True, budgeted: bool | None = None,
+    cuda_graph: bool | None = None,
 ) -> list[tuple[str, list]]:
     """The pipeline as (phase name, passes) pairs."""
     partitioned = num_devices is not None or partition_plan is not None
+    swapped = device_memory is not None or swap_plan is not None
     if budgeted is None:
-        budgeted = device_memory is not None or swap_plan is not None
+        budgeted = swapped
+    cuda_graph = use_kernel_graphs(target, cuda_graph, swapped=swapped, partitioned=partitioned,
+                                   memory_planning=memory_planning, budgeted=budgeted)
     return [
         ("library_dispatch", library_dispatch_passes(
             target, fused_attention and not partitioned, budgeted)),
@@ -207,7 +247,7 @@ def phases(
         ("library_kernels", library_kernels_passes(target, library)),
         (SCHEDULE_PHASE, schedule_passes(target, tune_db)),
         ("dataflow_lower", dataflow_lower_passes(target)),
-        ("finalize", finalize_passes(target, memory_planning)),
+        ("finalize", finalize_passes(target, memory_planning, cuda_graph)),
     ]
 
 
@@ -281,7 +321,9 @@ def tvm_ext_pipeline(
     library: bool = True,
     fused_attention: bool = True,
     budgeted: bool | None = None,
+    cuda_graph: bool | None = None,
     start_phase: str | None = None,
+    on_finalized=None,
 ) -> tvm.transform.Pass:
     """The tvm_ext pipeline for `tvm.compile(mod, target, relax_pipeline=...)`.
 
@@ -310,9 +352,23 @@ def tvm_ext_pipeline(
             backward stays unfused, its probabilities made again for it); None: whether
             `device_memory` or `swap_plan` is given. True without a budget builds the
             unswapped twin a swapped build is compared with, bit for bit.
+        cuda_graph: replay each run of static kernels as one CUDA graph (CaptureKernelGraphs);
+            None: on CUDA wherever it applies (`kernel_graphs_refusal`) except a budgeted
+            build; True where it cannot apply raises InputError. A graph's kernels read the
+            weights where they were when it was captured: passed elsewhere, the region is
+            captured again, right but with a capture's cost.
         start_phase: skip the phases before this one (for a module that has been through
             them, e.g. one PartitionOperators already rewrote).
+        on_finalized: called with the module the pipeline returns (e.g. to count its
+            kernel launches: `tvm_ext.ir.kernel_graphs.graph_coverage`).
     """
+
+    if target is not None and cuda_graph:  # refused before compiling, not inside the pass
+        use_kernel_graphs(
+            tvm.target.Target(target), cuda_graph,
+            swapped=device_memory is not None or swap_plan is not None,
+            partitioned=num_devices is not None or partition_plan is not None,
+            memory_planning=memory_planning, budgeted=bool(budgeted))
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_ext_pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
@@ -327,7 +383,8 @@ def tvm_ext_pipeline(
                             swap_options=swap_options, num_devices=num_devices,
                             partition_plan=partition_plan,
                             partition_options=partition_options, library=library,
-                            fused_attention=fused_attention, budgeted=budgeted)
+                            fused_attention=fused_attention, budgeted=budgeted,
+                            cuda_graph=cuda_graph)
             names = [name for name, _ in stages]
             if start_phase is not None and start_phase not in names:
                 raise ValueError(f"the tvm_ext pipeline has no phase {start_phase!r}; phases: "
@@ -338,6 +395,8 @@ def tvm_ext_pipeline(
                     continue
                 mod = tvm.transform.Sequential(passes, name=name)(mod)
                 _dump(dump_dir, i + 1, name, mod)
+        if on_finalized is not None:
+            on_finalized(mod)
         interrupts.enter("codegen")  # what tvm.compile does after the pipeline
         return mod
 

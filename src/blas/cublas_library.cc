@@ -94,9 +94,38 @@ Api* TryLoad(const std::string& path, std::ostringstream* tried) {
   if (driver != nullptr) {
     Bind(driver, "cuMemsetD8Async", &api->memset_d8_async);
     Bind(driver, "cuMemcpy2DAsync_v2", &api->memcpy_2d_async);
+    Bind(driver, "cuStreamIsCapturing", &api->stream_is_capturing);
+    Bind(driver, "cuThreadExchangeStreamCaptureMode", &api->exchange_capture_mode);
   }
   return api;
 }
+
+// The workspace key of every stream under capture (no stream has this handle).
+const Stream kCaptureKey = reinterpret_cast<Stream>(~uintptr_t(0));
+
+bool Capturing(const Api& api, Stream stream) {
+  int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE; 1: active
+  return stream != nullptr && api.stream_is_capturing != nullptr &&
+         api.stream_is_capturing(stream, &status) == 0 && status == 1;
+}
+
+// This thread in relaxed capture mode while it lives (api nullptr: nothing to do).
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(const Api* api)
+      : api_(api != nullptr && api->exchange_capture_mode != nullptr ? api : nullptr) {
+    if (api_ != nullptr) api_->exchange_capture_mode(&mode_);
+  }
+  ~RelaxedCapture() {
+    if (api_ != nullptr) api_->exchange_capture_mode(&mode_);
+  }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  const Api* api_;
+  int mode_ = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED; the previous mode while relaxed
+};
 
 }  // namespace
 
@@ -163,8 +192,10 @@ Handle HandleLocked(DLDevice dev, Stream stream) {
   if (st.handle == nullptr) Check(api.create(&st.handle), "cublasCreate");
   if (!st.bound || st.stream != stream) {
     Check(api.set_stream(st.handle, stream), "cublasSetStream");
-    void*& ws = st.workspace[stream];
+    bool capturing = Capturing(api, stream);
+    void*& ws = st.workspace[capturing ? kCaptureKey : stream];
     if (ws == nullptr) {
+      RelaxedCapture relaxed(capturing ? &api : nullptr);
       ws = device_api->AllocDataSpace(dev, kWorkspaceBytes, 256, DLDataType{kDLUInt, 8, 1});
     }
     Check(api.set_workspace(st.handle, ws, kWorkspaceBytes), "cublasSetWorkspace");

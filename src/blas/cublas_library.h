@@ -17,6 +17,10 @@
  * after every stream change; one buffer per stream, because work queued on the previous stream
  * may still be using the previous one). The buffers come from TVM's device API, like every
  * other tensor, and `tvm_ext.cublas.workspace_bytes` tells the memory planners their size.
+ * A stream under CUDA graph capture (a fresh stream per capture) uses one more buffer per
+ * device, the capture workspace, which every captured graph bakes in: the graphs replay one
+ * after another on the VM's stream, never beside each other. It is allocated in relaxed capture
+ * mode, since global mode refuses cudaMalloc during a capture.
  */
 #ifndef TVM_EXT_BLAS_CUBLAS_LIBRARY_H_
 #define TVM_EXT_BLAS_CUBLAS_LIBRARY_H_
@@ -57,6 +61,9 @@ struct Api {
   // CUDA driver (libcuda.so.1, loaded by TVM's CUDA runtime whenever a CUDA tensor exists).
   int (*memset_d8_async)(uint64_t ptr, unsigned char value, size_t bytes, Stream) = nullptr;
   int (*memcpy_2d_async)(const void* copy, Stream) = nullptr;  // CUDA_MEMCPY2D*
+  // A stream under graph capture (graph/kernel_graphs.cc) gets the capture workspace.
+  int (*stream_is_capturing)(Stream, int* status) = nullptr;
+  int (*exchange_capture_mode)(int* mode) = nullptr;
 };
 
 // Guards the loaded state and the handles: a GEMM is enqueued under it (a handle is bound to

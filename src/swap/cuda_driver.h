@@ -1,7 +1,8 @@
 /*!
  * \file swap/cuda_driver.h
- * \brief The few CUDA driver entry points the copy streams need (streams, events), resolved at
- * run time from libcuda.so.1, so that the runtime library builds and loads without CUDA.
+ * \brief The few CUDA driver entry points the copy streams (streams, events) and the kernel
+ * graphs (capture, launch) need, resolved at run time from libcuda.so.1, so that the runtime
+ * library builds and loads without CUDA.
  *
  * cudaStream_t / cudaEvent_t are the driver's CUstream / CUevent, so handles mix freely with
  * those of TVM's CUDA runtime. The driver is used only for devices of type kDLCUDA, which cannot
@@ -54,6 +55,23 @@ struct CudaDriver {
   // Optional: strided chunk copies in one call (else row by row through TVM's DeviceAPI).
   CUresult (*Memcpy2DAsync)(const Memcpy2D*, CUstream) = nullptr;
 
+  // Graphs (graph/kernel_graphs.cc); all bound or `HasGraphs()` is false.
+  using CUgraph = void*;
+  using CUgraphExec = void*;
+  static constexpr int kCaptureModeGlobal = 0;
+  CUresult (*StreamDestroy)(CUstream) = nullptr;
+  CUresult (*StreamBeginCapture)(CUstream, int mode) = nullptr;
+  CUresult (*StreamEndCapture)(CUstream, CUgraph*) = nullptr;
+  CUresult (*GraphInstantiate)(CUgraphExec*, CUgraph, unsigned long long) = nullptr;  // NOLINT
+  CUresult (*GraphLaunch)(CUgraphExec, CUstream) = nullptr;
+  CUresult (*GraphExecDestroy)(CUgraphExec) = nullptr;
+  CUresult (*GraphDestroy)(CUgraph) = nullptr;
+  CUresult (*CtxGetDevice)(int*) = nullptr;
+  bool HasGraphs() const {
+    return StreamDestroy && StreamBeginCapture && StreamEndCapture && GraphInstantiate &&
+           GraphLaunch && GraphExecDestroy && GraphDestroy && CtxGetDevice;
+  }
+
   /*! \brief The driver if libcuda.so.1 is loadable and has every entry point, else nullptr. */
   static const CudaDriver* Get() {
     static const CudaDriver* inst = Load();
@@ -82,6 +100,14 @@ struct CudaDriver {
               Bind(lib, "cuStreamWaitEvent", &d->StreamWaitEvent);
     Bind(lib, "cuGetErrorString", &d->GetErrorString);
     Bind(lib, "cuMemcpy2DAsync_v2", &d->Memcpy2DAsync);
+    Bind(lib, "cuStreamDestroy_v2", &d->StreamDestroy);
+    Bind(lib, "cuStreamBeginCapture_v2", &d->StreamBeginCapture);
+    Bind(lib, "cuStreamEndCapture", &d->StreamEndCapture);
+    Bind(lib, "cuGraphInstantiateWithFlags", &d->GraphInstantiate);
+    Bind(lib, "cuGraphLaunch", &d->GraphLaunch);
+    Bind(lib, "cuGraphExecDestroy", &d->GraphExecDestroy);
+    Bind(lib, "cuGraphDestroy", &d->GraphDestroy);
+    Bind(lib, "cuCtxGetDevice", &d->CtxGetDevice);
     if (!ok) {  // e.g. tvm_ext's no-device stub: no CUDA tensor can exist then anyway
       delete d;
       return nullptr;

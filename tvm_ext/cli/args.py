@@ -85,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-library", dest="library", action="store_false",
                    help="generate every kernel with TVM, GEMMs and convolutions included "
                         "(default: they call OpenBLAS on CPU, cuBLAS on CUDA)")
+    p.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_const", const=False,
+                   default=None,
+                   help="launch every kernel on its own (default on CUDA: each run of kernels "
+                        "reading only weights and intermediates is captured once into a CUDA "
+                        "graph and replayed as one launch; not in swapped or partitioned "
+                        "builds)")
     p.add_argument("--dump-dir", help="write the module after each pipeline phase there")
     p.add_argument("--tune-trials", type=int, default=0, metavar="N",
                    help="tune the kernels with MetaSchedule (XGBoost cost model), N trials in "
@@ -183,6 +189,12 @@ def refuse_idle_options(parser: argparse.ArgumentParser, args) -> None:
         parser.error("--plot draws a single-device swap plan: not with --devices")
     if given("arch") and args.target != "cuda":
         parser.error(f"--arch applies to --target cuda only, not {args.target}")
+    if given("cuda_graph"):
+        if args.target != "cuda":
+            parser.error(f"--no-cuda-graph applies to --target cuda only, not {args.target}")
+        if args.device_memory or given("devices"):
+            parser.error("--no-cuda-graph does nothing with --device-memory or --devices: "
+                         "swapped and partitioned builds launch every kernel on its own")
     if not given("devices"):
         for name in ("strategy", "link", "partition_plan"):
             if given(name):

@@ -3,6 +3,7 @@ its graph, tune, plan, build, export, run and check, and report each step."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import sys
@@ -10,6 +11,7 @@ import time
 
 from tvm_ext import driver, interrupts, pipeline, schedules
 from tvm_ext.errors import InputError
+from tvm_ext.ir.kernel_graphs import graph_coverage
 from tvm_ext.ir.targets import is_cpu
 from tvm_ext.models import ZOO, ModelLoadError, load_model
 from tvm_ext.models.autocast import autocast_inference
@@ -60,11 +62,18 @@ def compile_model(args) -> int:
             print(f"swap    {swap_info['note']}")
     start = time.perf_counter()
     interrupts.enter("build")  # "codegen" once the pipeline's passes are done
+    finalized: list = []
     executable = driver.build(model, target, dump_dir=args.dump_dir, tune_db=tune_db,
                               swap_plan=None if planning is None else planning.plan,
-                              library=args.library)
+                              library=args.library, cuda_graph=args.cuda_graph,
+                              on_finalized=finalized.append)
     report["compile_seconds"] = time.perf_counter() - start
     print(f"compile {report['compile_seconds']:.2f} s for {target.kind.name}")
+    if target.kind.name == "cuda" and finalized:
+        launches = graph_coverage(finalized[0])
+        report["kernel_launches"] = dataclasses.asdict(launches) | {
+            "per_call": launches.launches}
+        print(f"launch  {launches.describe()}")
     if args.output:
         _export(args, report, executable, planning)
     status = 0

@@ -23,6 +23,9 @@ class RunResult:
     peak_bytes: int  # tracked bytes at the peak of the first call, arguments included
     argument_bytes: int  # bytes of the inputs and parameters placed on the device
     host_peak_bytes: int = 0  # the same on the host device of a swapped module
+    # The last timed call's outputs (None without one): on CUDA, kernel graphs the first call
+    # captured, replayed.
+    last_outputs: list[np.ndarray] | None = None
 
     @property
     def median_ms(self) -> float:
@@ -99,8 +102,15 @@ def run(
     if time_with != "naive":
         vm = VirtualMachine(executable, devices, memory_cfg=time_with)
     main = vm["main"]
-    latencies = time_calls(lambda: main(*args), device.sync, repeat)
-    return RunResult(outputs, latencies, int(peak), int(arg_bytes), int(host_peak))
+    last: list = []
+
+    def call():
+        last[:] = [main(*args)]
+
+    latencies = time_calls(call, device.sync, repeat)
+    last_outputs = flatten_outputs(last[0]) if last else None
+    return RunResult(outputs, latencies, int(peak), int(arg_bytes), int(host_peak),
+                     last_outputs)
 
 
 @dataclasses.dataclass
