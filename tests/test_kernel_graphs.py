@@ -17,7 +17,7 @@ from tvm_ext.errors import InputError
 from tvm_ext.ir.kernel_graphs import BUILTIN, graph_coverage
 from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
 from tvm_ext.pipeline import finalize_passes, kernel_graphs_refusal, run_phases
-from tvm_ext.runtime.library import get_function
+from tvm_ext.runtime.kernel_graphs import graph_stats, reset_graph_stats
 
 
 def _finalized(model, target, **options) -> tvm.IRModule:
@@ -60,8 +60,8 @@ def _with_graphs(model, target, regions: int = 1) -> relax.VMExecutable:
 
 
 def _stats() -> tuple[int, int, int, int]:
-    """(captures, replays, recaptures, uncapturable) since the last reset."""
-    return tuple(get_function("tvm_ext.cuda_graph.stats")())
+    """(captures, replays, recaptures, direct) since the last reset."""
+    return tuple(graph_stats().values())
 
 
 def test_replays_compute_what_the_module_does(zoo_cache, llvm):
@@ -70,7 +70,7 @@ def test_replays_compute_what_the_module_does(zoo_cache, llvm):
     graphs = relax.VirtualMachine(_with_graphs(model, llvm), dev)
     plain = relax.VirtualMachine(driver.build(model, llvm), dev)
     weights = [tvm.runtime.tensor(p, dev) for p in model.random_params(0)]
-    get_function("tvm_ext.cuda_graph.reset_stats")()
+    reset_graph_stats()
     for seed in range(3):  # new inputs: the kernels reading them run outside the graph
         inputs = [tvm.runtime.tensor(a, dev) for a in model.random_inputs(seed)]
         got = graphs["main"](*inputs, *weights).numpy()
@@ -94,7 +94,7 @@ def test_optimizer_steps_replay_their_updates(zoo_cache, llvm):
     sessions = [driver.TrainingSession(build, step, dev, seed=0)
                 for build in (_with_graphs(step, llvm), driver.build(step, llvm))]
     batches = [step.random_inputs(seed) for seed in range(3)]
-    get_function("tvm_ext.cuda_graph.reset_stats")()
+    reset_graph_stats()
     for batch in batches:
         losses = [s.step(batch).loss for s in sessions]
         assert losses[0] == losses[1]

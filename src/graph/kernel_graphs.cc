@@ -77,7 +77,7 @@ constexpr int kMaxMoves = 2;
 /*! \brief One region: where its arguments were, what it returned, its graph. */
 struct Entry {
   bool captured = false;
-  std::vector<const void*> addresses;
+  std::vector<uintptr_t> addresses;  // AddressesOf its arguments when captured
   ffi::Any states;
   void* exec = nullptr;  // CUgraphExec; nullptr on a CPU device
   int moves = 0;         // captures again because an argument moved
@@ -107,18 +107,32 @@ class KernelGraphs : public VMExtension {
 
 namespace {
 
-std::vector<const void*> AddressesOf(const ffi::Array<ffi::Any>& args) {
-  std::vector<const void*> out;
-  out.reserve(args.size());
-  for (const ffi::Any& a : args) {
-    if (auto t = a.try_cast<DLTensor*>()) {
-      out.push_back(static_cast<const char*>((*t)->data) + (*t)->byte_offset);
-    } else if (auto obj = a.as<ffi::Object>()) {
-      out.push_back(obj);
-    } else {
-      out.push_back(nullptr);  // a value, not memory: nothing of it is baked into a graph
-    }
+// What a graph bakes in of one argument, appended to `out` with a tag per kind: a tensor's
+// data address; a tuple's elements (the VM builds a tuple afresh on every call); a shape's or a
+// number's value; any other object's identity (a storage from the cached allocations).
+void Describe(const ffi::Any& a, std::vector<uintptr_t>* out) {
+  if (auto t = a.try_cast<DLTensor*>()) {
+    out->insert(out->end(), {1, reinterpret_cast<uintptr_t>(
+                                    static_cast<const char*>((*t)->data) + (*t)->byte_offset)});
+  } else if (a.as<ffi::ArrayObj>() != nullptr) {
+    auto items = a.cast<ffi::Array<ffi::Any>>();
+    out->insert(out->end(), {2, items.size()});
+    for (const ffi::Any& item : items) Describe(item, out);
+  } else if (const auto* shape = a.as<ffi::ShapeObj>()) {
+    out->insert(out->end(), {3, shape->size});
+    for (size_t i = 0; i < shape->size; ++i) out->push_back(static_cast<uintptr_t>(shape->data[i]));
+  } else if (const auto* obj = a.as<ffi::Object>()) {
+    out->insert(out->end(), {4, reinterpret_cast<uintptr_t>(obj)});
+  } else if (auto i = a.try_cast<int64_t>()) {
+    out->insert(out->end(), {5, static_cast<uintptr_t>(*i)});
+  } else {
+    out->push_back(6);  // none, a float, a string view: nothing a kernel reads by address
   }
+}
+
+std::vector<uintptr_t> AddressesOf(const ffi::Array<ffi::Any>& args) {
+  std::vector<uintptr_t> out;
+  for (const ffi::Any& a : args) Describe(a, &out);
   return out;
 }
 
@@ -187,7 +201,7 @@ ffi::Any RunOrCapture(VirtualMachine* vm, const ffi::ObjectRef& func,
     TVM_FFI_THROW(RuntimeError) << "tvm_ext.cuda_graph: the CUDA driver (libcuda.so.1) lacks "
                                    "the graph entry points (CUDA >= 11.4 needed)";
   }
-  std::vector<const void*> addresses = AddressesOf(args);
+  std::vector<uintptr_t> addresses = AddressesOf(args);
   Counters& stats = Stats();
   Entry& e = graphs->entries[std::make_pair(index, shape)];
   if (e.direct) {
