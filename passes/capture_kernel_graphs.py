@@ -14,7 +14,9 @@ moved (new weight tensors, say) instead of replaying kernels on the old addresse
 region that cannot be captured (or whose arguments keep moving) without a graph. It is for
 modules whose every call is a kernel TVM's runtime launches on the VM's stream: the pipeline
 leaves it out of swapped modules (their copies run on streams of their own, the host waiting
-for them) and partitioned ones (collectives).
+for them) and partitioned ones (collectives), and the pass leaves alone a module whose
+function carries SwapOffload's or PartitionOperators' record (a partitioned worker's code is
+compiled from its swap phase on, without the options that say it is partitioned).
 
 Before it, each block's allocations of constant size move to the block's start. The rewrite
 allocates them all at the first one, but starts a region at its first kernel: an optimizer
@@ -29,6 +31,7 @@ import tvm
 from tvm import relax
 
 from tvm_ext.ir.kernel_graphs import BUILTINS
+from tvm_ext.ir.pass_records import PARTITION_ATTR, SWAP_PLAN_ATTR, has_record
 
 _CONFIG = "relax.backend.use_cuda_graph"
 
@@ -64,6 +67,10 @@ class CaptureKernelGraphs:
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext
                          ) -> tvm.IRModule:
+        functions = [f for f in mod.functions.values() if isinstance(f, relax.Function)]
+        if any(has_record(f, PARTITION_ATTR) or has_record(f, SWAP_PLAN_ATTR)
+               for f in functions):
+            return mod
         mod = tvm.IRModule(dict(mod.functions), attrs=mod.attrs, global_infos=mod.global_infos)
         for gv, func in list(mod.functions.items()):
             if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):

@@ -12,10 +12,11 @@ import pytest
 import tvm
 from tvm import relax
 
-from tvm_ext import driver
+from tvm_ext import driver, pipeline
 from tvm_ext.errors import InputError
 from tvm_ext.ir.kernel_graphs import BUILTIN, graph_coverage
 from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
+from tvm_ext.passes import PartitionOperators
 from tvm_ext.pipeline import finalize_passes, kernel_graphs_refusal, run_phases
 from tvm_ext.runtime.kernel_graphs import graph_stats, reset_graph_stats
 
@@ -47,6 +48,24 @@ def test_where_graphs_do_not_apply(zoo_cache, cuda_target, llvm):
         driver.build(model, llvm, cuda_graph=True)
     with pytest.raises(InputError, match="swapped module"):
         driver.build(model, cuda_target, cuda_graph=True, device_memory="50%")
+
+
+def test_partitioned_builds_keep_one_launch_per_kernel(zoo_cache, cuda_target):
+    """A partitioned worker's code is compiled from its swap phase on, without the options
+    that say it is partitioned: its collectives stay outside graphs all the same."""
+    built = driver.build_partitioned(zoo_cache("mlp", True), cuda_target, 2)
+    text = built.executable.as_text()
+    assert "runtime.disco.allreduce" in text and "cuda_graph" not in text
+    with pytest.raises(InputError, match="partitioned module's collectives"):
+        driver.build_partitioned(zoo_cache("mlp"), cuda_target, 2, cuda_graph=True)
+    # The pass itself leaves a function PartitionOperators rewrote alone.
+    fused = pipeline.fuse(zoo_cache("mlp", True).mod, cuda_target, fused_attention=False)
+    with cuda_target:
+        part = PartitionOperators(2, hardware="h100")(fused)
+        lowered = run_phases(part, cuda_target, through="dataflow_lower", inclusive=True)
+        out = tvm.transform.Sequential(finalize_passes(cuda_target, cuda_graph=True))(lowered)
+    cov = graph_coverage(out)
+    assert cov.regions == 0 and cov.uncaptured > 10
 
 
 def _with_graphs(model, target, regions: int = 1) -> relax.VMExecutable:

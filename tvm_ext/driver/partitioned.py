@@ -22,6 +22,7 @@ from tvm import relax
 from tvm_ext.passes import PartitionError, PartitionOperators
 
 from .. import pipeline
+from ..errors import InputError
 from ..graph import DataflowGraph
 from ..ir.graph_builder import build_graph
 from ..ir.swap_planning import plan_module_swaps
@@ -112,10 +113,14 @@ def build_partitioned(
                              worker_graph, swap_plan=swap_plan, memory_planning=memory_planning)
     if compile:
         # `part` is already partitioned: the pipeline goes on from its swap phase.
+        # No CUDA graphs: the collectives run outside the VM's stream.
+        if pipeline_options.get("cuda_graph"):
+            raise InputError("cuda_graph=True does nothing here: a partitioned module's "
+                             "collectives run outside the VM's stream")
         compile_pipeline = relax.get_pipeline("tvm_ext", target=target, start_phase="swap",
                                               swap_plan=swap_plan,
                                               memory_planning=memory_planning,
-                                              **pipeline_options)
+                                              **{**pipeline_options, "cuda_graph": False})
         with target:
             build.executable = tvm.compile(part, target, relax_pipeline=compile_pipeline)
     return build
