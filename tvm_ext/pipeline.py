@@ -305,6 +305,22 @@ def scheduled_module(
                       **pipeline_options)
 
 
+def _run_stages(mod: tvm.IRModule, stages: list[tuple[str, list]], start_phase: str | None,
+                dump_dir: str | None) -> tvm.IRModule:
+    """Run `stages` (from `start_phase` on), writing the module after each to `dump_dir`."""
+    _dump(dump_dir, 0, "input", mod)
+    names = [name for name, _ in stages]
+    if start_phase is not None and start_phase not in names:
+        raise ValueError(f"the tvm_ext pipeline has no phase {start_phase!r}; phases: "
+                         f"{', '.join(names)}")
+    first = names.index(start_phase) if start_phase is not None else 0
+    for i, (name, passes) in enumerate(stages):
+        if i >= first:
+            mod = tvm.transform.Sequential(passes, name=name)(mod)
+            _dump(dump_dir, i + 1, name, mod)
+    return mod
+
+
 @relax.pipeline.register_pipeline("tvm_ext")
 def tvm_ext_pipeline(
     target: tvm.target.Target | str | None = None,
@@ -363,12 +379,14 @@ def tvm_ext_pipeline(
             kernel launches: `tvm_ext.ir.kernel_graphs.graph_coverage`).
     """
 
-    if target is not None and cuda_graph:  # refused before compiling, not inside the pass
-        use_kernel_graphs(
-            tvm.target.Target(target), cuda_graph,
-            swapped=device_memory is not None or swap_plan is not None,
-            partitioned=num_devices is not None or partition_plan is not None,
-            memory_planning=memory_planning, budgeted=bool(budgeted))
+    options = {"memory_planning": memory_planning, "tune_db": tune_db,
+               "device_memory": device_memory, "swap_plan": swap_plan,
+               "swap_options": swap_options, "num_devices": num_devices,
+               "partition_plan": partition_plan, "partition_options": partition_options,
+               "library": library, "fused_attention": fused_attention, "budgeted": budgeted,
+               "cuda_graph": cuda_graph}
+    if target is not None and cuda_graph:
+        phases(tvm.target.Target(target), **options)  # refused before compiling, not in a pass
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_ext_pipeline")
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
@@ -377,24 +395,7 @@ def tvm_ext_pipeline(
             raise ValueError("the tvm_ext pipeline needs a target: pass target= or compile "
                              "with tvm.compile(mod, target, ...)")
         with tgt:
-            _dump(dump_dir, 0, "input", mod)
-            stages = phases(tgt, memory_planning=memory_planning, tune_db=tune_db,
-                            device_memory=device_memory, swap_plan=swap_plan,
-                            swap_options=swap_options, num_devices=num_devices,
-                            partition_plan=partition_plan,
-                            partition_options=partition_options, library=library,
-                            fused_attention=fused_attention, budgeted=budgeted,
-                            cuda_graph=cuda_graph)
-            names = [name for name, _ in stages]
-            if start_phase is not None and start_phase not in names:
-                raise ValueError(f"the tvm_ext pipeline has no phase {start_phase!r}; phases: "
-                                 f"{', '.join(names)}")
-            first = names.index(start_phase) if start_phase is not None else 0
-            for i, (name, passes) in enumerate(stages):
-                if i < first:
-                    continue
-                mod = tvm.transform.Sequential(passes, name=name)(mod)
-                _dump(dump_dir, i + 1, name, mod)
+            mod = _run_stages(mod, phases(tgt, **options), start_phase, dump_dir)
         if on_finalized is not None:
             on_finalized(mod)
         interrupts.enter("codegen")  # what tvm.compile does after the pipeline
