@@ -15,6 +15,8 @@ from tvm import relax
 from tvm_ext import driver, pipeline
 from tvm_ext.errors import InputError
 from tvm_ext.ir.kernel_graphs import BUILTIN, graph_coverage
+from tvm_ext.models import get_model
+from tvm_ext.models.mixed_precision import LossScaler, low_precision_step
 from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
 from tvm_ext.passes import PartitionOperators
 from tvm_ext.pipeline import finalize_passes, kernel_graphs_refusal, run_phases
@@ -105,10 +107,16 @@ def test_replays_compute_what_the_module_does(zoo_cache, llvm):
         assert _stats() == stats
 
 
-def test_optimizer_steps_replay_their_updates(zoo_cache, llvm):
-    """An AdamW step in place: parameters and state after three steps are those of the build
-    without graphs, bit for bit."""
-    step = make_optimizer_step(zoo_cache("gpt", True), Optimizer("adamw"))
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_optimizer_steps_replay_their_updates(dtype, llvm):
+    """An AdamW step in place (mixed precision in bf16; in fp16 with dynamic loss scaling, its
+    scale and skip decisions on the device): parameters and state after three steps are those
+    of the build without graphs, bit for bit."""
+    step = get_model("gpt", "tiny", training=True, loss_scale=dtype == "fp16")
+    if dtype != "fp32":
+        step = low_precision_step(step, dtype)
+    step = make_optimizer_step(step, Optimizer("adamw"),
+                               LossScaler() if dtype == "fp16" else None)
     dev = tvm.cpu()
     sessions = [driver.TrainingSession(build, step, dev, seed=0)
                 for build in (_with_graphs(step, llvm), driver.build(step, llvm))]
