@@ -178,7 +178,12 @@ def swap_entry(writer: SuiteWriter, cfg: SuiteConfig, target, hardware: str, log
     prob_path, prob_rel = writer.path(f"swap/{label}.problem.json")
     with open(prob_path, "w") as f:
         json.dump({"problem": problem.to_dict(), "op_kernels": op_kernels(graph)}, f)
+    graphs = None
+    if target.kind.name == "cuda":  # the unswapped step as deployed: its kernels in graphs
+        path, graphs = writer.path(f"swap/{label}-graphs.so")
+        export(build(model, target, library=cfg.library), path)
     return {"model": label, "seed": seed, "repeat": cfg.swap_repeat, "unswapped": unswapped,
+            "graphs": graphs,
             "arguments": [_spec(s) for s in model.specs], "problem": prob_rel,
             "budgets": budgets, "constants_bytes": int(graph.bytes_of_kind("constant")),
             "no_swap_peak": int(problem.no_swap_peak()), "kernels": _kernels(model, target,

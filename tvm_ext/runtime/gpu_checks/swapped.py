@@ -30,6 +30,7 @@ from ...errors import CheckError, InputError
 from .. import swap_streams
 from ..call_profile import profile_calls
 from ..exported import load
+from ..kernel_graphs import graph_stats, reset_graph_stats
 from ..kernel_timing import kernel_arguments, time_kernel
 from ..random_arrays import sample_all
 from ..vm_run import compare, run
@@ -71,10 +72,25 @@ def time_kernels(suite: SuiteRun, spec: dict) -> dict:
     if suite.unswapped is not None:
         data["unswapped_iteration_ms"] = suite.unswapped.median_ms
         data["in_sequence"] = _in_sequence(suite, module)
+        if spec.get("graphs"):
+            data["with_graphs"] = _with_graphs(suite, spec)
     if missing:
         raise Failed(f"{len(missing)} kernels are not in the exported module: {missing[:5]}",
                      data)
     return data
+
+
+def _with_graphs(suite: SuiteRun, spec: dict) -> dict:
+    """The unswapped step built as a deployment is (no budget: each run of its kernels one CUDA
+    graph) beside the twin the budgets are compared with (one launch per kernel); its outputs
+    differ from the twin's by how an attention without a budget is fused."""
+    reset_graph_stats()
+    result = run(suite.module(spec["graphs"]), suite.swap_arguments, suite.device,
+                 repeat=spec["repeat"], time_with=TIME_WITH)
+    diff = max(float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+               for a, b in zip(result.outputs, suite.unswapped.outputs, strict=True))
+    return {"iteration_ms": result.median_ms, "max_abs_diff_from_twin": diff,
+            "vs_twin": result.median_ms / suite.unswapped.median_ms, **graph_stats()}
 
 
 def _in_sequence(suite: SuiteRun, module) -> dict:
