@@ -56,7 +56,9 @@ def _hoist_static_storage(func: relax.Function) -> relax.Function:
     for block in func.body.blocks:
         first = [b for b in block.bindings if static(b)]
         rest = [b for b in block.bindings if not static(b)]
-        blocks.append(relax.BindingBlock(first + rest))
+        kind = relax.DataflowBlock if isinstance(block, relax.DataflowBlock) else \
+            relax.BindingBlock
+        blocks.append(kind(first + rest))
     body = relax.SeqExpr(blocks, func.body.body)
     return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
 
