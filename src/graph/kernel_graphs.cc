@@ -152,18 +152,25 @@ void Check(const CudaDriver& d, CudaDriver::CUresult r, const char* what) {
 /*!
  * \brief Runs `func` on a fresh stream under capture (TVM's current stream of the device
  * while it runs) and returns the instantiated graph; on failure, the capture is ended, the
- * stream restored, and the error message returned in `why` (exec nullptr).
+ * stream restored, and the reason returned in `why` (exec nullptr).
  */
 void* Capture(const CudaDriver& d, VirtualMachine* vm, const ffi::ObjectRef& func,
               const ffi::Array<ffi::Any>& args, ffi::Any* rv, std::string* why) {
+  // Nothing here throws: the region has run once already (an optimizer step's update
+  // included), so a failure leaves it without a graph rather than failing the call.
   int device = 0;
-  Check(d, d.CtxGetDevice(&device), "cuCtxGetDevice");
   CudaDriver::CUstream stream = nullptr;
-  Check(d, d.StreamCreate(&stream, 0), "cuStreamCreate");
+  CudaDriver::CUresult r = d.CtxGetDevice(&device);
+  if (r == CudaDriver::kSuccess) r = d.StreamCreate(&stream, 0);
+  if (r != CudaDriver::kSuccess) {
+    *why = "no capture stream: " + d.Describe(r);
+    return nullptr;
+  }
   TVMFFIStreamHandle previous = nullptr;
   if (TVMFFIEnvSetStream(kDLCUDA, device, stream, &previous) != 0) {
     d.StreamDestroy(stream);
-    TVM_FFI_THROW(RuntimeError) << "tvm_ext.cuda_graph: cannot set the capture stream";
+    *why = "cannot make the capture stream TVM's current one";
+    return nullptr;
   }
   CudaDriver::CUgraph graph = nullptr;
   CudaDriver::CUresult began = d.StreamBeginCapture(stream, CudaDriver::kCaptureModeGlobal);
@@ -184,7 +191,7 @@ void* Capture(const CudaDriver& d, VirtualMachine* vm, const ffi::ObjectRef& fun
   d.StreamDestroy(stream);
   void* exec = nullptr;
   if (why->empty()) {
-    CudaDriver::CUresult r = d.GraphInstantiate(&exec, graph, 0);
+    r = d.GraphInstantiate(&exec, graph, 0);
     if (r != CudaDriver::kSuccess) *why = "instantiate: " + d.Describe(r), exec = nullptr;
   }
   if (graph != nullptr) d.GraphDestroy(graph);
