@@ -26,6 +26,7 @@
 
 #include "blas/cublas_library.h"
 #include "blas/gemm_layout.h"
+#include "cuda/cuda_driver.h"
 
 namespace tvm_ext {
 namespace blas {
@@ -34,25 +35,6 @@ namespace {
 namespace cb = cublas;
 
 constexpr int64_t kMaxBatchCount = 65535;  // per call, as older cuBLAS required
-
-// CUDA_MEMCPY2D (cuda.h), for the gathers of operands with no contiguous matrix axis.
-struct Memcpy2D {
-  size_t src_x_bytes = 0, src_y = 0;
-  int src_memory_type = 0;
-  const void* src_host = nullptr;
-  uint64_t src_device = 0;
-  void* src_array = nullptr;
-  size_t src_pitch = 0;
-  size_t dst_x_bytes = 0, dst_y = 0;
-  int dst_memory_type = 0;
-  void* dst_host = nullptr;
-  uint64_t dst_device = 0;
-  void* dst_array = nullptr;
-  size_t dst_pitch = 0;
-  size_t width_bytes = 0, height = 0;
-};
-static_assert(sizeof(Memcpy2D) == 128, "CUDA_MEMCPY2D layout");
-constexpr int kMemoryTypeDevice = 2;  // CU_MEMORYTYPE_DEVICE
 
 struct Types {
   int a, b, c, compute;
@@ -92,27 +74,28 @@ struct Plan {
 };
 
 // `count` elements at element stride src_stride -> at dst_stride (device to device, async).
-void Copy(const cb::Api& lib, cb::Stream s, const char* src, int64_t src_stride, char* dst,
-          int64_t dst_stride, int64_t count, size_t esize) {
-  if (lib.memcpy_2d_async == nullptr) {
+void Copy(cb::Stream s, const char* src, int64_t src_stride, char* dst, int64_t dst_stride,
+          int64_t count, size_t esize) {
+  const CudaDriver* cu = CudaDriver::Get();
+  if (cu == nullptr || cu->Memcpy2DAsync == nullptr) {
     TVM_FFI_THROW(RuntimeError) << "tvm_ext.cublas.gemm: the CUDA driver is not loaded";
   }
-  Memcpy2D c;
-  c.src_memory_type = c.dst_memory_type = kMemoryTypeDevice;
-  c.src_device = reinterpret_cast<uint64_t>(src), c.src_pitch = src_stride * esize;
-  c.dst_device = reinterpret_cast<uint64_t>(dst), c.dst_pitch = dst_stride * esize;
-  c.width_bytes = esize, c.height = count;
-  cb::CheckDriver(lib.memcpy_2d_async(&c, s), "cuMemcpy2DAsync");
+  CudaDriver::Memcpy2D c{};  // for the gathers of operands with no contiguous matrix axis
+  c.srcMemoryType = c.dstMemoryType = CudaDriver::kMemoryTypeDevice;
+  c.srcDevice = reinterpret_cast<uint64_t>(src), c.srcPitch = src_stride * esize;
+  c.dstDevice = reinterpret_cast<uint64_t>(dst), c.dstPitch = dst_stride * esize;
+  c.WidthInBytes = esize, c.Height = count;
+  cb::CheckDriver(cu->Memcpy2DAsync(&c, s), "cuMemcpy2DAsync");
 }
 
 // A (rows x cols) matrix at (row, col) element strides <-> compact row-major `packed`.
-void Repack(const cb::Api& lib, cb::Stream s, char* strided, int64_t row, int64_t col,
-            int64_t rows, int64_t cols, size_t esize, char* packed, bool gather) {
+void Repack(cb::Stream s, char* strided, int64_t row, int64_t col, int64_t rows, int64_t cols,
+            size_t esize, char* packed, bool gather) {
   auto one = [&](char* x, char* p, int64_t count) {
     if (gather) {
-      Copy(lib, s, x, col, p, 1, count, esize);
+      Copy(s, x, col, p, 1, count, esize);
     } else {
-      Copy(lib, s, p, 1, x, col, count, esize);
+      Copy(s, p, 1, x, col, count, esize);
     }
   };
   if (row == col * cols) {  // the rows follow each other: one sequence
@@ -191,10 +174,10 @@ void Packed(const Call& call, const GemmLayout& g, const Types& ty, DLDevice dev
     char* a = g.a.base() + oa * ty.ea;
     char* b = g.b.base() + ob * ty.eb;
     char* c = g.c.base() + oc * ty.ec;
-    if (p.pack_a) Repack(*call.lib, s, a, g.a.row, g.a.col, g.m, g.k, ty.ea, pa, true), a = pa;
-    if (p.pack_b) Repack(*call.lib, s, b, g.b.row, g.b.col, g.k, g.n, ty.eb, pb, true), b = pb;
+    if (p.pack_a) Repack(s, a, g.a.row, g.a.col, g.m, g.k, ty.ea, pa, true), a = pa;
+    if (p.pack_b) Repack(s, b, g.b.row, g.b.col, g.k, g.n, ty.eb, pb, true), b = pb;
     call.Run(a, 0, b, 0, p.pack_c ? pc : c, 0, 1);
-    if (p.pack_c) Repack(*call.lib, s, c, g.c.row, g.c.col, g.m, g.n, ty.ec, pc, false);
+    if (p.pack_c) Repack(s, c, g.c.row, g.c.col, g.m, g.n, ty.ec, pc, false);
   }
   device_api->FreeWorkspace(dev, scratch);
 }
@@ -233,13 +216,14 @@ void CublasGemm(tvm::ffi::PackedArgs args) {
   cb::Stream stream = TVMFFIEnvGetStream(kDLCUDA, dev.device_id);
   cb::Handle h = cb::HandleLocked(dev, stream);
   if (g.k == 0) {  // an empty sum: C = 0 (C is compact and every element of it is an output)
-    if (lib.memset_d8_async == nullptr) {
+    const CudaDriver* cu = CudaDriver::Get();
+    if (cu == nullptr || cu->MemsetD8Async == nullptr) {
       TVM_FFI_THROW(RuntimeError) << api << ": the CUDA driver is not loaded";
     }
     size_t bytes = ty.ec;
     for (int i = 0; i < g.c.t->ndim; ++i) bytes *= g.c.t->shape[i];
-    cb::CheckDriver(lib.memset_d8_async(reinterpret_cast<uint64_t>(g.c.base()), 0, bytes,
-                                        stream), "cuMemsetD8Async");
+    cb::CheckDriver(cu->MemsetD8Async(reinterpret_cast<uint64_t>(g.c.base()), 0, bytes,
+                                      stream), "cuMemsetD8Async");
     return;
   }
   Call call{&lib, h, &ty, &g, &p};

@@ -10,6 +10,8 @@
 #include <sstream>
 #include <vector>
 
+#include "cuda/cuda_driver.h"
+
 namespace tvm_ext {
 namespace blas {
 namespace cublas {
@@ -88,43 +90,35 @@ Api* TryLoad(const std::string& path, std::ostringstream* tried) {
     delete api;
     return nullptr;
   }
-  // The driver TVM's CUDA runtime has loaded; missing only when no CUDA tensor can exist.
-  void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (driver == nullptr) driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (driver != nullptr) {
-    Bind(driver, "cuMemsetD8Async", &api->memset_d8_async);
-    Bind(driver, "cuMemcpy2DAsync_v2", &api->memcpy_2d_async);
-    Bind(driver, "cuStreamIsCapturing", &api->stream_is_capturing);
-    Bind(driver, "cuThreadExchangeStreamCaptureMode", &api->exchange_capture_mode);
-  }
   return api;
 }
 
 // The workspace key of every stream under capture (no stream has this handle).
 const Stream kCaptureKey = reinterpret_cast<Stream>(~uintptr_t(0));
 
-bool Capturing(const Api& api, Stream stream) {
-  int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE; 1: active
-  return stream != nullptr && api.stream_is_capturing != nullptr &&
-         api.stream_is_capturing(stream, &status) == 0 && status == 1;
+bool Capturing(const CudaDriver* cu, Stream stream) {
+  int status = 0;
+  return stream != nullptr && cu != nullptr && cu->StreamIsCapturing != nullptr &&
+         cu->StreamIsCapturing(stream, &status) == CudaDriver::kSuccess &&
+         status == CudaDriver::kCaptureActive;
 }
 
-// This thread in relaxed capture mode while it lives (api nullptr: nothing to do).
+// This thread in relaxed capture mode while it lives (cu nullptr: nothing to do).
 class RelaxedCapture {
  public:
-  explicit RelaxedCapture(const Api* api)
-      : api_(api != nullptr && api->exchange_capture_mode != nullptr ? api : nullptr) {
-    if (api_ != nullptr) api_->exchange_capture_mode(&mode_);
+  explicit RelaxedCapture(const CudaDriver* cu)
+      : cu_(cu != nullptr && cu->ThreadExchangeStreamCaptureMode != nullptr ? cu : nullptr) {
+    if (cu_ != nullptr) cu_->ThreadExchangeStreamCaptureMode(&mode_);
   }
   ~RelaxedCapture() {
-    if (api_ != nullptr) api_->exchange_capture_mode(&mode_);
+    if (cu_ != nullptr) cu_->ThreadExchangeStreamCaptureMode(&mode_);
   }
   RelaxedCapture(const RelaxedCapture&) = delete;
   RelaxedCapture& operator=(const RelaxedCapture&) = delete;
 
  private:
-  const Api* api_;
-  int mode_ = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED; the previous mode while relaxed
+  const CudaDriver* cu_;
+  int mode_ = CudaDriver::kCaptureModeRelaxed;  // the previous mode while relaxed
 };
 
 }  // namespace
@@ -192,10 +186,11 @@ Handle HandleLocked(DLDevice dev, Stream stream) {
   if (st.handle == nullptr) Check(api.create(&st.handle), "cublasCreate");
   if (!st.bound || st.stream != stream) {
     Check(api.set_stream(st.handle, stream), "cublasSetStream");
-    bool capturing = Capturing(api, stream);
+    const CudaDriver* cu = CudaDriver::Get();
+    bool capturing = Capturing(cu, stream);
     void*& ws = st.workspace[capturing ? kCaptureKey : stream];
     if (ws == nullptr) {
-      RelaxedCapture relaxed(capturing ? &api : nullptr);
+      RelaxedCapture relaxed(capturing ? cu : nullptr);
       ws = device_api->AllocDataSpace(dev, kWorkspaceBytes, 256, DLDataType{kDLUInt, 8, 1});
     }
     Check(api.set_workspace(st.handle, ws, kWorkspaceBytes), "cublasSetWorkspace");

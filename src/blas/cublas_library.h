@@ -1,7 +1,8 @@
 /*
- * cuBLAS and the few CUDA driver calls `tvm_ext.cublas.gemm` needs, resolved at run time
- * (dlopen), so that the runtime library builds without CUDA headers and loads on machines
- * without CUDA; a dispatched kernel run where libcublas is missing raises a one-line error.
+ * cuBLAS, resolved at run time (dlopen; the few CUDA driver calls `tvm_ext.cublas.gemm`
+ * needs come from cuda/cuda_driver.h), so that the runtime library builds without CUDA
+ * headers and loads on machines without CUDA; a dispatched kernel run where libcublas is
+ * missing raises a one-line error.
  * The declarations are written out here with their ABI values (checked against cuBLAS 13.1's
  * cublas_api.h and CUDA 13's library_types.h / cuda.h): they are stable C ABI since CUDA 11.
  *
@@ -58,12 +59,6 @@ struct Api {
                  long long stride_c, int batch_count, int compute_type,  // NOLINT(runtime/int)
                  int algo) = nullptr;
   const char* (*status_name)(Status) = nullptr;  // optional
-  // CUDA driver (libcuda.so.1, loaded by TVM's CUDA runtime whenever a CUDA tensor exists).
-  int (*memset_d8_async)(uint64_t ptr, unsigned char value, size_t bytes, Stream) = nullptr;
-  int (*memcpy_2d_async)(const void* copy, Stream) = nullptr;  // CUDA_MEMCPY2D*
-  // A stream under graph capture (graph/kernel_graphs.cc) gets the capture workspace.
-  int (*stream_is_capturing)(Stream, int* status) = nullptr;
-  int (*exchange_capture_mode)(int* mode) = nullptr;
 };
 
 // Guards the loaded state and the handles: a GEMM is enqueued under it (a handle is bound to

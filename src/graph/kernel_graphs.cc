@@ -51,7 +51,7 @@
 #include <utility>
 #include <vector>
 
-#include "swap/cuda_driver.h"
+#include "cuda/cuda_driver.h"
 
 namespace tvm_ext {
 namespace graph {

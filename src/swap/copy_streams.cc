@@ -95,7 +95,7 @@
 #include <sys/prctl.h>
 #endif
 
-#include "swap/cuda_driver.h"
+#include "cuda/cuda_driver.h"
 #include "swap/link_emulation.h"
 #include "swap/trace.h"
 #include "swap/worker_cpus.h"

@@ -1,15 +1,16 @@
 /*!
- * \file swap/cuda_driver.h
- * \brief The few CUDA driver entry points the copy streams (streams, events) and the kernel
- * graphs (capture, launch) need, resolved at run time from libcuda.so.1, so that the runtime
- * library builds and loads without CUDA.
+ * \file cuda/cuda_driver.h
+ * \brief The few CUDA driver entry points the copy streams (streams, events), the kernel
+ * graphs (capture, launch) and the cuBLAS calls (memset, strided copies, capture status) need,
+ * resolved at run time from libcuda.so.1, so that the runtime library builds and loads without
+ * CUDA.
  *
  * cudaStream_t / cudaEvent_t are the driver's CUstream / CUevent, so handles mix freely with
  * those of TVM's CUDA runtime. The driver is used only for devices of type kDLCUDA, which cannot
  * exist unless the real driver is loaded.
  */
-#ifndef TVM_EXT_SWAP_CUDA_DRIVER_H_
-#define TVM_EXT_SWAP_CUDA_DRIVER_H_
+#ifndef TVM_EXT_CUDA_CUDA_DRIVER_H_
+#define TVM_EXT_CUDA_CUDA_DRIVER_H_
 
 #include <dlfcn.h>
 
@@ -26,6 +27,7 @@ struct CudaDriver {
   static constexpr CUresult kNotReady = 600;
   static constexpr unsigned kStreamNonBlocking = 0x1;
   static constexpr unsigned kEventDisableTiming = 0x2;
+  static constexpr int kMemoryTypeDevice = 2;   // CU_MEMORYTYPE_DEVICE
   static constexpr int kMemoryTypeUnified = 4;  // CU_MEMORYTYPE_UNIFIED: the driver finds out
 
   /*! \brief CUDA_MEMCPY2D (cuda.h), field for field. */
@@ -44,6 +46,7 @@ struct CudaDriver {
     size_t dstPitch;
     size_t WidthInBytes, Height;
   };
+  static_assert(sizeof(Memcpy2D) == 128, "CUDA_MEMCPY2D layout");
 
   CUresult (*StreamCreate)(CUstream*, unsigned) = nullptr;
   CUresult (*EventCreate)(CUevent*, unsigned) = nullptr;
@@ -54,6 +57,14 @@ struct CudaDriver {
   CUresult (*GetErrorString)(CUresult, const char**) = nullptr;
   // Optional: strided chunk copies in one call (else row by row through TVM's DeviceAPI).
   CUresult (*Memcpy2DAsync)(const Memcpy2D*, CUstream) = nullptr;
+  // Optional (blas/cublas_gemm.cc): an empty product's zeroed output.
+  CUresult (*MemsetD8Async)(unsigned long long, unsigned char, size_t,  // NOLINT(runtime/int)
+                            CUstream) = nullptr;
+  // Optional (blas/cublas_library.cc): whether a stream is under capture (status 1: active),
+  // and this thread's capture mode exchanged (2: relaxed).
+  static constexpr int kCaptureActive = 1, kCaptureModeRelaxed = 2;
+  CUresult (*StreamIsCapturing)(CUstream, int* status) = nullptr;
+  CUresult (*ThreadExchangeStreamCaptureMode)(int* mode) = nullptr;
 
   // Graphs (graph/kernel_graphs.cc); all bound or `HasGraphs()` is false.
   using CUgraph = void*;
@@ -100,6 +111,9 @@ struct CudaDriver {
               Bind(lib, "cuStreamWaitEvent", &d->StreamWaitEvent);
     Bind(lib, "cuGetErrorString", &d->GetErrorString);
     Bind(lib, "cuMemcpy2DAsync_v2", &d->Memcpy2DAsync);
+    Bind(lib, "cuMemsetD8Async", &d->MemsetD8Async);
+    Bind(lib, "cuStreamIsCapturing", &d->StreamIsCapturing);
+    Bind(lib, "cuThreadExchangeStreamCaptureMode", &d->ThreadExchangeStreamCaptureMode);
     Bind(lib, "cuStreamDestroy_v2", &d->StreamDestroy);
     Bind(lib, "cuStreamBeginCapture_v2", &d->StreamBeginCapture);
     Bind(lib, "cuStreamEndCapture", &d->StreamEndCapture);
@@ -123,4 +137,4 @@ struct CudaDriver {
 
 }  // namespace tvm_ext
 
-#endif  // TVM_EXT_SWAP_CUDA_DRIVER_H_
+#endif  // TVM_EXT_CUDA_CUDA_DRIVER_H_
