@@ -14,11 +14,11 @@ bounds it. Blocks that call a vendor library (cuBLAS launches its own kernels) a
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import tvm
 from tvm import s_tir, tirx
 
+from tvm_ext.ir.kernel_cost import largest_extent
 from tvm_ext.ir.pass_records import LIBRARY_BLOCK_PREFIX
 
 
@@ -43,7 +43,7 @@ def serial_iterations(func: tirx.PrimFunc, name: str = "") -> ThreadWork:
             if stmt.kind in (tirx.ForKind.THREAD_BINDING, tirx.ForKind.VECTORIZED):
                 visit(stmt.body, count, block, loops)
                 return
-            visit(stmt.body, count * _largest(analyzer, stmt.extent), block,
+            visit(stmt.body, count * largest_extent(analyzer, stmt.extent), block,
                   (*loops, str(stmt.loop_var)))
             return
         if isinstance(stmt, tirx.LetStmt | tirx.Bind):
@@ -65,13 +65,6 @@ def serial_iterations(func: tirx.PrimFunc, name: str = "") -> ThreadWork:
 
     visit(func.body, 1, "", ())
     return best
-
-
-def _largest(analyzer, extent) -> float:
-    if isinstance(extent, tirx.IntImm):
-        return int(extent.value)
-    bound = analyzer.const_int_bound(extent).max_value
-    return math.inf if bound >= 2**62 else bound
 
 
 def _children(stmt) -> list:

@@ -12,6 +12,7 @@ Scratch: buffers a fused kernel allocates for its intermediate stages.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import tvm
@@ -132,12 +133,21 @@ def _block_iterations(block: SBlock, guards: list, loops: dict) -> float:
     if share is None:
         analyzer = tvm.sym.Analyzer()
         for extent in variable:
-            bound = analyzer.const_int_bound(extent).max_value
-            if bound >= 2**62:
+            bound = largest_extent(analyzer, extent)
+            if bound == math.inf:
                 raise ValueError(f"block {block.name_hint}: its extent {extent} is unbounded")
             size *= bound
         return float(size)
     return size * share
+
+
+def largest_extent(analyzer, extent) -> float:
+    """The largest value a loop or block extent can take (`const_int_bound`, through what
+    `analyzer` knows of the variables it reads); math.inf where nothing bounds it."""
+    if isinstance(extent, pe.IntImm):
+        return int(extent.value)
+    bound = analyzer.const_int_bound(extent).max_value
+    return math.inf if bound >= 2**62 else bound
 
 
 def _guarded_blocks(stmt, loops: dict, guards: list, out: list) -> None:
