@@ -5,6 +5,7 @@ from .capture_kernel_graphs import CaptureKernelGraphs
 from .dispatch_library import DispatchLibraryKernels
 from .drop_unread_kernel_inputs import DropUnreadKernelInputs
 from .fuse_attention import FuseAttention
+from .group_accumulations import GroupAccumulations
 from .partition_operators import PartitionError, PartitionOperators
 from .return_loss_only import ReturnLossOnly
 from .swap_offload import SwapOffload, SwapOffloadError
@@ -16,6 +17,7 @@ __all__ = [
     "DispatchLibraryKernels",
     "DropUnreadKernelInputs",
     "FuseAttention",
+    "GroupAccumulations",
     "PartitionError",
     "PartitionOperators",
     "ReturnLossOnly",

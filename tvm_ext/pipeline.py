@@ -7,7 +7,9 @@ Phases, in order (each a list of passes, so a caller can rebuild the pipeline fr
                               fused kernel and its backward two (not with a partition,
                               whose analysis reads the unfused operators; an attention
                               whose backward stays unfused only under a device budget).
-2. `legalize_passes`          LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR,
+2. `legalize_passes`          LegalizeOps, AnnotateTIROpPattern, FoldConstant,
+                              GroupAccumulations (each product of a sum of products
+                              fused with its add), FuseOps, FuseTIR,
                               BroadcastConstants (constants at their distinct extent),
                               DropUnreadKernelInputs (arguments a kernel never reads):
                               `fuse` adds RewriteDataflowReshape: the module the graph
@@ -59,6 +61,7 @@ from tvm_ext.passes import (
     DispatchLibraryKernels,
     DropUnreadKernelInputs,
     FuseAttention,
+    GroupAccumulations,
     PartitionOperators,
     ReturnLossOnly,
     SwapOffload,
@@ -94,6 +97,7 @@ def legalize_passes(target: tvm.target.Target) -> list:
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
+        GroupAccumulations(),
         relax.transform.FuseOps(),
         relax.transform.FuseTIR(),
         BroadcastConstants(),

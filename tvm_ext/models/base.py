@@ -20,6 +20,7 @@ from tvm import relax
 
 from ..runtime import random_arrays
 from . import dropout, gradients
+from .chunked_loss import chunk_logits_loss, interleave_chunks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,10 +285,12 @@ def make_training_step(
     scale_spec = [TensorSpec("loss_scale", (), "float32", init="ones")] if loss_scale else []
     mod = _decompose_for_training(_loss_module(model, fwd, loss, label_spec, out_shape,
                                                scale_spec))
+    if loss == "cross_entropy" and not scale_spec:
+        mod["main"] = chunk_logits_loss(mod["main"])  # large logits: head and loss in chunks
     num_input = model.num_input + 1 + len(scale_spec)  # the labels follow the inputs
     wrt = _params_to_differentiate(model.name, mod["main"], num_input, trainable)
     mod = _differentiate(model.name, mod, wrt)
-    step = _flatten_return(mod["main_adjoint"])
+    step = interleave_chunks(_flatten_return(mod["main_adjoint"]))
     step = step.with_attr("global_symbol", "main").with_attr("num_input", num_input)
     grad_names = [v.name for v in wrt]
     config = dict(model.config, loss=loss, gradients=grad_names,
