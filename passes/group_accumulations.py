@@ -44,8 +44,8 @@ class GroupAccumulations:
         builder = relax.BlockBuilder(mod)
         changed = False
         for gv, func in list(mod.functions_items()):
-            if not isinstance(func, relax.Function) or (func.attrs is not None and \
-                    "Primitive" in func.attrs):
+            if not isinstance(func, relax.Function) or (
+                    func.attrs is not None and "Primitive" in func.attrs):
                 continue
             new = _group(builder, func, patterns)
             if new is not None:

@@ -10,6 +10,7 @@ import tvm
 
 from tvm_ext import driver
 from tvm_ext.models import base, chunked_loss, get_model, make_training_step
+from tvm_ext.models.mixed_precision import low_precision_step
 
 LOGITS_BYTES = 2 * 16 * 64 * 4  # the zoo gpt `tiny`: batch 2 x 16 tokens, vocabulary 64
 
@@ -82,3 +83,15 @@ def test_each_chunk_is_made_where_its_gradient_is(steps, monkeypatch):
     assert spans(chunked) == (5, 2)
     longest, live = spans(as_differentiated)
     assert longest > 20 and live == 5
+
+
+def test_a_low_precision_head_casts_its_weight_once(steps):
+    """bf16: the chunks' products read one bfloat16 copy of the head's weight (one for the
+    logits, one for the rows' gradient), not one a chunk; the loss is the unchunked bf16
+    step's within bfloat16 rounding."""
+    plain, chunked = (low_precision_step(s, "bf16") for s in steps)
+    script = chunked.mod["main"].script()
+    assert script.count("R.astype(head_weight") == 1
+    assert script.count("R.astype(permute_dims22") == 1  # transposed, as the logits read it
+    args = plain.random_arguments(0)
+    np.testing.assert_allclose(_outputs(chunked, args)[0], _outputs(plain, args)[0], rtol=1e-2)

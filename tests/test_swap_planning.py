@@ -38,7 +38,7 @@ CASES = {
                      ("driver", "pass")),
     "mlp-tiny-cpu-reserved": ("mlp-tiny", 6144, "cpu", "swapadvisor", 2, 1024, ("driver",)),
     "mlp-small-train-25%-lru": ("mlp-small-train", "25%", "h100", "lru", 0, 0, ("driver",)),
-    "gpt-tiny-train-25%": ("gpt-tiny-train", "25%", "h100", "swapadvisor", 4, 0, ("driver",)),
+    "gpt-tiny-train-25%": ("gpt-tiny-train", "25%", "h100", "swapadvisor", 2, 0, ("driver",)),
     "gpt-tiny-train-min-checkpoint": ("gpt-tiny-train", "min", "cpu", "checkpoint", 0, 0,
                                       ("pass",)),
     "mlp-adamw-min": ("mlp-adamw", "min", "h100", "swapadvisor", 0, 0, ("driver",)),

@@ -121,6 +121,15 @@ _CHUNK_NAME = re.compile(rf"^{CHUNK}(\d+)_(rows|logits|logp|labels|loss|part)$")
 _SUM_NAME = re.compile(rf"^{SUM}_(parts|total|mean)$")
 
 
+_HEAD_PRODUCT = re.compile(rf"^{CHUNK}\d+_(logits|rows_adjoint)$")
+
+
+def reads_head(name: str) -> bool:
+    """Whether the binding `name` is a chunk's product with the head's weight (its logits, or
+    its rows' gradient): a cast of that weight made for one chunk serves them all."""
+    return _HEAD_PRODUCT.match(name) is not None
+
+
 def _interleaved(block: relax.DataflowBlock) -> relax.DataflowBlock | None:
     """`block` with each chunk's bindings, and each tensor made from nothing (the zeros a
     gradient of the split rows starts from), moved to right before their first reader (the

@@ -27,6 +27,7 @@ from tvm import relax
 
 from ..errors import InputError
 from .base import Model
+from .chunked_loss import reads_head
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 GEMM_OPS = ("relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d",
@@ -76,6 +77,8 @@ class _LowPrecisionGemms(relax.expr_functor.PyExprMutator):
         self.mod_, self.dtype = mod, dtype
         self.ops = {tvm.ir.Op.get(name) for name in GEMM_OPS}
         self.count = 0
+        self.binding = ""  # the name of the binding being rewritten
+        self.head_casts: dict = {}  # operand -> its cast, shared by a head's chunks
 
     def transform(self) -> tvm.IRModule:
         for gv, func in self.mod_.functions_items():
@@ -95,8 +98,24 @@ class _LowPrecisionGemms(relax.expr_functor.PyExprMutator):
                    for a in operands):
             return call
         self.count += 1
-        cast = [self.builder_.emit(relax.op.astype(a, self.dtype)) for a in operands]
-        return float32_out(call, *cast)
+        return float32_out(call, *[self._cast(a) for a in operands])
+
+    def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.DataflowBlock:
+        self.head_casts = {}  # (a cast is a value of its own block)
+        return super().visit_dataflow_block_(block)
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        self.binding = binding.var.name
+        super().visit_var_binding_(binding)
+
+    def _cast(self, operand: relax.Expr) -> relax.Expr:
+        """`operand` in `dtype`; the head's weight cast once for all the chunks of a loss in
+        chunks (tvm_ext.models.chunked_loss), not once a chunk."""
+        if not (isinstance(operand, relax.Var) and reads_head(self.binding)):
+            return self.builder_.emit(relax.op.astype(operand, self.dtype))
+        if operand not in self.head_casts:
+            self.head_casts[operand] = self.builder_.emit(relax.op.astype(operand, self.dtype))
+        return self.head_casts[operand]
 
 
 def float32_out(call: relax.Call, data: relax.Expr, weight: relax.Expr) -> relax.Expr:
