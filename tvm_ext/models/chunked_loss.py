@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 
 import tvm
-import tvm_ffi
 from tvm import relax
 
 # A chunk's logits at most this many bytes (the float32 logits of 512 tokens of a 128k vocab).
@@ -187,9 +186,7 @@ def _is_fill(binding) -> bool:
 
 
 def _read(binding) -> list:
-    found: list = []
-    tvm_ffi.structural_walk(binding.value, [(relax.Var, found.append)])
-    return found
+    return list(relax.analysis.free_vars(binding.value))
 
 
 def _chunks(rows: int, nbytes: int, max_bytes: int) -> int:
