@@ -5,8 +5,12 @@ the kernel, by a block that calls the runtime library (`T.call_packed` on the bu
 
 * on CPU targets `tvm_ext.blas.gemm` and `tvm_ext.blas.conv2d` (OpenBLAS, loaded at run time;
   a conv1d is a conv2d of unit height);
-* on CUDA `tvm_ext.cublas.gemm` (cuBLAS, loaded at run time), convolutions too: a loop nest
-  gathers the column matrix (im2col), one batched GEMM multiplies it (`tvm_ext.ir.conv_as_gemm`).
+* on CUDA `tvm_ext.cublas.gemm` (cuBLAS, loaded at run time), and `tvm_ext.cudnn.conv2d`
+  (cuDNN, loaded at run time; the arguments of `tvm_ext.blas.conv2d`) for a convolution whose
+  operands share a dtype and whose windows stay within its data (cuDNN pads symmetrically;
+  the padding is a loop nest of the kernel before the call). Other convolutions, and all of
+  them with `cudnn=False`, are a GEMM too: a loop nest gathers the column matrix (im2col),
+  one batched GEMM multiplies it (`tvm_ext.ir.conv_as_gemm`).
 
 The kernel keeps its signature and its other loop nests (a bias add, an activation, the padding
 before a convolution), which the schedule phase schedules as usual. So nothing before the
@@ -41,18 +45,45 @@ from tvm_ext.runtime import blas
 
 _FLOAT = ("float32", "float64")
 _GPU_INPUTS = ("float32", "float16", "bfloat16")
+CUDNN_CONV = "tvm_ext.cudnn.conv2d"
 
 
-def packed_function(call: LibraryCall, target: tvm.target.Target) -> str | None:
+def packed_function(call: LibraryCall, target: tvm.target.Target,
+                    cudnn: bool = True) -> str | None:
     """The runtime library function that computes `call` on `target` (None: none does)."""
     a, b, c = call.dtypes
     if is_cpu(target):
         if a == b == c and a in _FLOAT:
             return "tvm_ext.blas.gemm" if call.kind == "gemm" else "tvm_ext.blas.conv2d"
         return None
-    if target.kind.name == "cuda" and a == b and a in _GPU_INPUTS and c in ("float32", a):
-        return "tvm_ext.cublas.gemm"  # a convolution as a GEMM over its column matrix
-    return None
+    if target.kind.name != "cuda" or a != b or a not in _GPU_INPUTS or c not in ("float32", a):
+        return None
+    if cudnn and call.kind != "gemm" and c == a and _windows_within_data(call):
+        return CUDNN_CONV
+    return "tvm_ext.cublas.gemm"  # a convolution as a GEMM over its column matrix
+
+
+def _windows_within_data(call: LibraryCall) -> bool:
+    """Whether every window of the convolution `call` reads inside its data (static shapes):
+    it reads no zeros past the data's far edge, which cuDNN's symmetric padding cannot give."""
+    if len(call.conv) != 5 or len(call.conv_axes) != 3:
+        return False
+    sh, sw, dh, dw, _ = call.conv
+
+    def extents(operand: int, shape) -> list[int] | None:
+        shape = list(shape) + ([1] if call.kind == "conv1d" else [])
+        if not all(isinstance(e, (int, tirx.IntImm)) for e in shape):
+            return None
+        return [int(shape[axis]) for axis in call.conv_axes[operand]]
+
+    data = extents(0, call.operands[0].shape)
+    weight = extents(1, call.weight_copy[2] if call.weight_copy else call.operands[1].shape)
+    out = extents(2, call.operands[2].shape)
+    if None in (data, weight, out):
+        return False
+    rows = (out[2] - 1) * sh + (weight[2] - 1) * dh + 1
+    cols = (out[3] - 1) * sw + (weight[3] - 1) * dw + 1
+    return rows <= data[2] and cols <= data[3]
 
 
 def _full_region(buf):
@@ -157,19 +188,19 @@ def _weight_copy(call: LibraryCall):
     return buffer, nest
 
 
-def dispatch_kernel(func: tirx.PrimFunc, target: tvm.target.Target,
-                    min_flops: int = 0) -> tirx.PrimFunc | None:
+def dispatch_kernel(func: tirx.PrimFunc, target: tvm.target.Target, min_flops: int = 0,
+                    cudnn: bool = True) -> tirx.PrimFunc | None:
     """`func` with its library-computable nests calling the library (None: none)."""
     stmts = root_statements(func)
     if stmts is None:
         return None
     chosen, scratch = [], []
     for call in find_library_calls(func):
-        function = packed_function(call, target)
+        function = packed_function(call, target, cudnn)
         if function is None or (call.flops is not None and call.flops < min_flops):
             continue
         operands = call.operands
-        if call.kind != "gemm" and is_gpu(target):
+        if call.kind != "gemm" and is_gpu(target) and function != CUDNN_CONV:
             on_gpu = _conv_on_gpu(func, call, function)
             if on_gpu is None:
                 continue
@@ -206,11 +237,15 @@ class DispatchLibraryKernels:
         target: the target (default: the current one).
         min_flops: leave nests of fewer floating-point operations to generated code (the
             call costs about a microsecond).
+        cudnn: on CUDA, convolutions by cuDNN where it computes them (else as GEMMs over
+            their column matrix, by cuBLAS).
     """
 
-    def __init__(self, target: tvm.target.Target | None = None, min_flops: int = 0):
+    def __init__(self, target: tvm.target.Target | None = None, min_flops: int = 0,
+                 cudnn: bool = True):
         self.target = target
         self.min_flops = min_flops
+        self.cudnn = cudnn
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         target = self.target or tvm.target.Target.current()
@@ -227,7 +262,7 @@ class DispatchLibraryKernels:
         for gv, func in mod.functions.items():
             if not isinstance(func, tirx.PrimFunc) or _scheduled(func):
                 continue
-            new = dispatch_kernel(func, target, self.min_flops)
+            new = dispatch_kernel(func, target, self.min_flops, self.cudnn)
             if new is not None:
                 updates[gv] = new
         if not updates:

@@ -47,8 +47,9 @@ from tvm_ext.ir.attention_backward_pattern import (
     find_attention_backward,
 )
 from tvm_ext.ir.attention_kernel import attention_kernel
-from tvm_ext.ir.attention_pattern import AttentionMatch, _uses, find_attention
+from tvm_ext.ir.attention_pattern import AttentionMatch, find_attention
 from tvm_ext.ir.targets import is_gpu
+from tvm_ext.ir.var_readers import readers
 
 
 @relax.expr_functor.mutator
@@ -231,7 +232,7 @@ class _RewriteBackward(relax.expr_functor.PyExprMutator):
 def _fuse_backward(func: relax.Function, rewrite: _RewriteBackward) -> relax.Function:
     """`func` with the backward of each attention it can compute fused (or as it was): one
     whose forward and backward are in one dataflow block."""
-    uses, forward = _uses(func), find_attention(func)
+    uses, forward = readers(func), find_attention(func)
     found = []
     for bindings in dataflow_bindings(func):
         views = CanonicalViews(bindings)

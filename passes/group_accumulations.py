@@ -30,6 +30,7 @@ import tvm_ffi
 from tvm import relax, tirx
 
 from tvm_ext.ir.kernel_calls import call_tir_args, call_tir_kernel
+from tvm_ext.ir.var_readers import readers
 
 _ELEMWISE, _OUT_EWISE_FUSABLE = 0, 4
 
@@ -65,7 +66,7 @@ def _group(builder: relax.BlockBuilder, func: relax.Function, patterns: dict):
     """`func` with its chains grouped, or None where it has none."""
     if not isinstance(func.body, relax.SeqExpr):
         return None
-    uses = _uses(func)
+    uses = readers(func)
     blocks, changed = [], False
     for block in func.body.blocks:
         pairs = _pairs(block, patterns, uses) if isinstance(block, relax.DataflowBlock) else {}
@@ -114,16 +115,6 @@ def _placed(builder: relax.BlockBuilder, block: relax.DataflowBlock, pairs: dict
     return out
 
 
-def _uses(func: relax.Function) -> dict:
-    counts: dict = {}
-
-    def visit(var):
-        counts[var] = counts.get(var, 0) + 1
-
-    tvm_ffi.structural_walk(func.body, [(relax.Var, visit)])
-    return counts
-
-
 def _pairs(block: relax.DataflowBlock, patterns: dict, uses: dict) -> dict:
     """{add's var: the product's var it takes} for every chain of `block`."""
     kind = {}  # var -> "gemm" or "acc"
@@ -143,7 +134,7 @@ def _pairs(block: relax.DataflowBlock, patterns: dict, uses: dict) -> dict:
         if pattern != _ELEMWISE or len(args) != 2 or \
                 not all(_same_type(a, binding.var) for a in args):
             continue
-        gemms = [a for a in args if kind.get(a) == "gemm" and uses.get(a) == 2]
+        gemms = [a for a in args if kind.get(a) == "gemm" and len(uses.get(a, ())) == 1]
         if not gemms or not all(kind.get(a) in ("gemm", "acc") for a in args):
             continue
         partial = max(gemms, key=lambda a: order[a])

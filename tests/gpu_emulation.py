@@ -1,11 +1,11 @@
 """Run a GPU-scheduled kernel's loops on the CPU, to check a schedule's arithmetic without a GPU.
 
 `on_cpu` turns the loops bound to GPU threads into serial loops (a thread-bound reduction loop
-becomes a plain reduction), CUDA atomic adds into read-modify-writes, and cuBLAS GEMM calls into
-the CPU GEMM of the runtime library (same arguments, same semantics): the same iterations in
-one order. A schedule that computes the wrong elements, skips some or reads an old value after
-it was overwritten gives a different result here too; races between threads do not show (the
-schedules' own checks prove those away)."""
+becomes a plain reduction), CUDA atomic adds into read-modify-writes, and cuBLAS GEMM and cuDNN
+convolution calls into the CPU GEMM and convolution of the runtime library (same arguments,
+same semantics): the same iterations in one order. A schedule that computes the wrong elements,
+skips some or reads an old value after it was overwritten gives a different result here too;
+races between threads do not show (the schedules' own checks prove those away)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ import numpy as np
 import tvm
 import tvm_ffi
 from tvm import tirx
+
+# The runtime library's GPU functions and their CPU twins (same arguments and semantics).
+_ON_CPU = {"tvm_ext.cublas.gemm": "tvm_ext.blas.gemm",
+           "tvm_ext.cudnn.conv2d": "tvm_ext.blas.conv2d"}
 
 
 def on_cpu(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -33,9 +37,9 @@ def on_cpu(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
     def on_call(call, m):
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "tirx.tvm_call_packed"
-                and call.args[0].value == "tvm_ext.cublas.gemm"):
+                and call.args[0].value in _ON_CPU):
             return m.default_mutate(call)
-        args = [tvm.ir.StringImm("tvm_ext.blas.gemm"), *call.args[1:]]
+        args = [tvm.ir.StringImm(_ON_CPU[call.args[0].value]), *call.args[1:]]
         return tvm.ir.Call(call.op, args, ret_ty=call.ty)
 
     body = tvm_ffi.structural_mutate(func.body, [(tirx.For, on_for),

@@ -1,7 +1,8 @@
 """The runtime library's vendor-library functions called directly (src/blas): `tvm_ext.blas.gemm`
 over role layouts against numpy, `tvm_ext.blas.conv2d` against a numpy convolution, the errors
-(bad roles, wrong extents, dtypes, a missing BLAS), and `tvm_ext.cublas.gemm` on this GPU-less
-machine (clear errors, no crash; the numerical check runs where there is a GPU)."""
+(bad roles, wrong extents, dtypes, a missing BLAS), and `tvm_ext.cublas.gemm` and
+`tvm_ext.cudnn.conv2d` on this GPU-less machine (clear errors, no crash; the numerical checks
+run where there is a GPU)."""
 
 from __future__ import annotations
 
@@ -443,6 +444,81 @@ def test_cublas_without_a_gpu_is_a_clear_error():
     if blas.cublas_path() == "":
         assert "libcublas could not be loaded" in message and "libcublas.so.13" in message
         assert "pip install nvidia-cublas" in message and "TVM_EXT_CUBLAS_LIB" in message
+
+
+def test_cudnn_refuses_what_it_cannot_compute_before_loading():
+    """Arguments are checked before cuDNN is looked for: padding (cuDNN pads symmetrically,
+    the dispatch pads before the call), windows past the data's edge, dtypes, devices."""
+    cudnn = _func("tvm_ext.cudnn.conv2d")
+    x, w, y = _fake_cuda((1, 4, 8, 8)), _fake_cuda((6, 4, 3, 3)), _fake_cuda((1, 6, 6, 6))
+    with pytest.raises(ValueError, match=r"tvm_ext\.cudnn\.conv2d: padding must be 0"):
+        cudnn(x, w, y, 1, 1, 1, 1, 1, 1, 1)
+    with pytest.raises(ValueError, match=r"tvm_ext.cudnn.conv2d: the windows of a 7x6 output "
+                                         r"reach 9x8 of a 8x8 input"):
+        cudnn(x, w, _fake_cuda((1, 6, 7, 6)), 1, 1, 0, 0, 1, 1, 1)
+    f64 = [_fake_cuda(t, "float64") for t in ((1, 4, 8, 8), (6, 4, 3, 3), (1, 6, 6, 6))]
+    with pytest.raises(TypeError, match=r"float32, float16 or bfloat16 only \(float64 given"):
+        cudnn(*f64, 1, 1, 0, 0, 1, 1, 1)
+    with pytest.raises(TypeError, match=r"must have one dtype \(float32, float16, float32"):
+        cudnn(x, _fake_cuda((6, 4, 3, 3), "float16"), y, 1, 1, 0, 0, 1, 1, 1)
+    cpu = [tvm.runtime.tensor(np.zeros(t, "float32"))
+           for t in ((1, 4, 8, 8), (6, 4, 3, 3), (1, 6, 6, 6))]
+    with pytest.raises(ValueError, match="X, W and Y must be on one CUDA device"):
+        cudnn(*cpu, 1, 1, 0, 0, 1, 1, 1)
+    with pytest.raises(ValueError, match=r"tvm_ext\.cudnn\.conv2d: Y's batch must be X's"):
+        cudnn(x, w, _fake_cuda((2, 6, 6, 6)), 1, 1, 0, 0, 1, 1, 1)
+    assert blas.cudnn_workspace_bytes() == 64 << 20
+
+
+def test_cudnn_without_a_gpu_is_a_clear_error():
+    """Here there is no libcudnn (or, where there is, no GPU): one line, no crash."""
+    if tvm.cuda(0).exist:
+        pytest.skip("a GPU is present: test_cudnn_conv2d_matches_numpy_on_the_gpu covers it")
+    cudnn = _func("tvm_ext.cudnn.conv2d")
+    x, w, y = _fake_cuda((1, 4, 8, 8)), _fake_cuda((6, 4, 3, 3)), _fake_cuda((1, 6, 6, 6))
+    with pytest.raises(RuntimeError) as info:
+        cudnn(x, w, y, 1, 1, 0, 0, 1, 1, 1)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("tvm_ext.cudnn: ")
+    if blas.cudnn_path() == "":
+        assert "libcudnn could not be loaded" in message and "libcudnn.so.9" in message
+        assert "pip install nvidia-cudnn" in message and "TVM_EXT_CUDNN_LIB" in message
+
+
+@pytest.mark.parametrize("layout", [None, *CONV_LAYOUTS])
+@pytest.mark.parametrize("name", ["3x3 pad 1", "stride 2", "asymmetric pad, stride, dilation",
+                                  "groups", "depthwise, multiplier 2", "1x1 stride 2",
+                                  "7x7 stride 2 (stem), one image"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_cudnn_conv2d_matches_numpy_on_the_gpu(name, layout, dtype):
+    """The input padded beforehand, as the dispatch does; every storage order; float32
+    without TF32 (the tolerance of FMA arithmetic)."""
+    if not tvm.cuda(0).exist or not blas.cudnn_path():
+        pytest.skip("needs a GPU and libcudnn")
+    import ml_dtypes  # bfloat16 for numpy (a dependency of TVM); only where there is a GPU
+
+    cudnn = _func("tvm_ext.cudnn.conv2d")
+    x_shape, w_shape, stride, pad, dilation, groups = CONVS[name]
+    rng = np.random.default_rng(0)
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    x = rng.standard_normal(x_shape).astype(np_dtype).astype("float64")
+    w = rng.standard_normal(w_shape).astype(np_dtype).astype("float64")
+    oh = _out(x_shape[2], w_shape[2], stride[0], pad[0], pad[2], dilation[0])
+    ow = _out(x_shape[3], w_shape[3], stride[1], pad[1], pad[3], dilation[1])
+    expected = _conv_reference(x, w, stride, pad, dilation, groups, (oh, ow))
+    padded = np.pad(x, ((0, 0), (0, 0), (pad[0], pad[2]), (pad[1], pad[3])))
+    xa, wa, ya = CONV_LAYOUTS[layout] if layout else ((0, 1, 2, 3),) * 3
+    stored = [np.ascontiguousarray(np.transpose(a, np.argsort(axes))).astype(np_dtype)
+              for a, axes in ((padded, xa), (w, wa))]
+    dev = tvm.cuda(0)
+    y = tvm.runtime.tensor(np.full(np.transpose(expected, np.argsort(ya)).shape, np.nan,
+                                   np_dtype), dev)
+    cudnn(*(tvm.runtime.tensor(a, dev) for a in stored), y, stride[0], stride[1], 0, 0,
+          dilation[0], dilation[1], groups, *xa, *wa, *ya)
+    dev.sync()
+    tol = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}[dtype]
+    got = np.transpose(y.numpy().astype("float64"), ya)
+    np.testing.assert_allclose(got, expected, rtol=tol, atol=tol * 4 * np.sqrt(w[0].size))
 
 
 GPU_CASES = [

@@ -5,6 +5,7 @@ partitioning, swapping and training steps, and leave everything to TVM with `lib
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 from collections import Counter
@@ -223,31 +224,57 @@ def test_target_support():
     assert packed_function(call("conv2d", "float32", "float16", "float32"), cuda) is None
 
 
+def _cuda_conv_module(name: str, zoo_cache) -> tvm.IRModule:
+    if name == "resnet_training":
+        return zoo_cache("resnet", training=True).mod
+    if name == "conv1d_grouped":
+        return one_op_module(lambda x, w: relax.op.nn.conv1d(x, w, strides=2, padding=3,
+                                                             groups=4), (2, 8, 40), (16, 2, 5))
+    return one_op_module(lambda x, w: relax.op.nn.conv2d_transpose(x, w, strides=2, padding=1),
+                         (2, 4, 9, 9), (4, 6, 3, 3))
+
+
 @pytest.mark.parametrize("name", ["resnet_training", "conv1d_grouped", "conv2d_transpose"])
-def test_cuda_convolutions_are_gemms_over_their_column_matrix(name, zoo_cache):
-    """On CUDA a convolution is a gathered column matrix and one cuBLAS GEMM: run on the CPU
-    (the GEMM by the CPU library, same arguments), every dispatched kernel leaves its buffers
-    as the generated convolution does (forward, data and weight gradients, groups, 1-D,
-    transposed)."""
+@pytest.mark.parametrize("cudnn", [False, True])
+def test_cuda_convolutions_call_cudnn_or_are_gemms_over_their_column_matrix(name, cudnn,
+                                                                            zoo_cache):
+    """On CUDA a convolution is a cuDNN call, or (`cudnn=False`) a gathered column matrix and
+    one cuBLAS GEMM: run on the CPU (each library call by the CPU library's function of the
+    same arguments), every dispatched kernel leaves its buffers as the generated convolution
+    does (forward, data and weight gradients, groups, 1-D, transposed)."""
     from gpu_emulation import differing
 
     cuda = driver.resolve_target("cuda")
-    if name == "resnet_training":
-        mod = zoo_cache("resnet", training=True).mod
-    elif name == "conv1d_grouped":
-        mod = one_op_module(lambda x, w: relax.op.nn.conv1d(x, w, strides=2, padding=3,
-                                                            groups=4), (2, 8, 40), (16, 2, 5))
-    else:
-        mod = one_op_module(lambda x, w: relax.op.nn.conv2d_transpose(x, w, strides=2,
-                                                                      padding=1),
-                            (2, 4, 9, 9), (4, 6, 3, 3))
-    fused = pipeline.fuse(mod, cuda)
+    fused = pipeline.fuse(_cuda_conv_module(name, zoo_cache), cuda)
     with cuda:
-        dispatched = DispatchLibraryKernels()(tvm.IRModule(dict(fused.functions_items())))
+        dispatched = DispatchLibraryKernels(cudnn=cudnn)(
+            tvm.IRModule(dict(fused.functions_items())))
+    marker = "tvm_ext.cudnn.conv2d" if cudnn else "_col"
     names = [gv.name_hint for gv, f in dispatched.functions_items()
-             if isinstance(f, tirx.PrimFunc) and "_col" in f.script()]
+             if isinstance(f, tirx.PrimFunc) and marker in f.script()]
     assert len(names) >= (10 if name == "resnet_training" else 1), names
+    if cudnn:  # no convolution left to the column matrix: every window is within its data
+        assert not any("_col" in f.script() for f in dispatched.functions.values()
+                       if isinstance(f, tirx.PrimFunc))
     assert differing(fused, dispatched, names, rtol=1e-4, atol=1e-5) == []
+
+
+def test_a_window_past_the_data_keeps_the_column_matrix():
+    """cuDNN pads symmetrically: a convolution whose last windows read zeros past the data's
+    far edge (here strided so that the padded input's last row is never read, and with one
+    row short) is a GEMM over its column matrix."""
+    from tvm_ext.ir.library_kernels import find_library_calls
+
+    cuda = driver.resolve_target("cuda")
+    mod = one_op_module(lambda x, w: relax.op.nn.conv2d(x, w, strides=2, padding=1),
+                        (1, 4, 8, 8), (6, 4, 3, 3))
+    fused = pipeline.fuse(mod, cuda)
+    calls = [c for f in fused.functions.values() if isinstance(f, tirx.PrimFunc)
+             for c in find_library_calls(f)]
+    assert calls and all(packed_function(c, cuda) == "tvm_ext.cudnn.conv2d" for c in calls)
+    short = dataclasses.replace(calls[0], operands=(
+        tirx.decl_buffer((1, 4, 8, 8), "float32"), *calls[0].operands[1:]))
+    assert packed_function(short, cuda) == "tvm_ext.cublas.gemm"
 
 
 def test_cuda_build_calls_cublas_from_host_code(zoo_cache):

@@ -76,7 +76,7 @@ from tvm_ext.schedules import (
 from . import interrupts
 from .errors import InputError
 from .ir.targets import is_cpu, is_gpu
-from .runtime.blas import cublas_workspace_bytes
+from .runtime.blas import cublas_workspace_bytes, cudnn_workspace_bytes
 
 SCHEDULE_PHASE = "schedule"
 
@@ -148,8 +148,8 @@ def swap_passes(target: tvm.target.Target, device_memory=None, swap_plan=None,
                 library: bool = True, **swap_options) -> list:
     """SwapOffload under `device_memory` (bytes, "512MiB", "25%"), or applying `swap_plan`;
     nothing without either. `swap_options` go to SwapOffload (hardware, planner,
-    time_budget_s, seed). With `library` on a GPU, an absolute budget leaves cuBLAS its
-    workspace."""
+    time_budget_s, seed). With `library` on a GPU, an absolute budget leaves cuBLAS and cuDNN
+    their workspace."""
     if device_memory is None and swap_plan is None:
         return []
     swap_options.setdefault("reserved_bytes", library_reserved_bytes(target, library))
@@ -157,9 +157,12 @@ def swap_passes(target: tvm.target.Target, device_memory=None, swap_plan=None,
 
 
 def library_reserved_bytes(target: tvm.target.Target, library: bool = True) -> int:
-    """Device memory the vendor library holds outside the graph: cuBLAS' workspace on a GPU
-    (OpenBLAS on CPU allocates in host memory of its own)."""
-    return cublas_workspace_bytes() if library and is_gpu(target) else 0
+    """Device memory the vendor libraries hold outside the graph on a GPU: cuBLAS' workspace,
+    and the most workspace a cuDNN convolution takes from TVM's pool (OpenBLAS on CPU
+    allocates in host memory of its own)."""
+    if not (library and is_gpu(target)):
+        return 0
+    return cublas_workspace_bytes() + cudnn_workspace_bytes()
 
 
 def dataflow_lower_passes(target: tvm.target.Target) -> list:

@@ -1,12 +1,6 @@
 /*
- * `tvm_ext.blas.conv2d(X, W, Y, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, groups
- *                      [, X axes (n, c, h, w), W axes (f, c, kh, kw), Y axes (n, f, h, w)])`:
- *   Y[n, f, y, x] = sum_{c, ry, rx} X[n, g*C/groups + c, y*sh + ry*dh - pad_top,
- *                                     x*sw + rx*dw - pad_left] * W[f, c, ry, rx]
- * with g = f / (F/groups) and out-of-range reads zero (so bottom/right padding follows from
- * Y's shape), float32 or float64. Each tensor is compact; the optional 12 integers say which
- * of its axes holds each role (default NCHW / OIHW / NCHW), so a weight gradient, whose data
- * and output are "CNHW" ([C, N, H, W]: channels outermost), calls it as it is.
+ * `tvm_ext.blas.conv2d`: the convolution of blas/conv_layout.h on CPU tensors, float32 or
+ * float64.
  *
  * As GEMMs per group on the BLAS blas_library.cc loads: Y_g (F/g x columns) = W_g (F/g x
  * C/g*KH*KW) * cols (C/g*KH*KW x columns), the column matrix built by im2col:
@@ -36,6 +30,7 @@
 #include <cstdint>
 
 #include "blas/blas_library.h"
+#include "blas/conv_layout.h"
 #include "blas/gemm_layout.h"
 
 namespace tvm_ext {
@@ -46,33 +41,6 @@ namespace {
 // all, TVM's thread pool costs more than it saves.
 constexpr int64_t kSingleThreadedGemm = int64_t(65536) * 4;
 constexpr int64_t kPoolWork = int64_t(1) << 20;
-
-struct ConvShape {
-  int64_t n, c, h, w, f, cg, kh, kw, oh, ow, groups;
-  int64_t sh, sw, pt, pl, dh, dw;
-  // Element strides per role: X (n, c, h, w), W (f, c, kh, kw), Y (n, f, h, w).
-  int64_t xs[4], ws[4], ys[4];
-  int64_t fg() const { return f / groups; }
-  int64_t pixels() const { return oh * ow; }
-  int64_t depth() const { return cg * kh * kw; }
-  // Y's pixels of one (image, filter) are one row-major run, and a group's filters rows of
-  // a matrix BLAS accepts (row stride at least the row).
-  bool pixels_contiguous() const {
-    return ys[3] == 1 && (oh == 1 || ys[2] == ow) && (fg() == 1 || ys[1] >= pixels());
-  }
-  // ... and consecutive images' runs follow each other: columns (image, pixel) are one run.
-  bool images_merge() const { return pixels_contiguous() && (n == 1 || ys[0] == pixels()); }
-  // W_g is a row-major (F/g x depth) matrix in place (row stride ws[0]).
-  bool weight_in_place() const {
-    return (kw == 1 || ws[3] == 1) && (kh == 1 || ws[2] == kw) &&
-           (cg == 1 || ws[1] == kh * kw) && (fg() == 1 || ws[0] >= depth());
-  }
-  // X's (C/g x H*W) planes are the column matrix of a 1x1, stride-1, unpadded convolution.
-  bool direct() const {
-    return kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0 && oh == h &&
-           ow == w && xs[3] == 1 && (h == 1 || xs[2] == w) && (cg == 1 || xs[1] == h * w);
-  }
-};
 
 // Columns [col0, col0 + images * OH*OW) of the column matrix (row length `ld`), for images
 // [n0, n0 + images) of group g: cols[(c*KH + ky)*KW + kx][col0 + i*P + oy*OW + ox] =
@@ -292,86 +260,38 @@ void Conv(const DLTensor* xt, const DLTensor* wt, DLTensor* yt, const ConvShape&
   }
 }
 
-void Check(bool ok, const char* what) {
-  if (!ok) TVM_FFI_THROW(ValueError) << "tvm_ext.blas.conv2d: " << what;
-}
-
-// Element strides of a compact tensor's 4 roles, from the axis holding each (a permutation).
-void RoleStrides(const DLTensor* t, const int64_t* axes, const char* name, int64_t* strides,
-                 int64_t* extents) {
-  int64_t compact[4];
-  compact[3] = 1;
-  for (int i = 2; i >= 0; --i) compact[i] = compact[i + 1] * t->shape[i + 1];
-  bool seen[4] = {false, false, false, false};
-  for (int r = 0; r < 4; ++r) {
-    if (axes[r] < 0 || axes[r] > 3 || seen[axes[r]]) {
-      TVM_FFI_THROW(ValueError) << "tvm_ext.blas.conv2d: the axes of " << name
-                                << " must be a permutation of 0..3";
-    }
-    seen[axes[r]] = true;
-    strides[r] = compact[axes[r]];
-    extents[r] = t->shape[axes[r]];
-  }
-}
-
 }  // namespace
 
 void CpuConv2d(tvm::ffi::PackedArgs args) {
-  Check(args.size() == 10 || args.size() == 22,
-        "expects (X, W, Y, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, groups"
-        "[, 4 axes of X (n, c, h, w), 4 of W (f, c, kh, kw), 4 of Y (n, f, h, w)])");
-  const DLTensor* x = args[0].cast<DLTensor*>();
-  const DLTensor* w = args[1].cast<DLTensor*>();
-  DLTensor* y = args[2].cast<DLTensor*>();
-  Check(x->ndim == 4 && w->ndim == 4 && y->ndim == 4,
-        "X, W and Y must be 4-D: X [N, C, H, W], W [F, C/groups, KH, KW], Y [N, F, OH, OW] "
-        "(in the order their axes arguments give)");
-  for (const DLTensor* t : {x, w, static_cast<const DLTensor*>(y)}) {
-    Check(t->device.device_type == kDLCPU, "X, W and Y must be CPU tensors");
-    Check(IsCompact(t), "X, W and Y must be compact (no strided views)");
+  const char* api = "tvm_ext.blas.conv2d";
+  ConvArgs a = ReadConvArgs(args, api);
+  const DLTensor* x = a.x;
+  const ConvShape& s = a.s;
+  for (const DLTensor* t : {a.x, a.w, static_cast<const DLTensor*>(a.y)}) {
+    if (t->device.device_type != kDLCPU) {
+      TVM_FFI_THROW(ValueError) << api << ": X, W and Y must be CPU tensors";
+    }
     if (t->dtype.code != x->dtype.code || t->dtype.bits != x->dtype.bits ||
         t->dtype.lanes != x->dtype.lanes) {
-      TVM_FFI_THROW(TypeError) << "tvm_ext.blas.conv2d: X, W and Y must have one dtype ("
-                               << DTypeName(x->dtype) << ", " << DTypeName(w->dtype) << ", "
-                               << DTypeName(y->dtype) << " given)";
+      TVM_FFI_THROW(TypeError) << api << ": X, W and Y must have one dtype ("
+                               << DTypeName(x->dtype) << ", " << DTypeName(a.w->dtype) << ", "
+                               << DTypeName(a.y->dtype) << " given)";
     }
   }
   if (x->dtype.code != kDLFloat || (x->dtype.bits != 32 && x->dtype.bits != 64) ||
       x->dtype.lanes != 1) {
-    TVM_FFI_THROW(TypeError) << "tvm_ext.blas.conv2d: float32 or float64 only ("
-                             << DTypeName(x->dtype) << " given)";
+    TVM_FFI_THROW(TypeError) << api << ": float32 or float64 only (" << DTypeName(x->dtype)
+                             << " given)";
   }
-  int64_t axes[12] = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};
-  if (args.size() == 22) {
-    for (int i = 0; i < 12; ++i) axes[i] = args[10 + i].cast<int64_t>();
+  if (!(s.fg() <= INT_MAX && s.n * s.pixels() <= INT_MAX && s.depth() <= INT_MAX &&
+        s.ys[1] <= INT_MAX)) {
+    TVM_FFI_THROW(ValueError) << api << ": a per-group product is beyond the 32-bit BLAS "
+                                        "interface";
   }
-  ConvShape s{};
-  int64_t xe[4], we[4], ye[4];
-  RoleStrides(x, axes, "X", s.xs, xe);
-  RoleStrides(w, axes + 4, "W", s.ws, we);
-  RoleStrides(y, axes + 8, "Y", s.ys, ye);
-  s.n = xe[0], s.c = xe[1], s.h = xe[2], s.w = xe[3];
-  s.f = we[0], s.cg = we[1], s.kh = we[2], s.kw = we[3];
-  s.oh = ye[2], s.ow = ye[3];
-  s.sh = args[3].cast<int64_t>(), s.sw = args[4].cast<int64_t>();
-  s.pt = args[5].cast<int64_t>(), s.pl = args[6].cast<int64_t>();
-  s.dh = args[7].cast<int64_t>(), s.dw = args[8].cast<int64_t>();
-  s.groups = args[9].cast<int64_t>();
-  Check(s.sh > 0 && s.sw > 0 && s.dh > 0 && s.dw > 0 && s.groups > 0,
-        "strides, dilations and groups must be positive");
-  Check(s.pt >= 0 && s.pl >= 0, "padding must not be negative");
-  Check(s.c == s.cg * s.groups,
-        "X's channels must be W's input channels (W.shape[1]) times groups");
-  Check(s.f % s.groups == 0, "W's output channels (W.shape[0]) must divide by groups");
-  Check(ye[0] == s.n, "Y's batch must be X's");
-  Check(ye[1] == s.f, "Y's channels must be W's output channels (W.shape[0])");
-  Check(s.fg() <= INT_MAX && s.n * s.pixels() <= INT_MAX && s.depth() <= INT_MAX &&
-            s.ys[1] <= INT_MAX,
-        "a per-group product is beyond the 32-bit BLAS interface");
   if (x->dtype.bits == 32) {
-    Conv<float>(x, w, y, s);
+    Conv<float>(a.x, a.w, a.y, s);
   } else {
-    Conv<double>(x, w, y, s);
+    Conv<double>(a.x, a.w, a.y, s);
   }
 }
 

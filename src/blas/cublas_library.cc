@@ -1,15 +1,15 @@
 #include "blas/cublas_library.h"
 
 #include <dlfcn.h>
-#include <sys/stat.h>
 #include <tvm/ffi/error.h>
 #include <tvm/runtime/device_api.h>
 
-#include <cstdlib>
 #include <map>
 #include <sstream>
 #include <vector>
 
+#include "blas/vendor_library.h"
+#include "cuda/capture_mode.h"
 #include "cuda/cuda_driver.h"
 
 namespace tvm_ext {
@@ -32,33 +32,11 @@ std::map<int, DeviceState>& Devices() {
   return *devices;
 }
 
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-// The files a given path stands for: itself, or in a directory the layouts of the CUDA
-// toolkit and of the nvidia-cublas wheels (cu13: nvidia/cu13/lib, cu12: nvidia/cublas/lib).
-std::vector<std::string> Expand(const std::string& path) {
-  if (!IsDirectory(path)) return {path};
-  std::vector<std::string> out;
-  for (const char* sub : {"", "/lib", "/lib64", "/cu13/lib", "/cublas/lib", "/nvidia/cu13/lib",
-                          "/nvidia/cublas/lib"}) {
-    for (const char* name : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}) {
-      std::string file = path + sub + "/" + name;
-      struct stat st;
-      if (stat(file.c_str(), &st) == 0) out.push_back(file);
-    }
-  }
-  if (out.empty()) out.push_back(path + "/libcublas.so.13");  // reported as not found
-  return out;
-}
-
-template <typename F>
-bool Bind(void* lib, const char* name, F* fn) {
-  *fn = reinterpret_cast<F>(dlsym(lib, name));
-  return *fn != nullptr;
-}
+const std::vector<const char*> kNames = {"libcublas.so.13", "libcublas.so.12", "libcublas.so"};
+// The layouts of the CUDA toolkit and of the nvidia-cublas wheels (cu13: nvidia/cu13/lib, cu12:
+// nvidia/cublas/lib), in a directory given.
+const std::vector<const char*> kSubdirs = {"", "/lib", "/lib64", "/cu13/lib", "/cublas/lib",
+                                           "/nvidia/cu13/lib", "/nvidia/cublas/lib"};
 
 Api* TryLoad(const std::string& path, std::ostringstream* tried) {
   auto note = [&](const std::string& why) {
@@ -80,11 +58,11 @@ Api* TryLoad(const std::string& path, std::ostringstream* tried) {
   }
   auto* api = new Api();
   api->path = path;
-  bool ok = Bind(lib, "cublasCreate_v2", &api->create) &&
-            Bind(lib, "cublasSetStream_v2", &api->set_stream) &&
-            Bind(lib, "cublasSetWorkspace_v2", &api->set_workspace) &&
-            Bind(lib, "cublasGemmStridedBatchedEx", &api->gemm);
-  Bind(lib, "cublasGetStatusName", &api->status_name);
+  bool ok = vendor::Bind(lib, "cublasCreate_v2", &api->create) &&
+            vendor::Bind(lib, "cublasSetStream_v2", &api->set_stream) &&
+            vendor::Bind(lib, "cublasSetWorkspace_v2", &api->set_workspace) &&
+            vendor::Bind(lib, "cublasGemmStridedBatchedEx", &api->gemm);
+  vendor::Bind(lib, "cublasGetStatusName", &api->status_name);
   if (!ok) {
     note("no cublasCreate_v2/cublasSetWorkspace_v2/cublasGemmStridedBatchedEx: cuBLAS < 11?");
     delete api;
@@ -96,31 +74,6 @@ Api* TryLoad(const std::string& path, std::ostringstream* tried) {
 // The workspace key of every stream under capture (no stream has this handle).
 const Stream kCaptureKey = reinterpret_cast<Stream>(~uintptr_t(0));
 
-bool Capturing(const CudaDriver* cu, Stream stream) {
-  int status = 0;
-  return stream != nullptr && cu != nullptr && cu->StreamIsCapturing != nullptr &&
-         cu->StreamIsCapturing(stream, &status) == CudaDriver::kSuccess &&
-         status == CudaDriver::kCaptureActive;
-}
-
-// This thread in relaxed capture mode while it lives (cu nullptr: nothing to do).
-class RelaxedCapture {
- public:
-  explicit RelaxedCapture(const CudaDriver* cu)
-      : cu_(cu != nullptr && cu->ThreadExchangeStreamCaptureMode != nullptr ? cu : nullptr) {
-    if (cu_ != nullptr) cu_->ThreadExchangeStreamCaptureMode(&mode_);
-  }
-  ~RelaxedCapture() {
-    if (cu_ != nullptr) cu_->ThreadExchangeStreamCaptureMode(&mode_);
-  }
-  RelaxedCapture(const RelaxedCapture&) = delete;
-  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
-
- private:
-  const CudaDriver* cu_;
-  int mode_ = CudaDriver::kCaptureModeRelaxed;  // the previous mode while relaxed
-};
-
 }  // namespace
 
 std::mutex& Mutex() {
@@ -130,17 +83,8 @@ std::mutex& Mutex() {
 
 const Api& LoadLocked() {
   if (loaded != nullptr) return *loaded;
-  std::vector<std::string> candidates;
-  if (!requested_path.empty()) {
-    for (auto& p : Expand(requested_path)) candidates.push_back(p);
-  }
-  const char* env = std::getenv("TVM_EXT_CUBLAS_LIB");
-  if (env != nullptr && *env != '\0') {
-    for (auto& p : Expand(env)) candidates.push_back(p);
-  }
-  for (const char* name : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}) {
-    candidates.emplace_back(name);
-  }
+  std::vector<std::string> candidates =
+      vendor::Candidates(requested_path, "TVM_EXT_CUBLAS_LIB", kSubdirs, kNames);
   std::ostringstream tried;
   for (const auto& path : candidates) {
     loaded = TryLoad(path, &tried);
@@ -169,19 +113,7 @@ void CheckDriver(int result, const char* what) {
 
 Handle HandleLocked(DLDevice dev, Stream stream) {
   const Api& api = LoadLocked();
-  tvm::runtime::DeviceAPI* device_api = tvm::runtime::DeviceAPI::Get(dev, true);
-  if (device_api == nullptr) {
-    TVM_FFI_THROW(RuntimeError) << "tvm_ext.cublas: TVM's CUDA runtime is not loaded (no "
-                                   "device_api.cuda): a CUDA tensor needs a GPU, its driver and "
-                                   "libtvm_runtime_cuda.so";
-  }
-  // A handle belongs to the device current when it is created, and runs there.
-  try {
-    device_api->SetDevice(dev);
-  } catch (const tvm::ffi::Error& err) {
-    TVM_FFI_THROW(RuntimeError) << "tvm_ext.cublas: cannot use CUDA device " << dev.device_id
-                                << ": " << err.message();
-  }
+  tvm::runtime::DeviceAPI* device_api = vendor::CurrentDevice(dev, "tvm_ext.cublas");
   DeviceState& st = Devices()[dev.device_id];
   if (st.handle == nullptr) Check(api.create(&st.handle), "cublasCreate");
   if (!st.bound || st.stream != stream) {

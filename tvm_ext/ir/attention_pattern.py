@@ -15,8 +15,9 @@ in the function's dataflow blocks, where:
 * K' and V' are K and V or, for grouped-query attention, K and V repeated over groups of heads
   (`expand_dims` at axis 2, `broadcast_to`, `reshape`: transformers' `repeat_kv`);
 * `bias` is one or two float tensors broadcast to the scores' shape (a causal or padding mask,
-  T5's position bias and mask) added after the scaling; where a bias computed from constants
-  alone (`constant_eval`) masks every key past a line parallel to the diagonal, the spec's
+  T5's position bias and mask) added after the scaling; where a bias masks every key past a
+  line parallel to the diagonal for every input (computed from constants alone, or its part
+  that is: a causal mask combined with an input's padding, `mask_bounds`), the spec's
   `causal_offset` says where (`attention_mask`), and the kernels skip the tiles past it;
 * in a mixed-precision training step (`tvm_ext.models.mixed_precision`) every operand of both
   products is cast from float32 to bfloat16 or float16 (accumulating in float32): the kernel
@@ -54,6 +55,8 @@ from tvm import relax
 from .attention_kernel import AttentionSpec
 from .attention_mask import causal_offset
 from .constant_eval import ConstantEvaluator
+from .mask_bounds import MaskBounds
+from .var_readers import readers
 
 _FLOATS = ("float32", "float16", "bfloat16")
 
@@ -376,8 +379,7 @@ def _broadcasts(bias, shape: tuple[int, ...]) -> bool:
     return all(x in (1, y) for x, y in zip(b[::-1], shape[::-1], strict=False))
 
 
-def _match(out_var, value, bindings: dict,
-           constants: ConstantEvaluator) -> AttentionMatch | None:
+def _match(out_var, value, bindings: dict, bounds: MaskBounds) -> AttentionMatch | None:
     """The attention whose output `out_var` (bound to `value`) is, if it is one."""
     reader = _Reader(bindings)
     operands = reader.split(out_var)
@@ -420,23 +422,11 @@ def _match(out_var, value, bindings: dict,
     shapes = tuple((1,) * (4 - len(_shape(x))) + _shape(x) for x in biases)
     spec = AttentionSpec(b, h, ks[1], sq, ks[2], d, vs[3], dtype, float(scale), shapes,
                          tuple(_dtype(x) for x in biases), probs[1], operand,
-                         causal_offset([constants.value(x) for x in biases], sq, ks[2]),
+                         causal_offset([bounds.certain_bias(x) for x in biases], sq, ks[2]),
                          qk if qk != dtype else None)
     internal = frozenset(v for v in reader.seen if not v.same_as(out_var))
     return AttentionMatch(out_var, q, k, v, biases, spec, internal,
                           {x: bindings[x] for x in internal})
-
-
-def _uses(func: relax.Function) -> dict:
-    """var -> the vars whose bindings read it (None standing for the function's output)."""
-    uses: dict = {}
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            for var in relax.analysis.free_vars(binding.value):
-                uses.setdefault(var, set()).add(binding.var)
-    for var in relax.analysis.free_vars(func.body.body):
-        uses.setdefault(var, set()).add(None)
-    return uses
 
 
 def _kept(match: AttentionMatch, uses: dict, block_of: dict, values: dict) -> frozenset | None:
@@ -445,13 +435,13 @@ def _kept(match: AttentionMatch, uses: dict, block_of: dict, values: dict) -> fr
     None where one is a function output (or packed into one) or is read in another dataflow
     block."""
     inside = set(match.internal) | {match.output}
-    read = [v for v in match.internal if not uses.get(v, set()) <= inside]
+    read = [v for v in match.internal if not set(uses.get(v, ())) <= inside]
     kept: set = set()
     while read:
         var = read.pop()
         if var in kept:
             continue
-        users = uses.get(var, set()) - inside
+        users = set(uses.get(var, ())) - inside
         if None in users or any(block_of.get(u) != block_of[var] or
                                 isinstance(values.get(u), relax.Tuple) for u in users):
             return None  # returned (as is or in a tuple), or read in another block
@@ -474,14 +464,14 @@ def find_attention(func: relax.Function) -> list[AttentionMatch]:
             if isinstance(b, relax.VarBinding):
                 bindings[b.var] = b.value
                 block_of[b.var] = i
-    uses = _uses(func)
-    constants = ConstantEvaluator(bindings)
+    uses = readers(func)
+    bounds = MaskBounds(bindings, ConstantEvaluator(bindings))
     found = []
     for var, value in bindings.items():
         if not (_op(value, "relax.reshape") or _op(value, "relax.matmul")
                 or _op(value, "relax.astype")):  # autocast's rounding of the product
             continue
-        match = _match(var, value, bindings, constants)
+        match = _match(var, value, bindings, bounds)
         if match is None:
             continue
         kept = _kept(match, uses, block_of, bindings)

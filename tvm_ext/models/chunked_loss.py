@@ -24,6 +24,8 @@ import re
 import tvm
 from tvm import relax
 
+from ..ir.var_readers import readers
+
 # A chunk's logits at most this many bytes (the float32 logits of 512 tokens of a 128k vocab).
 CHUNK_BYTES = 256 << 20
 # The names of the bindings of chunk c (`{CHUNK}{c}_...`) and of the loss's sum (`{SUM}...`).
@@ -206,7 +208,7 @@ def _find(func: relax.Function):
         return None
     bindings = body.blocks[0].bindings
     values = {b.var: b.value for b in bindings}
-    uses = _uses(bindings, body.body)
+    uses = readers(func)
     loss = next((b for b in bindings if b.var.same_as(body.body)), None)
     if loss is None or not _is_call(loss.value, "nn.nll_loss") \
             or loss.value.attrs.reduction != "mean" \
@@ -233,7 +235,7 @@ def _find(func: relax.Function):
     vocab = int(b.ty.shape.values[-1])
     if any(int(v.ty.shape.values[-1]) != vocab for v in chain[1:]):
         return None
-    if any(uses.get(v, 0) != 1 for v in chain):
+    if any(len(uses.get(v, ())) != 1 for v in chain):
         return None
     out_dtype = str(matmul.attrs.out_dtype)
     if out_dtype in ("", "void", "None"):
@@ -247,16 +249,3 @@ def _is_call(value, name: str) -> bool:
 
 def _is_none(expr) -> bool:
     return expr is None or (isinstance(expr, relax.Call) and expr.op.name == "relax.null_value")
-
-
-def _uses(bindings, output) -> dict:
-    counts: dict = {}
-
-    def visit(expr):
-        if isinstance(expr, relax.Var):
-            counts[expr] = counts.get(expr, 0) + 1
-
-    for b in bindings:
-        relax.analysis.post_order_visit(b.value, visit)
-    relax.analysis.post_order_visit(output, visit)
-    return counts

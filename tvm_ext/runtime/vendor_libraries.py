@@ -1,6 +1,7 @@
 """Where the vendor libraries the runtime library loads at first use (src/blas) live when they
 come from installed wheels: `scipy-openblas32` (a dependency of tvm_ext), `nvidia-cublas`
-(CUDA 13) or `nvidia-cublas-cu12`. `load_library` points the runtime library at them once.
+(CUDA 13) or `nvidia-cublas-cu12`, `nvidia-cudnn-cu13` or `-cu12` (PyTorch's). `load_library`
+points the runtime library at them once.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import tvm_ffi
 
 _ENV_BLAS = "TVM_EXT_BLAS_LIB"
 _ENV_CUBLAS = "TVM_EXT_CUBLAS_LIB"
+_ENV_CUDNN = "TVM_EXT_CUDNN_LIB"
 
 
 def _package_dirs(name: str) -> list[str]:
@@ -45,12 +47,24 @@ def wheel_cublas_library() -> str | None:
     return None
 
 
+def wheel_cudnn_library() -> str | None:
+    """libcudnn from the nvidia-cudnn-cu12 (nvidia/cudnn/lib) or -cu13 (nvidia/cu13/lib or
+    nvidia/cudnn/lib) wheel, if installed."""
+    for root in _package_dirs("nvidia"):
+        for pattern in ("cudnn/lib/libcudnn.so.*", "cu13/lib/libcudnn.so.*"):
+            hits = sorted(glob.glob(os.path.join(root, pattern)))
+            if hits:
+                return hits[0]
+    return None
+
+
 def configure() -> None:
     """Point the runtime library at the installed wheels' libraries (load_library calls this
     once). Never raises for a missing package: the library then searches the usual names."""
     for env, find, setter in ((_ENV_BLAS, wheel_blas_library, "tvm_ext.blas.set_library"),
                               (_ENV_CUBLAS, wheel_cublas_library,
-                               "tvm_ext.cublas.set_library")):
+                               "tvm_ext.cublas.set_library"),
+                              (_ENV_CUDNN, wheel_cudnn_library, "tvm_ext.cudnn.set_library")):
         func = tvm_ffi.get_global_func(setter, allow_missing=True)
         path = None if os.environ.get(env) or func is None else find()
         if path is not None:

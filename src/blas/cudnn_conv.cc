@@ -1,0 +1,240 @@
+/*
+ * `tvm_ext.cudnn.conv2d`: the convolution of blas/conv_layout.h on CUDA tensors, by cuDNN
+ * loaded at run time (cudnn_library.h), enqueued on TVM's current stream of Y's device.
+ *
+ * Types: X, W and Y of one dtype: float32 in FMA math (no TF32: as the generated kernels and
+ * PyTorch with TF32 off), float16 or bfloat16 on tensor cores with float32 accumulation.
+ *
+ * Layout: X and Y are described to cuDNN by their strides per role, so any axis order (a
+ * weight gradient's CNHW data and output) is read and written in place; a filter must be
+ * packed [F, C/groups, KH, KW], so W in another order (a weight gradient's filter) is first
+ * copied so (cudnnTransformTensor) into scratch.
+ *
+ * Padding: cuDNN pads symmetrically, conv_layout.h reads zeros beyond X's far edge; the two
+ * agree only without padding, which is what DispatchLibraryKernels passes (the padding is a
+ * loop nest of its own before the call, and it dispatches only convolutions whose windows
+ * stay within X). So pad_top and pad_left must be 0 and every window within X; X's extent is
+ * cut to the rows and columns the windows reach, since cuDNN derives Y's from X's.
+ *
+ * The algorithm is the heuristics' fastest (cudnnGetConvolutionForwardAlgorithm_v7) whose
+ * workspace fits kWorkspaceBytes, chosen once per geometry; the workspace and the copied
+ * filter come from TVM's workspace pool (allocated in relaxed capture mode under a CUDA graph
+ * capture, where cudaMalloc is otherwise refused).
+ */
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/reflection/registry.h>
+#include <tvm/runtime/device_api.h>
+
+#include <climits>
+#include <map>
+#include <vector>
+
+#include "blas/conv_layout.h"
+#include "blas/cudnn_library.h"
+#include "blas/gemm_layout.h"
+#include "cuda/capture_mode.h"
+#include "cuda/cuda_driver.h"
+
+namespace tvm_ext {
+namespace blas {
+namespace {
+
+namespace cd = cudnn;
+constexpr int kAlgorithms = 8;  // CUDNN_CONVOLUTION_FWD_ALGO_COUNT
+
+struct Choice {
+  int algo;
+  int math;
+  size_t workspace;
+};
+
+// Descriptors of one call, destroyed with it.
+struct Descriptors {
+  const cd::Api& api;
+  cd::Desc x = nullptr, y = nullptr, w = nullptr, conv = nullptr, w_src = nullptr,
+           w_dst = nullptr;
+  explicit Descriptors(const cd::Api& a) : api(a) {}
+  ~Descriptors() {
+    for (cd::Desc t : {x, y, w_src, w_dst}) {
+      if (t != nullptr) api.destroy_tensor(t);
+    }
+    if (w != nullptr) api.destroy_filter(w);
+    if (conv != nullptr) api.destroy_conv(conv);
+  }
+  Descriptors(const Descriptors&) = delete;
+  Descriptors& operator=(const Descriptors&) = delete;
+};
+
+int DataType(DLDataType t, const char* api) {
+  if (t.lanes == 1 && t.code == kDLFloat && t.bits == 32) return cd::kFloat;
+  if (t.lanes == 1 && t.code == kDLFloat && t.bits == 16) return cd::kHalf;
+  if (t.lanes == 1 && t.code == kDLBfloat && t.bits == 16) return cd::kBFloat16;
+  TVM_FFI_THROW(TypeError) << api << ": float32, float16 or bfloat16 only (" << DTypeName(t)
+                           << " given)";
+}
+
+int Int(int64_t v, const char* api) {
+  if (v > INT_MAX) {
+    TVM_FFI_THROW(ValueError) << api << ": a dimension or stride of " << v
+                              << " is beyond cuDNN's 32-bit interface";
+  }
+  return static_cast<int>(v);
+}
+
+void SetTensor(const cd::Api& lib, cd::Desc* d, int dtype, const int64_t* extents,
+               const int64_t* strides, const char* api) {
+  cd::Check(lib.create_tensor(d), "cudnnCreateTensorDescriptor");
+  int e[4], s[4];
+  for (int i = 0; i < 4; ++i) e[i] = Int(extents[i], api), s[i] = Int(strides[i], api);
+  cd::Check(lib.set_tensor(*d, dtype, 4, e, s), "cudnnSetTensorNdDescriptor");
+}
+
+const char* Base(const DLTensor* t) {
+  return static_cast<const char*>(t->data) + t->byte_offset;
+}
+
+// Scratch from TVM's workspace pool on `dev`, in relaxed capture mode under a capture.
+void* Scratch(DLDevice dev, cd::Stream stream, size_t bytes) {
+  const CudaDriver* cu = CudaDriver::Get();
+  RelaxedCapture relaxed(Capturing(cu, stream) ? cu : nullptr);
+  return tvm::runtime::DeviceAPI::Get(dev)->AllocWorkspace(dev, bytes);
+}
+
+std::map<std::vector<int64_t>, Choice>& Chosen() {
+  static auto* chosen = new std::map<std::vector<int64_t>, Choice>();  // under cd::Mutex()
+  return *chosen;
+}
+
+Choice Choose(const cd::Api& lib, cd::Handle h, const Descriptors& d, int dtype,
+              const std::vector<int64_t>& key, const char* api) {
+  auto it = Chosen().find(key);
+  if (it != Chosen().end()) return it->second;
+  cd::AlgoPerf perf[kAlgorithms];
+  int returned = 0;
+  cd::Check(lib.algorithms(h, d.x, d.w, d.conv, d.y, kAlgorithms, &returned, perf),
+            "cudnnGetConvolutionForwardAlgorithm_v7");
+  for (int i = 0; i < returned; ++i) {
+    if (perf[i].status != 0 || perf[i].memory > cd::kWorkspaceBytes) continue;
+    Choice c{perf[i].algo, dtype == cd::kFloat ? cd::kFmaMath : perf[i].math_type,
+             perf[i].memory};
+    Chosen()[key] = c;
+    return c;
+  }
+  TVM_FFI_THROW(RuntimeError) << api << ": cuDNN has no algorithm for this convolution within "
+                              << (cd::kWorkspaceBytes >> 20) << " MiB of workspace (build with "
+                              << "--no-library to use the generated kernel)";
+}
+
+}  // namespace
+
+void CudnnConv2d(tvm::ffi::PackedArgs args) {
+  const char* api = "tvm_ext.cudnn.conv2d";
+  ConvArgs a = ReadConvArgs(args, api);
+  const ConvShape& s = a.s;
+  DLDevice dev = a.y->device;
+  for (const DLTensor* t : {a.x, a.w, static_cast<const DLTensor*>(a.y)}) {
+    if (t->device.device_type != kDLCUDA || t->device.device_id != dev.device_id) {
+      TVM_FFI_THROW(ValueError) << api << ": X, W and Y must be on one CUDA device";
+    }
+    if (t->dtype.code != a.x->dtype.code || t->dtype.bits != a.x->dtype.bits ||
+        t->dtype.lanes != a.x->dtype.lanes) {
+      TVM_FFI_THROW(TypeError) << api << ": X, W and Y must have one dtype ("
+                               << DTypeName(a.x->dtype) << ", " << DTypeName(a.w->dtype)
+                               << ", " << DTypeName(a.y->dtype) << " given)";
+    }
+  }
+  int dtype = DataType(a.x->dtype, api);
+  if (s.pt != 0 || s.pl != 0) {
+    TVM_FFI_THROW(ValueError) << api << ": padding must be 0 (cuDNN pads symmetrically; pad X "
+                                        "before the call)";
+  }
+  // The rows and columns the windows reach: all of them must be X's.
+  int64_t rows = (s.oh - 1) * s.sh + (s.kh - 1) * s.dh + 1;
+  int64_t cols = (s.ow - 1) * s.sw + (s.kw - 1) * s.dw + 1;
+  if (rows > s.h || cols > s.w) {
+    TVM_FFI_THROW(ValueError) << api << ": the windows of a " << s.oh << "x" << s.ow
+                              << " output reach " << rows << "x" << cols << " of a " << s.h
+                              << "x" << s.w << " input: cuDNN reads no zeros past X's edge";
+  }
+  if (s.n == 0 || s.f == 0 || s.oh <= 0 || s.ow <= 0) return;
+  if (s.cg == 0 || s.kh == 0 || s.kw == 0) {
+    TVM_FFI_THROW(ValueError) << api << ": an empty window (no channels or taps)";
+  }
+
+  std::lock_guard<std::mutex> lock(cd::Mutex());
+  const cd::Api& lib = cd::LoadLocked();
+  cd::Stream stream = TVMFFIEnvGetStream(kDLCUDA, dev.device_id);
+  cd::Handle h = cd::HandleLocked(dev, stream);
+  Descriptors d(lib);
+  int64_t x_ext[4] = {s.n, s.c, rows, cols}, y_ext[4] = {s.n, s.f, s.oh, s.ow};
+  SetTensor(lib, &d.x, dtype, x_ext, s.xs, api);
+  SetTensor(lib, &d.y, dtype, y_ext, s.ys, api);
+  int64_t w_ext[4] = {s.f, s.cg, s.kh, s.kw};
+  int64_t packed[4] = {s.cg * s.kh * s.kw, s.kh * s.kw, s.kw, 1};
+  bool repack = false;
+  for (int i = 0; i < 4; ++i) repack |= w_ext[i] > 1 && s.ws[i] != packed[i];
+  cd::Check(lib.create_filter(&d.w), "cudnnCreateFilterDescriptor");
+  cd::Check(lib.set_filter(d.w, dtype, cd::kNCHW, Int(s.f, api), Int(s.cg, api),
+                           Int(s.kh, api), Int(s.kw, api)),
+            "cudnnSetFilter4dDescriptor");
+  cd::Check(lib.create_conv(&d.conv), "cudnnCreateConvolutionDescriptor");
+  cd::Check(lib.set_conv(d.conv, 0, 0, Int(s.sh, api), Int(s.sw, api), Int(s.dh, api),
+                         Int(s.dw, api), cd::kCrossCorrelation, cd::kFloat),
+            "cudnnSetConvolution2dDescriptor");
+  cd::Check(lib.set_groups(d.conv, Int(s.groups, api)), "cudnnSetConvolutionGroupCount");
+  cd::Check(lib.set_math(d.conv, dtype == cd::kFloat ? cd::kFmaMath : 0),
+            "cudnnSetConvolutionMathType");
+
+  std::vector<int64_t> key = {dtype, s.n, s.c, rows, cols, s.f, s.cg, s.kh, s.kw, s.oh, s.ow,
+                              s.sh, s.sw, s.dh, s.dw, s.groups, dev.device_id};
+  key.insert(key.end(), s.xs, s.xs + 4);
+  key.insert(key.end(), s.ys, s.ys + 4);
+  Choice c = Choose(lib, h, d, dtype, key, api);
+  cd::Check(lib.set_math(d.conv, c.math), "cudnnSetConvolutionMathType");
+
+  size_t esize = a.x->dtype.bits / 8;
+  size_t w_bytes = repack ? size_t(s.f * s.cg * s.kh * s.kw) * esize : 0;
+  size_t w_room = (w_bytes + 255) / 256 * 256;
+  char* scratch = nullptr;
+  if (w_room + c.workspace > 0) {
+    scratch = static_cast<char*>(Scratch(dev, stream, w_room + c.workspace));
+  }
+  float one = 1.0f, zero = 0.0f;
+  const void* w_data = Base(a.w);
+  cd::Status status = 0;
+  const char* step = "cudnnConvolutionForward";
+  if (repack) {  // W in another axis order: packed into the scratch first
+    SetTensor(lib, &d.w_src, dtype, w_ext, s.ws, api);
+    SetTensor(lib, &d.w_dst, dtype, w_ext, packed, api);
+    status = lib.transform(h, &one, d.w_src, w_data, &zero, d.w_dst, scratch);
+    step = status != 0 ? "cudnnTransformTensor" : step;
+    w_data = scratch;
+  }
+  if (status == 0) {
+    status = lib.forward(h, &one, d.x, Base(a.x), d.w, w_data, d.conv, c.algo,
+                         c.workspace ? scratch + w_room : nullptr, c.workspace, &zero, d.y,
+                         const_cast<char*>(Base(a.y)));
+  }
+  if (scratch != nullptr) tvm::runtime::DeviceAPI::Get(dev)->FreeWorkspace(dev, scratch);
+  cd::Check(status, step);
+}
+
+}  // namespace blas
+}  // namespace tvm_ext
+
+TVM_FFI_STATIC_INIT_BLOCK() {
+  namespace refl = tvm::ffi::reflection;
+  namespace blas = tvm_ext::blas;
+  refl::GlobalDef()
+      .def_packed("tvm_ext.cudnn.conv2d",
+                  [](tvm::ffi::PackedArgs args, tvm::ffi::Any*) { blas::CudnnConv2d(args); })
+      .def("tvm_ext.cudnn.set_library",
+           [](tvm::ffi::String path) { blas::cudnn::SetLibraryPath(std::string(path)); })
+      .def("tvm_ext.cudnn.available",
+           []() { return tvm::ffi::String(blas::cudnn::AvailablePath()); })
+      .def("tvm_ext.cudnn.workspace_bytes",
+           []() { return static_cast<int64_t>(blas::cudnn::kWorkspaceBytes); });
+}
