@@ -65,12 +65,13 @@ def test_nothing_is_certain_where_the_input_decides_or_the_fill_is_finite(combin
 
 
 @pytest.fixture(scope="module")
-def padded_llama():
-    """A transformers Llama (sdpa) exported with an `attention_mask` input, its Relax module,
-    and inputs whose second row is left-padded (its first query rows see no key)."""
+def padded_llama(tmp_path_factory):
+    """A transformers Llama (sdpa) exported with an `attention_mask` input and loaded as
+    `compile.py` does, inputs whose second row is left-padded (its first query rows see no
+    key), and PyTorch's logits."""
     torch = pytest.importorskip("torch")
     tf = pytest.importorskip("transformers")
-    from tvm_ext.models.torch_import import import_exported_program
+    from tvm_ext.models.loaders import load_file
 
     torch.manual_seed(0)
     cfg = tf.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
@@ -90,36 +91,57 @@ def padded_llama():
     mask = torch.ones(2, LONG, dtype=torch.int64)
     mask[1, :3] = 0
     wrapped = Logits().eval()
+    path = str(tmp_path_factory.mktemp("padded") / "llama.pt2")
     with torch.no_grad():
         want = wrapped(ids, mask).numpy()
-        program = torch.export.export(wrapped, (ids, mask))
-    mod, _ = import_exported_program(program)
-    weights = [p.numpy() for p in mod["main"].attrs["params"]]
-    mod = mod.clone()
-    mod["main"] = mod["main"].without_attr("params")
-    return mod, [ids.numpy(), mask.numpy(), *weights], want
+        torch.export.save(torch.export.export(wrapped, (ids, mask)), path)
+    return load_file(path), [ids.numpy(), mask.numpy()], want
+
+
+def _run(mod, arrays):
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
+    return [o.numpy() for o in out] if not hasattr(out, "numpy") else [out.numpy()]
 
 
 def test_an_exported_padded_llamas_attention_skips_past_the_causal_line(padded_llama):
     """Every layer's mask gets the causal line though it reads the input; the fused module
     computes what the unfused one and PyTorch do, the padded row's empty query rows included."""
-    mod, arrays, want = padded_llama
-    matches = find_attention(mod["main"])
+    model, inputs, want = padded_llama
+    matches = find_attention(model.mod["main"])
     assert len(matches) == 2 and all(m.spec.causal_offset == 0 for m in matches)
     assert all(m.spec.zero_masked_rows for m in matches)
     fuse = FuseAttention(tvm.target.Target("llvm"))
-    fused = fuse(mod)
+    fused = fuse(model.mod)
     assert fuse.fused == 2
     full = analyze_kernel(attention_kernel(dataclasses.replace(matches[0].spec,
                                                                causal_offset=None))).flops
     kernels = [f for _, f in fused.functions_items() if isinstance(f, tirx.PrimFunc)
                and f.attrs is not None and FUSED_ATTENTION_ATTR in f.attrs]
     assert kernels and all(analyze_kernel(k).flops < 0.7 * full for k in kernels)
-
-    def run(m):
-        vm = relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())
-        return vm["main"](*[tvm.runtime.tensor(a) for a in arrays]).numpy()
-
-    got, unfused = run(fused), run(mod)
+    arrays = [*inputs, *model.weights]
+    [got], [unfused] = _run(fused, arrays), _run(model.mod, arrays)
     np.testing.assert_allclose(got, unfused, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_its_training_step_fuses_the_backward_with_the_same_line(padded_llama):
+    """The step's backward kernels skip the same tiles; loss and every gradient equal the
+    unfused step's (the empty query rows' gradients zero in both)."""
+    from tvm_ext.models.base import make_training_step
+
+    model, inputs, _ = padded_llama
+    step = make_training_step(model, loss="mse")
+    fuse = FuseAttention(tvm.target.Target("llvm"))
+    fused = fuse(step.mod)
+    assert fuse.fused == fuse.fused_backward == 2
+    assert all(m.spec.causal_offset == 0 for m in find_attention(step.mod["main"]))
+    params = step.mod["main"].params
+    rng = np.random.default_rng(0)
+    labels = [rng.standard_normal([int(d) for d in p.ty.shape]).astype(str(p.ty.dtype))
+              for p in params[len(inputs):len(params) - len(model.weights)]]
+    arrays = [*inputs, *labels, *model.weights]
+    got, want = _run(fused, arrays), _run(step.mod, arrays)
+    scale = max(float(np.abs(w).max()) for w in want)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * scale)

@@ -185,7 +185,7 @@ void CudnnConv2d(tvm::ffi::PackedArgs args) {
                          Int(s.dw, api), cd::kCrossCorrelation, cd::kFloat),
             "cudnnSetConvolution2dDescriptor");
   cd::Check(lib.set_groups(d.conv, Int(s.groups, api)), "cudnnSetConvolutionGroupCount");
-  cd::Check(lib.set_math(d.conv, dtype == cd::kFloat ? cd::kFmaMath : 0),
+  cd::Check(lib.set_math(d.conv, dtype == cd::kFloat ? cd::kFmaMath : cd::kTensorOpMath),
             "cudnnSetConvolutionMathType");
 
   std::vector<int64_t> key = {dtype, s.n, s.c, rows, cols, s.f, s.cg, s.kh, s.kw, s.oh, s.ow,

@@ -37,7 +37,7 @@ using Desc = void*;    // cudnn{Tensor,Filter,Convolution}Descriptor_t
 constexpr int kFloat = 0, kHalf = 2, kBFloat16 = 9;  // cudnnDataType_t
 constexpr int kNCHW = 0;                              // cudnnTensorFormat_t
 constexpr int kCrossCorrelation = 1;                  // cudnnConvolutionMode_t (PyTorch's)
-constexpr int kFmaMath = 3;                           // cudnnMathType_t: no TF32
+constexpr int kTensorOpMath = 1, kFmaMath = 3;        // cudnnMathType_t (FMA: no TF32)
 constexpr size_t kWorkspaceBytes = size_t(64) << 20;
 
 // cudnnConvolutionFwdAlgoPerf_t, field for field.

@@ -89,9 +89,11 @@ def gpt2(attn: str, hidden: int = 32, layers: int = 2, seq: int = SEQ, vocab: in
 
 
 def llama(attn: str, hidden: int = 32, layers: int = 2, seq: int = SEQ, vocab: int = VOCAB,
-          batch: int = BATCH):
+          batch: int = BATCH, left_padded: bool = False):
     """RoPE, RMSNorm, SiLU gates, grouped-query attention (a third of the heads as KV heads,
-    rounded up; 2 for 4 heads at the tiny size)."""
+    rounded up; 2 for 4 heads at the tiny size). `left_padded`: an `attention_mask` input that
+    pads the second row on the left, so that under the causal mask its first query rows see no
+    key (PyTorch zeroes them, forward and gradient)."""
     def build():
         torch = _seed()
         import transformers as tf
@@ -101,8 +103,12 @@ def llama(attn: str, hidden: int = 32, layers: int = 2, seq: int = SEQ, vocab: i
                              num_hidden_layers=layers, num_attention_heads=heads,
                              num_key_value_heads=max(2, heads // 3),
                              max_position_embeddings=seq, attn_implementation=attn)
-        return (_Logits.wrap(tf.LlamaForCausalLM(cfg).eval()),
-                (_ids(torch, vocab, batch, seq),))
+        inputs = (_ids(torch, vocab, batch, seq),)
+        if left_padded:
+            mask = torch.ones(batch, seq, dtype=torch.int64)
+            mask[1, :3] = 0
+            inputs = (*inputs, mask)
+        return _Logits.wrap(tf.LlamaForCausalLM(cfg).eval()), inputs
     return build
 
 
@@ -370,6 +376,8 @@ MODELS: list[CorpusModel] = [
     CorpusModel("deberta_v2", deberta_v2(), "language", ci_modes=("plain", "training")),
     CorpusModel("mobilenet_v2", mobilenet_v2(), "vision", ci_modes=("plain", "training")),
     CorpusModel("opt_unwrapped", opt_unwrapped(), "language", ci_modes=("plain", "training")),
+    CorpusModel("llama_left_padded", llama("sdpa", left_padded=True), "language",
+                ci_modes=("plain", "training")),
 ]
 
 BY_NAME = {m.name: m for m in MODELS}

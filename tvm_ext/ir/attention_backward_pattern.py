@@ -16,7 +16,8 @@ the (batch, heads) axes, same-shape broadcast_to / collapse_sum_to, last-two-axe
 multiplications or divisions by scalar constants and casts of a float32 tensor to a low float
 dtype (the view notes the rounding). Two operands are the same when their canonical views
 are. With PyTorch's zeroed -inf rows, dP passes through the same where() as the forward's
-probabilities. In a mixed-precision step (the forward's products read operands rounded to a
+probabilities, and softmax's gradient reads P zeroed so (`tvm_ext.models.masked_softmax`) or
+as softmax made it. In a mixed-precision step (the forward's products read operands rounded to a
 low dtype) every product of the backward must read its operands rounded to that dtype too,
 and softmax's gradient must read dP and P unrounded: what the kernels compute then.
 
@@ -251,7 +252,10 @@ def find_attention_backward(match: AttentionMatch, bindings: dict, uses: dict,
         if len(wheres) != 1:
             return None
         dp_base = wheres[0]
-    d_scores = _softmax_gradient(views, backward, dp_base, fwd.p_soft)
+    # P as softmax's gradient reads it: softmax's result, or (tvm_ext.models.masked_softmax)
+    # its zeroed rows
+    p_reads = (fwd.p_soft,) if fwd.guard is None else (fwd.p_soft, fwd.p.base)
+    d_scores = _softmax_gradient(views, backward, dp_base, p_reads)
     if d_scores is None:
         return None
     ds, inner = d_scores
@@ -331,8 +335,9 @@ def _scores_product_var(values: dict, scores_mm):
                  e.args[0].same_as(var)), var)
 
 
-def _softmax_gradient(views: CanonicalViews, backward: list, dp, p_soft):
-    """(dS, its intermediates) for dS = P * (dP - sum(dP * P, -1, keepdims)) in `backward`."""
+def _softmax_gradient(views: CanonicalViews, backward: list, dp, p_reads: tuple):
+    """(dS, its intermediates) for dS = P * (dP - sum(dP * P, -1, keepdims)) in `backward`, P
+    read as one of `p_reads` (the same one in both products)."""
     def is_(expr, base) -> bool:
         return views.of(expr).plain(base)
 
@@ -340,22 +345,24 @@ def _softmax_gradient(views: CanonicalViews, backward: list, dp, p_soft):
         x, y = e.args
         return (is_(x, a_base) and is_(y, b_base)) or (is_(y, a_base) and is_(x, b_base))
 
-    t1 = [v for v, e in backward if _op(e, "relax.multiply") and pair(e, dp, p_soft)]
-    if len(t1) != 1:
-        return None
-    t2 = [v for v, e in backward if _op(e, "relax.sum") and e.args[0].same_as(t1[0]) and
-          e.attrs.keepdims and e.attrs.axis is not None and
-          [int(a) for a in e.attrs.axis] in ([-1], [3])]
-    if len(t2) != 1:
-        return None
-    t3 = [v for v, e in backward if _op(e, "relax.subtract") and is_(e.args[0], dp) and
-          e.args[1].same_as(t2[0])]
-    if len(t3) != 1:
-        return None
-    ds = [v for v, e in backward if _op(e, "relax.multiply") and pair(e, t3[0], p_soft)]
-    if len(ds) != 1:
-        return None
-    return ds[0], (t1[0], t2[0], t3[0], dp)
+    for p in p_reads:
+        t1 = [v for v, e in backward if _op(e, "relax.multiply") and pair(e, dp, p)]
+        if len(t1) != 1:
+            continue
+        t2 = [v for v, e in backward if _op(e, "relax.sum") and e.args[0].same_as(t1[0]) and
+              e.attrs.keepdims and e.attrs.axis is not None and
+              [int(a) for a in e.attrs.axis] in ([-1], [3])]
+        if len(t2) != 1:
+            return None
+        t3 = [v for v, e in backward if _op(e, "relax.subtract") and is_(e.args[0], dp) and
+              e.args[1].same_as(t2[0])]
+        if len(t3) != 1:
+            return None
+        ds = [v for v, e in backward if _op(e, "relax.multiply") and pair(e, t3[0], p)]
+        if len(ds) != 1:
+            return None
+        return ds[0], (t1[0], t2[0], t3[0], dp)
+    return None
 
 
 def dataflow_bindings(func: relax.Function) -> list[dict]:

@@ -21,6 +21,7 @@ from tvm import relax
 from ..runtime import random_arrays
 from . import dropout, gradients
 from .chunked_loss import chunk_logits_loss, interleave_chunks
+from .masked_softmax import read_zeroed_rows, zeroed_row_softmaxes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,8 +290,9 @@ def make_training_step(
         mod["main"] = chunk_logits_loss(mod["main"])  # large logits: head and loss in chunks
     num_input = model.num_input + 1 + len(scale_spec)  # the labels follow the inputs
     wrt = _params_to_differentiate(model.name, mod["main"], num_input, trainable)
+    zeroed = zeroed_row_softmaxes(mod["main"])
     mod = _differentiate(model.name, mod, wrt)
-    step = interleave_chunks(_flatten_return(mod["main_adjoint"]))
+    step = interleave_chunks(read_zeroed_rows(_flatten_return(mod["main_adjoint"]), zeroed))
     step = step.with_attr("global_symbol", "main").with_attr("num_input", num_input)
     grad_names = [v.name for v in wrt]
     config = dict(model.config, loss=loss, gradients=grad_names,
