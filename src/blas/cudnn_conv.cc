@@ -195,6 +195,10 @@ void CudnnConv2d(tvm::ffi::PackedArgs args) {
   Choice c = Choose(lib, h, d, dtype, key, api);
   cd::Check(lib.set_math(d.conv, c.math), "cudnnSetConvolutionMathType");
 
+  if (repack) {  // W in another axis order: packed into the scratch first (below)
+    SetTensor(lib, &d.w_src, dtype, w_ext, s.ws, api);
+    SetTensor(lib, &d.w_dst, dtype, w_ext, packed, api);
+  }
   size_t esize = a.x->dtype.bits / 8;
   size_t w_bytes = repack ? size_t(s.f * s.cg * s.kh * s.kw) * esize : 0;
   size_t w_room = (w_bytes + 255) / 256 * 256;
@@ -206,9 +210,7 @@ void CudnnConv2d(tvm::ffi::PackedArgs args) {
   const void* w_data = Base(a.w);
   cd::Status status = 0;
   const char* step = "cudnnConvolutionForward";
-  if (repack) {  // W in another axis order: packed into the scratch first
-    SetTensor(lib, &d.w_src, dtype, w_ext, s.ws, api);
-    SetTensor(lib, &d.w_dst, dtype, w_ext, packed, api);
+  if (repack) {
     status = lib.transform(h, &one, d.w_src, w_data, &zero, d.w_dst, scratch);
     step = status != 0 ? "cudnnTransformTensor" : step;
     w_data = scratch;
