@@ -66,36 +66,21 @@ def test_nothing_is_certain_where_the_input_decides_or_the_fill_is_finite(combin
 
 @pytest.fixture(scope="module")
 def padded_llama(tmp_path_factory):
-    """A transformers Llama (sdpa) exported with an `attention_mask` input and loaded as
-    `compile.py` does, inputs whose second row is left-padded (its first query rows see no
-    key), and PyTorch's logits."""
+    """The corpus's left-padded Llama (sdpa, an `attention_mask` input; its second row's first
+    query rows see no key) at LONG tokens, loaded as `compile.py` does, its inputs and
+    PyTorch's logits."""
     torch = pytest.importorskip("torch")
-    tf = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
+    import corpus
+
     from tvm_ext.models.loaders import load_file
 
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=LONG, attn_implementation="sdpa")
-    model = tf.LlamaForCausalLM(cfg).eval()
-
-    class Logits(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner = model
-
-        def forward(self, ids, mask):
-            return self.inner(input_ids=ids, attention_mask=mask, use_cache=False).logits
-
-    ids = torch.randint(0, 64, (2, LONG), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones(2, LONG, dtype=torch.int64)
-    mask[1, :3] = 0
-    wrapped = Logits().eval()
+    module, inputs = corpus.llama("sdpa", seq=LONG, left_padded=True)()
     path = str(tmp_path_factory.mktemp("padded") / "llama.pt2")
     with torch.no_grad():
-        want = wrapped(ids, mask).numpy()
-        torch.export.save(torch.export.export(wrapped, (ids, mask)), path)
-    return load_file(path), [ids.numpy(), mask.numpy()], want
+        want = module(*inputs).numpy()
+        torch.export.save(torch.export.export(module, inputs), path)
+    return load_file(path), [x.numpy() for x in inputs], want
 
 
 def _run(mod, arrays):

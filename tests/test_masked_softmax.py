@@ -13,43 +13,29 @@ from tvm import relax
 from tvm_ext.models import masked_softmax
 from tvm_ext.models.base import make_training_step
 
-SEQ = 16
-
 
 @pytest.fixture(scope="module")
 def padded(tmp_path_factory):
-    """(the loaded model, its inputs and labels, PyTorch's loss and gradients by name)."""
+    """The corpus's left-padded Llama loaded as `compile.py` does, its inputs and labels, and
+    PyTorch's loss and gradients by parameter name."""
     torch = pytest.importorskip("torch")
-    tf = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
+    import corpus
+
     from tvm_ext.models.loaders import load_file
 
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=SEQ, attn_implementation="sdpa")
-    model = tf.LlamaForCausalLM(cfg)
-
-    class Logits(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner = model
-
-        def forward(self, ids, mask):
-            return self.inner(input_ids=ids, attention_mask=mask, use_cache=False).logits
-
-    wrapped = Logits()
-    ids = torch.randint(0, 64, (2, SEQ), generator=torch.Generator().manual_seed(1))
-    labels = torch.randint(0, 64, (2, SEQ), generator=torch.Generator().manual_seed(2))
-    mask = torch.ones(2, SEQ, dtype=torch.int64)
-    mask[1, :3] = 0  # left padding: row 1's first three queries see no key
+    module, inputs = corpus.llama("sdpa", left_padded=True)()
     path = str(tmp_path_factory.mktemp("masked") / "llama.pt2")
     with torch.no_grad():
-        torch.export.save(torch.export.export(wrapped.eval(), (ids, mask)), path)
-    logits = wrapped(ids, mask)
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), labels.reshape(-1))
+        torch.export.save(torch.export.export(module, inputs), path)
+    logits = module(*inputs)
+    vocab = logits.shape[-1]
+    labels = torch.randint(0, vocab, logits.shape[:-1], generator=torch.Generator().manual_seed(2))
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), labels.reshape(-1))
     loss.backward()
-    grads = {"p_" + n.replace(".", "_"): p.grad.numpy() for n, p in wrapped.named_parameters()}
-    return load_file(path), [ids.numpy(), mask.numpy(), labels.numpy()], float(loss), grads
+    grads = {"p_" + n.replace(".", "_"): p.grad.numpy() for n, p in module.named_parameters()}
+    return (load_file(path), [*(x.numpy() for x in inputs), labels.numpy()], float(loss),
+            grads)
 
 
 def _step_outputs(model, arrays):

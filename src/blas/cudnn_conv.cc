@@ -123,9 +123,11 @@ Choice Choose(const cd::Api& lib, cd::Handle h, const Descriptors& d, int dtype,
     Chosen()[key] = c;
     return c;
   }
-  TVM_FFI_THROW(RuntimeError) << api << ": cuDNN has no algorithm for this convolution within "
-                              << (cd::kWorkspaceBytes >> 20) << " MiB of workspace (build with "
-                              << "--no-library to use the generated kernel)";
+  TVM_FFI_THROW(RuntimeError) << api << ": cuDNN offers no algorithm for this convolution ("
+                              << returned << " considered: unsupported for its geometry, storage "
+                              << "order and dtype, or over " << (cd::kWorkspaceBytes >> 20)
+                              << " MiB of workspace); build with --no-library to use the "
+                              << "generated kernel";
 }
 
 }  // namespace
