@@ -56,6 +56,8 @@ def results(bundle, tmp_path_factory) -> dict:
             if os.path.exists(os.path.join(root, name)):
                 os.symlink(os.path.join(root, name), numpy_only / name)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TVM"))}
+        # No bytecode into the bundle (its Disco workers too): the size test counts its files.
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["PYTHONPATH"] = str(numpy_only)
         env["PATH"] = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
                                       if not os.path.isfile(os.path.join(p, "nvcc")))
@@ -107,6 +109,10 @@ def test_self_check_passes_and_gpu_checks_are_skipped(bundle, results):
     assert runtime["status"] == "pass" and runtime["data"]["runtime_only"]
     planned = gpu_bundle.planned_checks(bundle[0])
     assert {n for n in planned if n.startswith("llvm/")} <= set(checks)
+    # On the GPU, cuDNN's convolutions are checked against TVM's code before they are timed.
+    conv = [e for e in Bundle(bundle[0]).suite("cuda")["conv"]]
+    assert len(conv) == 2 and all(e["library"] and e["tvm"] for e in conv)
+    assert {f"cuda/conv/{e['name']}" for e in conv} <= set(planned)
     for name, check in checks.items():
         if name.startswith("llvm/"):
             assert check["status"] == "pass", (name, check["reason"])
@@ -148,6 +154,10 @@ def test_self_check_figures(results):
     assert len(zoo) == 2 and all(c["data"]["max_abs_error"] == 0 for c in zoo)
     gemm = next(c for n, c in checks.items() if n.startswith("llvm/gemm/"))
     assert gemm["data"]["tvm_ms"] > 0 and "torch is not importable" in gemm["data"]["torch"]
+    # The convolutions: a forward and a gradient (another storage order); no library here.
+    convs = [c["data"] for n, c in checks.items() if n.startswith("llvm/conv/")]
+    assert len(convs) == 2 and len({str(c["axes"]) for c in convs}) == 2
+    assert all(c["tvm_ms"] > 0 and c["library_ms"] is None for c in convs)
 
 
 def test_finish_adds_the_simulation(bundle, results, tmp_path):

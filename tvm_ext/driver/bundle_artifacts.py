@@ -43,7 +43,9 @@ class SuiteConfig:
     """What one suite holds. Zoo modules: each model at `zoo_size`, inference and training
     step. Swapped builds: `swap_model` at each budget. A module partitioned over
     `partition_devices` on a Disco session. The `gemm_count` largest distinct GEMMs of
-    `gemm_models` at `gemm_size`. Copies of each of `copy_sizes_mib`, and strided chunk copies
+    `gemm_models` at `gemm_size`; the `conv_count` largest distinct convolutions of
+    `conv_models`' training steps at `conv_size` (forward, data and weight gradients). Copies of
+    each of `copy_sizes_mib`, and strided chunk copies
     (what a split op cut along a later axis makes) of `strided_rows` rows of each of
     `strided_row_bytes`. An offline tuning batch of `tune_trials` candidates for
     `tune_model`'s kernels (0: none)."""
@@ -62,6 +64,9 @@ class SuiteConfig:
     gemm_models: tuple[str, ...] = ("mlp", "gpt")
     gemm_size: str = "large"
     gemm_count: int = 4
+    conv_models: tuple[str, ...] = ("resnet",)
+    conv_size: str = "medium"
+    conv_count: int = 6
     copy_sizes_mib: tuple[int, ...] = (64, 256)
     strided_rows: int = 2048
     strided_row_bytes: tuple[int, ...] = (4, 64, 1024)
@@ -261,6 +266,47 @@ def gemm_entries(writer: SuiteWriter, cfg: SuiteConfig, target, log: Log) -> lis
             lib.export_library(path)
         entries.append(entry)
         log(f"  gemm {entry['name']}: {batch}x{m}x{n}x{k}")
+    return entries
+
+
+def conv_entries(writer: SuiteWriter, cfg: SuiteConfig, target, log: Log) -> list[dict]:
+    """The largest distinct convolutions (by FLOPs) of the models' training steps, each
+    compiled alone with the vendor library (where `cfg.library`) and with TVM's own code;
+    every storage order of their operands (a weight gradient's, a transposed convolution's)
+    among them before a second of one order."""
+    found = {}
+    for name in cfg.conv_models:
+        fused = pipeline.fuse(get_model(name, cfg.conv_size, training=True).mod, target)
+        for gv, func in fused.functions.items():
+            if not isinstance(func, tirx.PrimFunc):
+                continue
+            for call in find_library_calls(func):
+                if call.kind == "gemm" or not call.flops:
+                    continue
+                shapes = tuple(tuple(int(d) for d in b.shape) for b in call.operands)
+                key = (shapes, call.conv, call.conv_axes, call.dtypes)
+                if key not in found or call.flops > found[key][0]:
+                    found[key] = (call.flops, name, gv.name_hint, func, call)
+    ranked, orders = [], {}
+    for item in sorted(found.values(), key=lambda f: -f[0]):
+        orders.setdefault(item[4].conv_axes, []).append(item)
+    while any(orders.values()) and len(ranked) < cfg.conv_count:
+        for items in orders.values():
+            if items and len(ranked) < cfg.conv_count:
+                ranked.append(items.pop(0))
+    entries = []
+    for flops, name, kernel, func, call in ranked:
+        entry = {"name": f"{name}-{kernel}", "model": f"{name}-{cfg.conv_size}",
+                 "kernel": kernel, "flops": int(flops), "axes": [list(a) for a in call.conv_axes],
+                 "dtype": str(call.dtypes[0]), "params": kernel_params(func), "library": None}
+        for variant in (("library", "tvm") if cfg.library else ("tvm",)):
+            lib, dispatched = compile_kernel(func, kernel, target, variant == "library")
+            if variant == "library" and not dispatched:
+                continue
+            path, entry[variant] = writer.path(f"conv/{name}-{kernel}-{variant}.so")
+            lib.export_library(path)
+        entries.append(entry)
+        log(f"  conv {entry['name']}: axes {entry['axes']}, {flops / 1e9:.2f} GFLOP")
     return entries
 
 

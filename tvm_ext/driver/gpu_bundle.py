@@ -40,6 +40,7 @@ from .build import resolve_target
 from .bundle_artifacts import (
     SuiteConfig,
     SuiteWriter,
+    conv_entries,
     gemm_entries,
     partition_entry,
     swap_entry,
@@ -57,7 +58,8 @@ Log = Callable[[str], None]
 SELF_CHECK = SuiteConfig(zoo=("mlp",), zoo_size="tiny", swap_model="mlp", swap_size="tiny",
                          swap_budgets=("75%", "min"), swap_time_budget=1.0, swap_repeat=3,
                          partition_model="mlp", partition_size="tiny", gemm_models=("mlp",),
-                         gemm_size="tiny", gemm_count=1, copy_sizes_mib=(4,), strided_rows=256,
+                         gemm_size="tiny", gemm_count=1, conv_size="tiny", conv_count=2,
+                         copy_sizes_mib=(4,), strided_rows=256,
                          tune_trials=0,
                          library=False)
 GPU_SUITE = SuiteConfig()
@@ -176,6 +178,7 @@ def _suite(root: str, name: str, cfg: SuiteConfig, config: BundleConfig, log: Lo
             "swap": swap_entry(writer, cfg, target, hardware, log, config.seed),
             "partition": [partition_entry(writer, cfg, target, hardware, log, config.seed)],
             "gemm": gemm_entries(writer, cfg, target, log),
+            "conv": conv_entries(writer, cfg, target, log),
             "tuning": tuning_entry(writer, cfg, target, config.tune_db, log)}
     spec["files"] = writer.finish()
     return spec

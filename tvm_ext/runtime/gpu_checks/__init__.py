@@ -26,6 +26,7 @@ import tvm
 from ..candidate_batch import measure_batch
 from ..cuda import CudaUnavailableError, ensure_cuda_runtime
 from .bundle import ARTIFACTS, SUITES, Bundle
+from .conv import check_conv
 from .copies import check_copies
 from .disco import check_partitioned
 from .gemm import check_gemm
@@ -54,6 +55,7 @@ def plan_suite(suite: SuiteRun, tuning: dict) -> list[Step]:
     steps += [(p + f"disco/{e['name']}", check_partitioned, (suite, e))
               for e in spec.get("partition", [])]
     steps += [(p + f"gemm/{e['name']}", check_gemm, (suite, e)) for e in spec.get("gemm", [])]
+    steps += [(p + f"conv/{e['name']}", check_conv, (suite, e)) for e in spec.get("conv", [])]
     if spec.get("tuning"):
         steps.append((p + "tuning", measure_tuning, (suite, spec["tuning"], tuning)))
     return steps
@@ -110,7 +112,8 @@ def cuda_device() -> tuple[bool, str]:
 
 def check_cuda_modules_load(bundle: Bundle) -> dict:
     """Without a GPU: every CUDA module loads (through the no-device driver stub) and holds
-    device code for TVM's CUDA runtime (a GEMM compiled to call cuBLAS alone holds none)."""
+    device code for TVM's CUDA runtime (a GEMM compiled to call cuBLAS alone holds none, nor
+    may a convolution calling cuDNN)."""
     try:
         ensure_cuda_runtime()
     except CudaUnavailableError as err:
@@ -118,7 +121,8 @@ def check_cuda_modules_load(bundle: Bundle) -> dict:
     prefix = f"{ARTIFACTS}/cuda/"
     paths = [p for p in bundle.manifest.get("files", {}) if p.startswith(prefix)
              and p.endswith(".so")]
-    host_only = {e["library"] for e in bundle.suite("cuda").get("gemm", []) if e.get("library")}
+    host_only = {e["library"] for kind in ("gemm", "conv")
+                 for e in bundle.suite("cuda").get(kind, []) if e.get("library")}
     for path in paths:
         module = tvm.runtime.load_module(bundle.path(path))
         kinds, stack = set(), [module]
