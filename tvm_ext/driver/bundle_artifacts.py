@@ -236,6 +236,19 @@ def partition_entry(writer: SuiteWriter, cfg: SuiteConfig, target, hardware: str
             **_checked_entry(writer, model, target, cfg.library, seed)}
 
 
+def _write_variants(writer: SuiteWriter, entry: dict, stem: str, func, kernel: str, target,
+                    library: bool) -> None:
+    """`entry["library"]`, `entry["tvm"]`: the kernel compiled alone with the vendor library
+    (where `library` and a library computes part of it) and with TVM's own code, written as
+    `<stem>-<variant>.so`."""
+    for variant in (("library", "tvm") if library else ("tvm",)):
+        lib, dispatched = compile_kernel(func, kernel, target, variant == "library")
+        if variant == "library" and not dispatched:
+            continue
+        path, entry[variant] = writer.path(f"{stem}-{variant}.so")
+        lib.export_library(path)
+
+
 def gemm_entries(writer: SuiteWriter, cfg: SuiteConfig, target, log: Log) -> list[dict]:
     """The largest distinct GEMMs (by FLOPs) of the models, each compiled alone with the
     vendor library (where `cfg.library`) and with TVM's own code."""
@@ -258,12 +271,8 @@ def gemm_entries(writer: SuiteWriter, cfg: SuiteConfig, target, log: Log) -> lis
                  "kernel": kernel, "dims": [batch, m, n, k], "batched_b": batched_b,
                  "dtype": str(call.dtypes[0]), "flops": int(flops),
                  "params": kernel_params(func), "library": None}
-        for variant in (("library", "tvm") if cfg.library else ("tvm",)):
-            lib, dispatched = compile_kernel(func, kernel, target, variant == "library")
-            if variant == "library" and not dispatched:
-                continue
-            path, entry[variant] = writer.path(f"gemm/{name}-{kernel}-{variant}.so")
-            lib.export_library(path)
+        _write_variants(writer, entry, f"gemm/{name}-{kernel}", func, kernel, target,
+                        cfg.library)
         entries.append(entry)
         log(f"  gemm {entry['name']}: {batch}x{m}x{n}x{k}")
     return entries
@@ -299,12 +308,8 @@ def conv_entries(writer: SuiteWriter, cfg: SuiteConfig, target, log: Log) -> lis
         entry = {"name": f"{name}-{kernel}", "model": f"{name}-{cfg.conv_size}",
                  "kernel": kernel, "flops": int(flops), "axes": [list(a) for a in call.conv_axes],
                  "dtype": str(call.dtypes[0]), "params": kernel_params(func), "library": None}
-        for variant in (("library", "tvm") if cfg.library else ("tvm",)):
-            lib, dispatched = compile_kernel(func, kernel, target, variant == "library")
-            if variant == "library" and not dispatched:
-                continue
-            path, entry[variant] = writer.path(f"conv/{name}-{kernel}-{variant}.so")
-            lib.export_library(path)
+        _write_variants(writer, entry, f"conv/{name}-{kernel}", func, kernel, target,
+                        cfg.library)
         entries.append(entry)
         log(f"  conv {entry['name']}: axes {entry['axes']}, {flops / 1e9:.2f} GFLOP")
     return entries

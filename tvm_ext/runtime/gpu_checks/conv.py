@@ -5,16 +5,12 @@ device: a wrong descriptor, layout or algorithm shows here before it shows in a 
 
 from __future__ import annotations
 
-import statistics
-
 import numpy as np
 
-from ..kernel_timing import kernel_arguments, kernel_module, time_kernel
+from ..kernel_timing import kernel_arguments, kernel_module
+from .gemm import time_variants
 from .report import Failed
 from .suite import SuiteRun
-
-REPEAT = 5
-MIN_REPEAT_MS = 20  # each repeat runs the kernel until it lasts this long
 
 
 def _outputs(suite: SuiteRun, relative: str, kernel: str, params) -> list[np.ndarray]:
@@ -40,21 +36,8 @@ def check_conv(suite: SuiteRun, entry: dict) -> dict:
         if not all(np.isfinite(g).all() for g in got) or data["max_abs_error"] > 1e-3 * scale:
             raise Failed(f"the library's result differs from TVM's code by "
                          f"{data['max_abs_error']:.3g} (largest value {scale:.3g})", data)
-    args = kernel_arguments(params, suite.device, np.random.default_rng(0))
-    for variant in ("library", "tvm"):
-        if not entry.get(variant):
-            data[f"{variant}_ms"] = None
-            continue
-        secs = time_kernel(suite.module(entry[variant]), kernel, args, suite.device,
-                           number=1, repeat=REPEAT, min_repeat_ms=MIN_REPEAT_MS)
-        median = statistics.median(secs)
-        if not np.isfinite(median) or median <= 0:
-            raise Failed(f"{variant} kernel: no valid time ({secs})", data)
-        data[f"{variant}_ms"] = median * 1e3
-        data[f"{variant}_tflops"] = float(entry["flops"]) / median / 1e12
+    time_variants(suite, entry, kernel_arguments(params, suite.device,
+                                                 np.random.default_rng(0)), data)
     if data.get("library_ms") and data.get("tvm_ms"):
         data["library_vs_tvm"] = data["library_ms"] / data["tvm_ms"]
     return data
-
-
-

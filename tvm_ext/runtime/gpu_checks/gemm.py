@@ -23,17 +23,7 @@ def check_gemm(suite: SuiteRun, entry: dict) -> dict:
     batch, m, n, k = entry["dims"]
     data = {"kernel": entry["kernel"], "model": entry["model"], "dims": entry["dims"],
             "dtype": entry["dtype"], "gflop": flops / 1e9}
-    for variant in ("library", "tvm"):
-        if not entry.get(variant):
-            data[f"{variant}_ms"] = None
-            continue
-        secs = time_kernel(suite.module(entry[variant]), entry["kernel"], args, suite.device,
-                           number=1, repeat=REPEAT, min_repeat_ms=MIN_REPEAT_MS)
-        median = statistics.median(secs)
-        if not np.isfinite(median) or median <= 0:
-            raise Failed(f"{variant} kernel: no valid time ({secs})", data)
-        data[f"{variant}_ms"] = median * 1e3
-        data[f"{variant}_tflops"] = flops / median / 1e12
+    time_variants(suite, entry, args, data)
     torch_s = _torch_matmul(suite, batch, m, n, k, entry["dtype"], entry.get("batched_b", False))
     if isinstance(torch_s, str):
         data["torch"] = torch_s
@@ -44,6 +34,22 @@ def check_gemm(suite: SuiteRun, entry: dict) -> dict:
             if data.get(f"{variant}_ms"):
                 data[f"{variant}_vs_torch"] = data[f"{variant}_ms"] / data["torch_ms"]
     return data
+
+
+def time_variants(suite: SuiteRun, entry: dict, args, data: dict) -> None:
+    """`<variant>_ms` and `<variant>_tflops` in `data` for the entry's library and TVM builds of
+    its kernel (None where it has no such build), timed on `args`."""
+    for variant in ("library", "tvm"):
+        if not entry.get(variant):
+            data[f"{variant}_ms"] = None
+            continue
+        secs = time_kernel(suite.module(entry[variant]), entry["kernel"], args, suite.device,
+                           number=1, repeat=REPEAT, min_repeat_ms=MIN_REPEAT_MS)
+        median = statistics.median(secs)
+        if not np.isfinite(median) or median <= 0:
+            raise Failed(f"{variant} kernel: no valid time ({secs})", data)
+        data[f"{variant}_ms"] = median * 1e3
+        data[f"{variant}_tflops"] = float(entry["flops"]) / median / 1e12
 
 
 def _torch_matmul(suite: SuiteRun, batch: int, m: int, n: int, k: int, dtype: str,
