@@ -136,14 +136,7 @@ void SetLibraryPath(const std::string& path) {
   requested_path = path;  // used at the first load; a loaded cuBLAS (with handles) stays
 }
 
-std::string AvailablePath() {
-  std::lock_guard<std::mutex> lock(Mutex());
-  try {
-    return LoadLocked().path;
-  } catch (const tvm::ffi::Error&) {
-    return "";
-  }
-}
+std::string AvailablePath() { return vendor::LoadedPath(Mutex(), LoadLocked); }
 
 }  // namespace cublas
 }  // namespace blas

@@ -1,8 +1,8 @@
 #include "blas/cudnn_library.h"
 
 #include <dlfcn.h>
-#include <sys/stat.h>
 #include <tvm/ffi/error.h>
+
 #include <map>
 #include <sstream>
 #include <vector>
@@ -37,11 +37,6 @@ std::map<int, DeviceState>& Devices() {
   return *devices;
 }
 
-bool Exists(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0;
-}
-
 Api* TryLoad(const std::string& path, std::ostringstream* tried) {
   auto note = [&](const std::string& why) {
     *tried << (tried->tellp() > 0 ? "; " : "") << path << " (" << why << ")";
@@ -50,7 +45,7 @@ Api* TryLoad(const std::string& path, std::ostringstream* tried) {
   if (slash != std::string::npos) {
     std::string dir = path.substr(0, slash + 1);
     for (const char* engine : kEngines) {
-      if (Exists(dir + engine)) dlopen((dir + engine).c_str(), RTLD_NOW | RTLD_GLOBAL);
+      if (vendor::Exists(dir + engine)) dlopen((dir + engine).c_str(), RTLD_NOW | RTLD_GLOBAL);
     }
   }
   void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -133,14 +128,7 @@ void SetLibraryPath(const std::string& path) {
   requested_path = path;  // used at the first load; a loaded cuDNN (with handles) stays
 }
 
-std::string AvailablePath() {
-  std::lock_guard<std::mutex> lock(Mutex());
-  try {
-    return LoadLocked().path;
-  } catch (const tvm::ffi::Error&) {
-    return "";
-  }
-}
+std::string AvailablePath() { return vendor::LoadedPath(Mutex(), LoadLocked); }
 
 }  // namespace cudnn
 }  // namespace blas

@@ -10,11 +10,6 @@ namespace blas {
 namespace vendor {
 namespace {
 
-bool Exists(const std::string& path, bool directory) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0 && (!directory || S_ISDIR(st.st_mode));
-}
-
 void Expand(const std::string& path, const std::vector<const char*>& subdirs,
             const std::vector<const char*>& names, std::vector<std::string>* out) {
   if (!Exists(path, true)) {
@@ -32,6 +27,11 @@ void Expand(const std::string& path, const std::vector<const char*>& subdirs,
 }
 
 }  // namespace
+
+bool Exists(const std::string& path, bool directory) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && (!directory || S_ISDIR(st.st_mode));
+}
 
 std::vector<std::string> Candidates(const std::string& requested, const char* env,
                                     const std::vector<const char*>& subdirs,

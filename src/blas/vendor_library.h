@@ -7,8 +7,10 @@
 
 #include <dlfcn.h>
 #include <dlpack/dlpack.h>
+#include <tvm/ffi/error.h>
 #include <tvm/runtime/device_api.h>
 
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -24,10 +26,25 @@ std::vector<std::string> Candidates(const std::string& requested, const char* en
                                     const std::vector<const char*>& subdirs,
                                     const std::vector<const char*>& names);
 
+// Whether a file (or, with `directory`, a directory) exists at `path`.
+bool Exists(const std::string& path, bool directory = false);
+
 template <typename F>
 bool Bind(void* lib, const char* name, F* fn) {
   *fn = reinterpret_cast<F>(dlsym(lib, name));
   return *fn != nullptr;
+}
+
+// The path of the library `load_locked` (a library's LoadLocked) loads, taking `mu` around it,
+// or "" where it cannot be loaded (never throws).
+template <typename Load>
+std::string LoadedPath(std::mutex& mu, Load load_locked) {
+  std::lock_guard<std::mutex> lock(mu);
+  try {
+    return load_locked().path;
+  } catch (const tvm::ffi::Error&) {
+    return "";
+  }
 }
 
 // The DeviceAPI of the CUDA device `dev`, made the current device (a handle belongs to the

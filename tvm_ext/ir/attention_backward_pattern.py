@@ -37,7 +37,11 @@ import dataclasses
 from tvm import relax
 
 from .attention_backward_kernel import BackwardSpec
-from .attention_pattern import AttentionMatch, _dtype, _op, _Reader, _scalar, _shape
+from .attention_pattern import AttentionMatch, _Reader
+from .relax_exprs import is_op as _op
+from .relax_exprs import scalar as _scalar
+from .relax_exprs import static_shape as _shape
+from .relax_exprs import tensor_dtype as _dtype
 
 _LOW = ("float16", "bfloat16")
 

@@ -49,13 +49,16 @@ import dataclasses
 
 import ml_dtypes
 import numpy as np
-import tvm
 from tvm import relax
 
 from .attention_kernel import AttentionSpec
 from .attention_mask import causal_offset
 from .constant_eval import ConstantEvaluator
 from .mask_bounds import MaskBounds
+from .relax_exprs import is_op as _op
+from .relax_exprs import scalar as _scalar
+from .relax_exprs import static_shape as _shape
+from .relax_exprs import tensor_dtype as _dtype
 from .var_readers import readers
 
 _FLOATS = ("float32", "float16", "bfloat16")
@@ -78,35 +81,6 @@ class AttentionMatch:
     # the intermediates read outside the pattern (a backward) and what they are made from:
     # computed where they are first read instead (see FuseAttention); the others die
     kept: frozenset = frozenset()
-
-
-def _op(expr, name: str) -> bool:
-    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and \
-        expr.op.name == name
-
-
-def _shape(expr) -> tuple[int, ...] | None:
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    try:
-        return tuple(int(s) for s in ty.shape)
-    except (TypeError, ValueError):
-        return None
-
-
-def _dtype(expr) -> str | None:
-    ty = getattr(expr, "ty", None)
-    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
-
-
-def _scalar(expr) -> float | None:
-    """The value of a constant with one element, else None."""
-    if isinstance(expr, tvm.ir.Constant) and isinstance(expr.ty, relax.TensorType):
-        value = expr.value.numpy()
-        if value.size == 1:
-            return float(value.reshape(()))
-    return None
 
 
 def _rounded(value: float, dtype: str) -> float:

@@ -25,6 +25,8 @@ import tvm
 from tvm import relax
 
 from .constant_eval import ConstantEvaluator
+from .relax_exprs import static_shape as _shape
+from .relax_exprs import tensor_dtype as _dtype
 
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
 _NOTHING = np.zeros((), bool)  # certain nowhere, broadcast to any shape
@@ -42,18 +44,6 @@ class _Certain:
 
 
 _UNKNOWN = _Certain()
-
-
-def _shape(expr) -> tuple[int, ...] | None:
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or ty.shape is None or \
-            not all(isinstance(d, tvm.tirx.IntImm) for d in ty.shape):
-        return None
-    return tuple(int(d) for d in ty.shape)
-
-
-def _dtype(expr) -> str:
-    return str(getattr(expr.ty, "dtype", ""))
 
 
 def _from_value(value: np.ndarray) -> _Certain:

@@ -18,38 +18,26 @@ PyTorch's numbers, the forward unchanged.
 
 from __future__ import annotations
 
-import tvm
 from tvm import relax
 
+from ..ir.relax_exprs import is_op, scalar, static_shape
 from ..ir.var_readers import readers
 
 
-def _op(value, name: str) -> bool:
-    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and \
-        value.op.name == name
-
-
 def _is_zero(expr, values: dict) -> bool:
-    if isinstance(expr, tvm.ir.Constant):
-        data = expr.value.numpy()
-        return data.size == 1 and float(data.reshape(())) == 0.0
+    """Whether `expr` is a scalar 0 constant, or (through its binding) full_like(x, 0)."""
     value = values.get(expr) if isinstance(expr, relax.Var) else expr
-    return _op(value, "relax.full_like") and _is_zero(value.args[1], values)
-
-
-def _static_shape(expr) -> tuple[int, ...] | None:
-    shape = getattr(expr.ty, "shape", None)
-    if shape is None or not all(isinstance(d, tvm.tirx.IntImm) for d in shape):
-        return None
-    return tuple(int(d) for d in shape)
+    if is_op(value, "relax.full_like"):
+        return _is_zero(value.args[1], values)
+    return scalar(expr) == 0.0
 
 
 def _zeroing_where(y, value, values: dict) -> bool:
     """Whether `value` is where(R, zeros, y) with R of extent 1 along y's softmax axis."""
-    if not _op(value, "relax.where") or not value.args[2].same_as(y) or \
+    if not is_op(value, "relax.where") or not value.args[2].same_as(y) or \
             not _is_zero(value.args[1], values):
         return False
-    shape, rows = _static_shape(y), _static_shape(value.args[0])
+    shape, rows = static_shape(y), static_shape(value.args[0])
     if shape is None or rows is None or len(rows) > len(shape):
         return False
     axis = int(values[y].attrs.axis) % len(shape)
@@ -57,22 +45,29 @@ def _zeroing_where(y, value, values: dict) -> bool:
     return axis < offset or rows[axis - offset] == 1
 
 
-def zeroed_row_softmaxes(func: relax.Function) -> set[str]:
-    """Names of the softmax results of `func` read only by a `where` zeroing whole rows and
-    by `full_like` (that `where`'s zeros)."""
+def _zeroed_softmaxes(func: relax.Function):
+    """(values, [(softmax var, its zeroing where, its other readers)]) for each softmax of
+    `func` read by exactly one `where` zeroing whole rows; its readers that are not that
+    `where` or `full_like` (its zeros) are the others (None: the function's output)."""
     values = {b.var: b.value for block in func.body.blocks for b in block.bindings}
     uses = readers(func)
-    found = set()
+    found = []
     for var, value in values.items():
-        if not _op(value, "relax.nn.softmax"):
+        if not is_op(value, "relax.nn.softmax"):
             continue
         users = uses.get(var, [])
         wheres = [u for u in users if u is not None and _zeroing_where(var, values[u], values)]
-        others = [u for u in users if u is None or
-                  (u not in wheres and not _op(values[u], "relax.full_like"))]
-        if len(wheres) == 1 and not others:
-            found.add(var.name)
-    return found
+        if len(wheres) == 1:
+            others = [u for u in users if u is None or
+                      (u not in wheres and not is_op(values[u], "relax.full_like"))]
+            found.append((var, wheres[0], others))
+    return values, found
+
+
+def zeroed_row_softmaxes(func: relax.Function) -> set[str]:
+    """Names of the softmax results of `func` read only by a `where` zeroing whole rows and
+    by `full_like` (that `where`'s zeros)."""
+    return {var.name for var, _, others in _zeroed_softmaxes(func)[1] if not others}
 
 
 def read_zeroed_rows(step: relax.Function, names: set[str]) -> relax.Function:
@@ -81,23 +76,16 @@ def read_zeroed_rows(step: relax.Function, names: set[str]) -> relax.Function:
     result instead."""
     if not names:
         return step
-    values = {b.var: b.value for block in step.body.blocks for b in block.bindings}
-    uses = readers(step)
+    values, found = _zeroed_softmaxes(step)
     swap: dict = {}  # reader -> {softmax var: where var}
-    for var, value in values.items():
-        if var.name not in names or not _op(value, "relax.nn.softmax"):
+    for var, where, grads in found:
+        if var.name not in names:
             continue
-        users = uses.get(var, [])
-        wheres = [u for u in users if u is not None and _zeroing_where(var, values[u], values)]
-        if len(wheres) != 1:
-            continue
-        grads = [u for u in users if u is not None and u not in wheres and
-                 not _op(values[u], "relax.full_like")]
-        if None in users or not all(isinstance(values[u], relax.Call) and
+        if None in grads or not all(isinstance(values[u], relax.Call) and
                                     any(a.same_as(var) for a in values[u].args) for u in grads):
             continue  # returned, or read inside a tuple: left as it is
         for user in grads:
-            swap.setdefault(user, {})[var] = wheres[0]
+            swap.setdefault(user, {})[var] = where
     if not swap:
         return step
     blocks = []

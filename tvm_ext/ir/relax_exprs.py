@@ -1,0 +1,38 @@
+"""Small readings of Relax expressions that the IR analyses share: which operator a call is,
+a tensor's static shape and dtype, a scalar constant's value."""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+
+def is_op(expr, name: str) -> bool:
+    """Whether `expr` is a call of the Relax operator `name` ("relax.matmul")."""
+    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and \
+        expr.op.name == name
+
+
+def static_shape(expr) -> tuple[int, ...] | None:
+    """The shape of a tensor-typed `expr`, None where it is not one or not static."""
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    try:
+        return tuple(int(s) for s in ty.shape)
+    except (TypeError, ValueError):
+        return None
+
+
+def tensor_dtype(expr) -> str | None:
+    ty = getattr(expr, "ty", None)
+    return str(ty.dtype) if isinstance(ty, relax.TensorType) else None
+
+
+def scalar(expr) -> float | None:
+    """The value of a constant with one element, else None."""
+    if isinstance(expr, tvm.ir.Constant) and isinstance(expr.ty, relax.TensorType):
+        value = expr.value.numpy()
+        if value.size == 1:
+            return float(value.reshape(()))
+    return None
