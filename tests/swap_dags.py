@@ -74,3 +74,30 @@ def hand_problem_and_plan(copy_issue: float = 0.0, sync: float = 0.0):
         swap_outs=[SwapOut(1, 0, 256)], swap_ins=[SwapIn(1, 0, 2, 256, 2, wait_swap_out=0)],
         predicted_time=0.0, predicted_peak=1024)
     return problem, plan
+
+
+def step_problem(names: list[str], ops: list[tuple], args: set[str], outputs: list[str],
+                 kinds: list[str], phases: list[str], budget: int = 1 << 20,
+                 sizes: list[int] | None = None) -> SwapProblem:
+    """A hand-made step: `ops` as (name, inputs, outputs, tensors written in place) by tensor
+    name, each op after the producers of its inputs and, where it writes a tensor in place,
+    after every other reader of it; ops take 1 s, tensors 256 B unless `sizes` says, links
+    move 256 B/s with no latency; `args` start on the host."""
+    t = {n: i for i, n in enumerate(names)}
+    producer = {o: i for i, (_, _, outs, _) in enumerate(ops) for o in outs}
+    readers: dict[str, list[int]] = {}
+    for i, (_, ins, _, _) in enumerate(ops):
+        for x in ins:
+            readers.setdefault(x, []).append(i)
+    deps = [sorted({producer[x] for x in ins if x in producer}
+                   | {r for w in writes for r in readers[w] if r != i})
+            for i, (_, ins, _, writes) in enumerate(ops)]
+    return SwapProblem(
+        op_names=[o[0] for o in ops], durations=[1.0] * len(ops), op_deps=deps,
+        op_inputs=[[t[x] for x in o[1]] for o in ops],
+        op_outputs=[[t[x] for x in o[2]] for o in ops], op_scratch=[[] for _ in ops],
+        op_phases=phases, tensor_names=names, sizes=sizes or [256] * len(names),
+        tensor_kinds=kinds, producers=[producer.get(n, -1) for n in names],
+        host_start=[n in args for n in names], pinned=[False] * len(names),
+        outputs=[t[n] for n in outputs], budget=budget, h2d_bandwidth=256.0, h2d_latency=0.0,
+        d2h_bandwidth=256.0, d2h_latency=0.0, op_writes=[[t[x] for x in o[3]] for o in ops])

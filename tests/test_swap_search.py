@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from swap_dags import random_problem
+from swap_dags import random_problem, step_problem
 
 from tvm_ext.swap import (
     InfeasibleBudgetError,
@@ -190,35 +190,17 @@ def two_layer_step() -> SwapProblem:
     updates in place (u2: W2 and its moment M2 from gW2; u1 likewise), each after every
     reader of its W."""
     names = ["X", "W1", "W2", "M1", "M2", "A1", "L", "G1", "gW2", "gW1", "G0", "gX"]
-    t = {n: i for i, n in enumerate(names)}
     ops = [("f1", ["X", "W1"], ["A1"], []), ("f2", ["A1", "W2"], ["L"], []),
            ("b2", ["L", "A1", "W2"], ["G1", "gW2"], []),
            ("b1", ["G1", "X", "W1"], ["G0", "gW1"], []),
            ("b0", ["G0"], ["gX"], []),
            ("u2", ["W2", "M2", "gW2"], [], ["W2", "M2"]),
            ("u1", ["W1", "M1", "gW1"], [], ["W1", "M1"])]
-    producer = {o: i for i, (_, _, outs, _) in enumerate(ops) for o in outs}
-    readers = {}
-    for i, (_, ins, _, _) in enumerate(ops):
-        for x in ins:
-            readers.setdefault(x, []).append(i)
-    deps = [sorted({producer[x] for x in ins if x in producer}
-                   | {r for w in writes for r in readers[w] if r != i})
-            for i, (_, ins, _, writes) in enumerate(ops)]
-    args = {"X", "W1", "W2", "M1", "M2"}
-    return SwapProblem(
-        op_names=[o[0] for o in ops], durations=[1.0] * len(ops), op_deps=deps,
-        op_inputs=[[t[x] for x in o[1]] for o in ops],
-        op_outputs=[[t[x] for x in o[2]] for o in ops], op_scratch=[[] for _ in ops],
-        op_phases=["forward"] * 2 + ["backward"] * 5, tensor_names=names,
-        sizes=[256] * len(names),
-        tensor_kinds=["input", "parameter", "parameter", "state", "state", "activation",
-                      "activation", "gradient", "gradient", "gradient", "gradient", "gradient"],
-        producers=[producer.get(n, -1) for n in names],
-        host_start=[n in args for n in names], pinned=[False] * len(names),
-        outputs=[t["L"], t["gX"]], budget=1 << 20, h2d_bandwidth=256.0, h2d_latency=0.0,
-        d2h_bandwidth=256.0, d2h_latency=0.0,
-        op_writes=[[t[x] for x in o[3]] for o in ops])
+    return step_problem(
+        names, ops, {"X", "W1", "W2", "M1", "M2"}, ["L", "gX"],
+        kinds=["input", "parameter", "parameter", "state", "state", "activation",
+               "activation", "gradient", "gradient", "gradient", "gradient", "gradient"],
+        phases=["forward"] * 2 + ["backward"] * 5)
 
 
 def test_early_update_order_runs_each_update_after_its_gradient():

@@ -7,21 +7,25 @@ of objects, at least the most tensors of that class any op needs at once (`min_c
 the plan gets one pool per class of objects x object bytes.
 
 Initial residency: arguments start on the host and are fetched into the arena when needed,
-except the smallest ones, kept on the device for the whole call (outside the arena) up to a
-fraction `keep` of the budget: each fetch costs a link latency, so many tiny fetches (biases,
-norm weights) cost more than the bytes they would free.
+except those kept on the device across calls (outside the arena): the smallest up to a
+fraction `keep` of the budget (each fetch costs a link latency, so many tiny fetches of biases
+and norm weights cost more than the bytes they would free), and before them, up to a fraction
+`keep_exposed`, those whose copies no schedule can hide behind compute (`exposure.py`: a tied
+embedding read at the start and updated with its moments at the end).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 import time
 
 import numpy as np
 
-from . import _core
+from . import _core, exposure
 from .alignment import ALIGNMENT
+from .orders import reference_order
 from .plan import Residency, Split, SwapIn, SwapOut, SwapPlan
 from .problem import SwapProblem
 from .recompute import augment
@@ -61,7 +65,8 @@ def size_classes(problem: SwapProblem) -> tuple[np.ndarray, np.ndarray]:
 @dataclasses.dataclass(frozen=True)
 class Knobs:
     """Policy weights of the swapadvisor derivation (see `_core`), and `keep`, the budget
-    fraction of small arguments kept on the device."""
+    fraction of small arguments kept on the device, and `keep_exposed`, that of the arguments
+    whose copies no schedule can hide."""
 
     beta: float = 1.0  # link time of evictions
     gamma: float = 1.0  # stall of the tensor being placed
@@ -70,6 +75,9 @@ class Knobs:
     # copy an argument back to the host right after its final in-place update (overlapping
     # the ops after it), rather than when it is evicted or the call ends
     write_back: bool = True
+    # the budget fraction for the arguments whose copies no schedule hides (`exposure.py`),
+    # kept on the device before the small ones
+    keep_exposed: float = 0.0
 
 
 @dataclasses.dataclass
@@ -169,32 +177,51 @@ class Evaluator:
         self.link = link(problem)
         self.evaluations = 0
         self._counting = threading.Lock()  # searches score on several threads
-        self._fixed_cache: dict[float, tuple[np.ndarray, int]] = {}
-        self._splits: dict[float, SplitSetup] = {}
+        self._fixed_cache: dict[tuple[float, float], tuple[np.ndarray, int]] = {}
+        self._splits: dict[tuple[float, float], SplitSetup] = {}
         self.split_options = problem.split_options()
         self.class_sizes, self.class_of = size_classes(problem)
-        self._min_counts: dict[float, np.ndarray] = {}
+        self._min_counts: dict[tuple[float, float], np.ndarray] = {}
 
     # ---------------------------------------------------------------- residency
-    def fixed(self, keep: float) -> tuple[np.ndarray, int]:
-        """(tensors on the device for the whole call, arena bytes) for a `keep` fraction."""
-        if keep in self._fixed_cache:
-            return self._fixed_cache[keep]
+    def fixed(self, keep: float, exposed: float = 0.0) -> tuple[np.ndarray, int]:
+        """(tensors on the device for the whole call, arena bytes): the arguments whose copies
+        no schedule hides, most exposed first, while they fit an `exposed` fraction of the
+        budget, then the smallest others while they fit a `keep` fraction; then the last one
+        kept is dropped until every op fits the arena (small ones before exposed ones)."""
+        key = (keep, exposed)
+        if key in self._fixed_cache:
+            return self._fixed_cache[key]
         p = self.problem
         fixed = p.pinned.copy()
-        args = np.nonzero(p.host_start & ~p.pinned & (p.sizes > 0))[0]
-        args = args[np.argsort(p.sizes[args], kind="stable")]
-        allowance = keep * (p.budget - p.pinned_bytes)
-        chosen = args[np.cumsum(p.sizes[args]) <= allowance]
-        fixed[chosen] = True
+        chosen: list[int] = []
+        for order, share in ((self.exposed_order, exposed), (self.small_order, keep)):
+            room = share * (p.budget - p.pinned_bytes)
+            for t in order.tolist():
+                if p.sizes[t] <= room and not fixed[t]:
+                    chosen.append(t)
+                    fixed[t] = True
+                    room -= int(p.sizes[t])
         while True:
             arena = self._arena(fixed)
-            if arena >= self._max_working_set(fixed) or not chosen.size:
+            if arena >= self._max_working_set(fixed) or not chosen:
                 break
-            fixed[chosen[-1]] = False  # drop the largest kept argument until the ops fit
-            chosen = chosen[:-1]
-        self._fixed_cache[keep] = (fixed, arena)
+            fixed[chosen.pop()] = False
+        self._fixed_cache[key] = (fixed, arena)
         return fixed, arena
+
+    @functools.cached_property
+    def small_order(self) -> np.ndarray:
+        """The arguments that may start on the host, smallest first."""
+        p = self.problem
+        args = np.nonzero(p.host_start & ~p.pinned & (p.sizes > 0))[0]
+        return args[np.argsort(p.sizes[args], kind="stable")]
+
+    @functools.cached_property
+    def exposed_order(self) -> np.ndarray:
+        """The arguments whose copies no schedule hides, most exposed first
+        (`exposure.exposed_arguments` in the `orders.reference_order`)."""
+        return exposure.exposed_arguments(self.problem, reference_order(self.problem))[0]
 
     def _arena(self, fixed: np.ndarray) -> int:
         free = self.problem.budget - int(self.problem.sizes[fixed].sum())
@@ -205,35 +232,38 @@ class Evaluator:
         return largest_working_set(self.problem, fixed)[0]
 
     # ---------------------------------------------------------------- splitting in time
-    def splits(self, keep: float) -> SplitSetup:
+    def splits(self, keep: float, exposed: float = 0.0) -> SplitSetup:
         """The ops split in time for a `keep` fraction (those that do not fit the arena
         whole: `split.choose_splits`) and the derivation's graph with them."""
-        if keep not in self._splits:
-            fixed, arena = self.fixed(keep)
-            self._splits[keep] = SplitSetup.build(self.problem,
-                                                  choose_splits(self.problem, arena, fixed),
-                                                  fixed, self.is_output)
-        return self._splits[keep]
+        key = (keep, exposed)
+        if key not in self._splits:
+            fixed, arena = self.fixed(keep, exposed)
+            self._splits[key] = SplitSetup.build(self.problem,
+                                                 choose_splits(self.problem, arena, fixed),
+                                                 fixed, self.is_output)
+        return self._splits[key]
 
     # ---------------------------------------------------------------- size classes
-    def min_counts(self, keep: float) -> np.ndarray:
+    def min_counts(self, keep: float, exposed: float = 0.0) -> np.ndarray:
         """Objects each size class needs at least: the most tensors of that class one op
         needs at once (arguments kept on the device aside)."""
-        if keep not in self._min_counts:
-            fixed, _ = self.fixed(keep)
+        key = (keep, exposed)
+        if key not in self._min_counts:
+            fixed, _ = self.fixed(keep, exposed)
             cls = self.class_of[self.need_idx]
             sel = (cls >= 0) & ~fixed[self.need_idx]
             per_op = np.zeros((self.problem.num_ops, len(self.class_sizes)), dtype=np.int64)
             np.add.at(per_op, (self.need_op[sel], cls[sel]), 1)
-            self._min_counts[keep] = per_op.max(axis=0) if len(per_op) else \
+            self._min_counts[key] = per_op.max(axis=0) if len(per_op) else \
                 np.zeros(len(self.class_sizes), dtype=np.int64)
-        return self._min_counts[keep]
+        return self._min_counts[key]
 
-    def repair(self, counts: np.ndarray, keep: float) -> np.ndarray | None:
+    def repair(self, counts: np.ndarray, keep: float, exposed: float = 0.0
+               ) -> np.ndarray | None:
         """`counts` raised to the minimum, capped at the class's tensor count and cut to the
         arena (largest slack first); None when size classes cannot fit this budget at all."""
-        low = self.min_counts(keep)
-        _, arena = self.fixed(keep)
+        low = self.min_counts(keep, exposed)
+        _, arena = self.fixed(keep, exposed)
         sizes = self.class_sizes
         if int((low * sizes).sum()) > arena:
             return None
@@ -250,11 +280,12 @@ class Evaluator:
             excess -= int(sizes[c])
         return counts
 
-    def initial_counts(self, keep: float, spread: float = 1.0) -> np.ndarray | None:
+    def initial_counts(self, keep: float, spread: float = 1.0, exposed: float = 0.0
+                       ) -> np.ndarray | None:
         """Objects per class in proportion to each class's peak demand in the no-swap run of
         the IR order (`spread` < 1 leans towards the minimum), scaled to fill the arena."""
-        low = self.min_counts(keep)
-        _, arena = self.fixed(keep)
+        low = self.min_counts(keep, exposed)
+        _, arena = self.fixed(keep, exposed)
         demand = np.maximum(self._peak_demand(), low).astype(np.float64)
         sizes = self.class_sizes
         if int((low * sizes).sum()) > arena:
@@ -276,7 +307,7 @@ class Evaluator:
             add = min(room // int(sizes[c]), max(int(demand[c] - counts[c]), 0))
             counts[c] += add
             room -= add * int(sizes[c])
-        return self.repair(counts, keep)
+        return self.repair(counts, keep, exposed)
 
     def _peak_demand(self) -> np.ndarray:
         if not hasattr(self, "_demand"):
@@ -345,8 +376,8 @@ class Evaluator:
             np.asarray(recompute, dtype=np.int64)
         if len(recompute) and self.mode != _core.SWAPADVISOR:
             raise ValueError("recompute is planned with SwapAdvisor's policy only")
-        _, arena = self.fixed(knobs.keep)
-        split = self.splits(knobs.keep)
+        _, arena = self.fixed(knobs.keep, knobs.keep_exposed)
+        split = self.splits(knobs.keep, knobs.keep_exposed)
         if len(recompute) and split.choice:
             # A split op streams its outputs to the host as it makes them: a second run of it
             # would copy them out again and free nothing.
@@ -436,7 +467,7 @@ class Evaluator:
                   "arena": int(ev.arena), "fallbacks": int(d.fallbacks),
                   "max_segments": int(d.max_segments), "placements": int(d.placements),
                   "beta": knobs.beta, "gamma": knobs.gamma, "delta": knobs.delta,
-                  "keep": knobs.keep,
+                  "keep": knobs.keep, "keep_exposed": knobs.keep_exposed,
                   # the other modes leave arguments where eviction puts them
                   **({"write_back": knobs.write_back} if self.mode == _core.SWAPADVISOR
                      else {}),

@@ -2,8 +2,9 @@
 
 An individual is a topological op order, a memory layout, the knobs of the swap derivation
 (`Knobs`: how evictions weigh link time, stalls and next-use distance, how much of the
-budget small arguments may hold on the device, and whether an argument updated in place is
-written back right after its update) and a recompute choice: which candidate tensors
+budget small arguments kept on the device may hold and how much those whose copies no
+schedule hides, and whether an argument updated in place is written back right after its
+update) and a recompute choice: which candidate tensors
 are dropped after their early uses and made again before their late ones (`recompute.py`)
 instead of being kept or swapped. Its fitness is the simulated iteration
 time of the plan the derivation gives it (`derive.Evaluator`). The layout is either
@@ -15,8 +16,9 @@ case; both are searched and the faster plan is returned.
 
 * Seeds: the IR's order, a memory-aware greedy order and an as-late-as-possible order, with a
   spread of knobs (a training step's also with its backward run as late as its uses allow,
-  an optimizer step's with its updates run right after their gradients, and the IR's with
-  its write-backs held to the end), and
+  an optimizer step's with its updates run right after their gradients, both also with the
+  arguments whose copies no schedule hides kept on the device, and the IR's with its
+  write-backs held to the end), and
   size-class counts in proportion to each class's peak demand; no recompute, the tensors
   cheaper to recompute than to copy out and back, and sqrt(n) checkpointing, with their
   chain links (`recompute.py`).
@@ -43,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import heapq
 import math
 import os
 import time
@@ -54,12 +55,20 @@ import numpy as np
 from . import _core
 from .baselines import KEEP_CHOICES as BASELINE_KEEPS
 from .derive import Evaluator, Knobs
+from .orders import (
+    as_late_as_possible_order,
+    early_update_order,
+    late_backward_order,
+    memory_aware_order,
+    successors,
+)
 from .plan import SwapPlan
 from .problem import SwapProblem
 from .recompute import MAX_CHAIN, candidates, chain_links, cheapest_sets, checkpoint_set
 from .repeats import repeat_groups
 
 _KEEP_CHOICES = (0.0, 0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+_EXPOSED_CHOICES = (0.0, 0.1, 0.25, 0.4, 0.5, 0.75)
 _KNOB_RANGE = {"beta": (0.0, 3.0), "gamma": (0.0, 10.0), "delta": (0.0, 3.0)}
 
 
@@ -106,157 +115,6 @@ def _workers(config: SearchConfig) -> int:
     return max(min(cpus or 1, 8), 1)
 
 
-def _successors(problem: SwapProblem) -> list[list[int]]:
-    """Each op's distinct successors: the ops that name it in their `op_deps`."""
-    succs: list[list[int]] = [[] for _ in range(problem.num_ops)]
-    for op in range(problem.num_ops):
-        for d in set(problem.op_deps[op]):
-            succs[d].append(op)
-    return succs
-
-
-def _in_degrees(problem: SwapProblem) -> np.ndarray:
-    """Each op's number of distinct predecessors."""
-    return np.array([len(set(d)) for d in problem.op_deps], dtype=np.int64)
-
-
-def _positions(order) -> np.ndarray:
-    """The position of each op in `order`."""
-    pos = np.empty(len(order), dtype=np.int64)
-    pos[np.asarray(order, dtype=np.int64)] = np.arange(len(order))
-    return pos
-
-
-def memory_aware_order(problem: SwapProblem) -> list[int]:
-    """A greedy topological order that runs, among the ready ops, the one that adds the
-    fewest bytes (outputs made minus inputs freed), ties broken by IR position.
-
-    A ready op's bytes change only when one of its inputs comes down to its last reader, so
-    the ready ops sit in a heap whose stale entries (an older stamp) are skipped."""
-    n = problem.num_ops
-    ir_pos = _positions(problem.order)
-    succs, indeg = _successors(problem), _in_degrees(problem)
-    readers: list[list[int]] = [[] for _ in range(problem.num_tensors)]
-    for op in range(n):
-        for t in problem.op_inputs[op]:
-            readers[t].append(op)
-    _, need_idx, _ = problem.needs_csr()
-    remaining = np.bincount(need_idx, minlength=problem.num_tensors)
-    keep = problem.host_start | problem.pinned
-    keep[problem.outputs] = True
-    sizes = problem.sizes
-    made = [int(sizes[problem.op_outputs[op]].sum()) for op in range(n)]
-
-    def delta(op: int) -> int:
-        return made[op] - sum(int(sizes[t]) for t in problem.op_inputs[op]
-                              if remaining[t] == 1 and not keep[t])
-
-    stamp = np.zeros(n, dtype=np.int64)
-    ready = np.zeros(n, dtype=bool)
-    heap = []
-    for op in np.nonzero(indeg == 0)[0].tolist():
-        ready[op] = True
-        heap.append((delta(op), int(ir_pos[op]), op, 0))
-    heapq.heapify(heap)
-    order: list[int] = []
-    while heap:
-        _, _, best, version = heapq.heappop(heap)
-        if version != stamp[best] or not ready[best]:
-            continue
-        ready[best] = False
-        order.append(best)
-        changed: set[int] = set()
-        for t in problem.needs(best):
-            remaining[t] -= 1
-            if remaining[t] == 1:
-                changed.update(r for r in readers[t] if ready[r])
-        for s in succs[best]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                ready[s] = True
-                changed.add(s)
-        for op in changed:
-            stamp[op] += 1
-            heapq.heappush(heap, (delta(op), int(ir_pos[op]), op, int(stamp[op])))
-    return order
-
-
-def as_late_as_possible_order(problem: SwapProblem) -> list[int]:
-    """A topological order that runs each op as late as its consumers allow (built backwards
-    from the end, latest IR position first): tensors are made just before they are used,
-    e.g. a weight's transpose right before its matmul rather than at the top of the IR."""
-    n = problem.num_ops
-    ir_pos = _positions(problem.order)
-    succ_count = np.array([len(s) for s in _successors(problem)], dtype=np.int64)
-    ready = [(-int(ir_pos[op]), op) for op in range(n) if succ_count[op] == 0]
-    heapq.heapify(ready)
-    backwards: list[int] = []
-    while ready:
-        _, op = heapq.heappop(ready)
-        backwards.append(op)
-        for d in set(problem.op_deps[op]):
-            succ_count[d] -= 1
-            if succ_count[d] == 0:
-                heapq.heappush(ready, (-int(ir_pos[d]), d))
-    return backwards[::-1]
-
-
-def late_backward_order(problem: SwapProblem, base) -> list[int]:
-    """`base` with every op of the backward phase moved to right before its first consumer
-    (the last op first, so that a chain moves with its end), the others in their order. A
-    training step's IR makes what the backward reads again (activations recomputed for it,
-    attention probabilities) and many of its gradients at the top of the backward, far from
-    their uses; here each is made right before its first use, so it is held for that
-    stretch only instead of being held, or swapped out and back, across the whole
-    backward."""
-    succs = _successors(problem)
-    order = np.asarray(base, dtype=np.int64).copy()
-    pos = _positions(order)
-    for op in reversed(np.asarray(base).tolist()):
-        if problem.op_phases[op] != "backward" or not succs[op]:
-            continue
-        k, target = int(pos[op]), int(pos[succs[op]].min()) - 1
-        if target > k:
-            order[k:target] = order[k + 1:target + 1].copy()
-            order[target] = op
-            pos[order[k:target + 1]] = np.arange(k, target + 1)
-    return order.tolist()
-
-
-def early_update_order(problem: SwapProblem, base) -> list[int]:
-    """`base` with every op that only feeds in-place updates (an optimizer step's update of a
-    parameter and its state, and what only those updates read: its gradient's last kernels,
-    the step's bias corrections) moved as early as its inputs allow: each runs as soon as the
-    last op it follows has run, so a gradient is consumed where it is made. The other ops keep
-    their order."""
-    succs, indeg = _successors(problem), _in_degrees(problem)
-    returned = set(problem.outputs)
-    pos = _positions(base)
-    feeds_updates = np.zeros(problem.num_ops, dtype=bool)
-    for op in reversed(list(base)):  # successors first
-        feeds_updates[op] = bool(problem.op_writes[op]) or (
-            bool(succs[op]) and all(feeds_updates[s] for s in succs[op])
-            and not returned.intersection(problem.op_outputs[op]))
-    order: list[int] = []
-    # Update-side ops whose inputs are made, by position in `base`.
-    ready = [(int(pos[op]), op) for op in np.nonzero(feeds_updates & (indeg == 0))[0].tolist()]
-    heapq.heapify(ready)
-
-    def run(op: int) -> None:
-        order.append(op)
-        for s in succs[op]:
-            indeg[s] -= 1
-            if indeg[s] == 0 and feeds_updates[s]:
-                heapq.heappush(ready, (int(pos[s]), s))
-
-    for op in base:
-        if not feeds_updates[op]:
-            run(int(op))
-        while ready:
-            run(heapq.heappop(ready)[1])
-    return order
-
-
 class GeneticSearch:
     """The GA of the module docstring, for one problem."""
 
@@ -268,7 +126,7 @@ class GeneticSearch:
         self.evaluator = evaluator or Evaluator(problem, "swapadvisor")
         self.population: list[Individual] = []
         self.preds = [np.array(sorted(set(d)), dtype=np.int64) for d in problem.op_deps]
-        self.succs = [np.array(s, dtype=np.int64) for s in _successors(problem)]
+        self.succs = [np.array(s, dtype=np.int64) for s in successors(problem)]
         self.history: list[float] = []
         # Best time found with each memory layout (inf: the layout cannot fit the budget).
         self.best_by_layout: dict[str, float] = {}
@@ -351,11 +209,12 @@ class GeneticSearch:
     def _prepare(self, ind: Individual) -> tuple | None:
         """Repair `ind`'s size classes; its key, or None where it cannot be scored (its
         fitness then infinite)."""
-        if ind.counts is not None and self.evaluator.splits(ind.knobs.keep).choice:
+        keep = (ind.knobs.keep, ind.knobs.keep_exposed)
+        if ind.counts is not None and self.evaluator.splits(*keep).choice:
             ind.fitness = math.inf  # size classes hold no chunk buffers of split ops
             return None
         if ind.counts is not None:
-            ind.counts = self.evaluator.repair(ind.counts, ind.knobs.keep)
+            ind.counts = self.evaluator.repair(ind.counts, *keep)
             if ind.counts is None:  # this keep leaves too little room for size classes
                 ind.fitness = math.inf
                 return None
@@ -432,16 +291,19 @@ class GeneticSearch:
         return Knobs(beta=float(r.uniform(*_KNOB_RANGE["beta"])),
                      gamma=float(r.uniform(*_KNOB_RANGE["gamma"])),
                      delta=float(r.uniform(*_KNOB_RANGE["delta"])) * float(r.random() < 0.7),
-                     keep=float(r.choice(_KEEP_CHOICES)), write_back=bool(r.random() < 0.75))
+                     keep=float(r.choice(_KEEP_CHOICES)), write_back=bool(r.random() < 0.75),
+                     keep_exposed=float(r.choice(_EXPOSED_CHOICES)) * float(r.random() < 0.5))
 
     def _mutate_knobs(self, k: Knobs) -> Knobs:
         r = self.rng
         values = dataclasses.asdict(k)
-        name = str(r.choice(["beta", "gamma", "delta", "keep", "write_back"]))
+        name = str(r.choice(["beta", "gamma", "delta", "keep", "write_back", "keep_exposed"]))
         if name == "write_back":
             values["write_back"] = not values["write_back"]
         elif name == "keep":
             values["keep"] = float(r.choice(_KEEP_CHOICES))
+        elif name == "keep_exposed":
+            values["keep_exposed"] = float(r.choice(_EXPOSED_CHOICES))
         elif r.random() < 0.15:
             values[name] = 0.0 if r.random() < 0.5 else float(r.uniform(*_KNOB_RANGE[name]))
         else:
@@ -569,6 +431,9 @@ class GeneticSearch:
             if not np.array_equal(order, base):
                 early += [Individual(order, k) for k in grid[:3]]
                 early.append(Individual(order, dataclasses.replace(grid[1], keep=0.25)))
+                # Arguments whose copies nothing can hide kept on the device instead.
+                early += [Individual(order, dataclasses.replace(grid[1], keep_exposed=share))
+                          for share in (0.25, 0.5)]
         if any(self.problem.op_writes or ()):
             # Updated arguments written back when evicted or at the end (the d2h stream
             # left to activations while the updates run) as well as right after their update.
