@@ -245,6 +245,12 @@ CONVS = {  # x shape, w shape, stride, (top, left, bottom, right), dilation, gro
     # below the row's length even for one row.
     "one output channel": ((2, 4, 9, 9), (1, 4, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
     "kernel larger than input": ((1, 2, 2, 2), (3, 2, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    # Weight gradients as the dispatch calls them: images = the forward's input channels,
+    # channels = its batch, the filter = dY, the output = dW; stride and dilation swapped
+    # (cuDNN runs these as backward-filter convolutions).
+    "weight gradient of a 3x3": ((4, 2, 10, 10), (6, 2, 8, 8), (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    "weight gradient of a stride-2 3x3": ((3, 2, 11, 11), (5, 2, 5, 5), (1, 1), (0, 0, 0, 0),
+                                          (2, 2), 1),
     "depthwise, enough work for the thread pool": ((2, 64, 32, 32), (64, 1, 3, 3), (1, 1),
                                                    (1, 1, 1, 1), (1, 1), 64),
 }
@@ -281,7 +287,8 @@ CONV_LAYOUTS = {
 
 @pytest.mark.parametrize("layout", list(CONV_LAYOUTS))
 @pytest.mark.parametrize("name", ["3x3 pad 1", "stride 2", "groups", "1x1 (no im2col)",
-                                  "depthwise, multiplier 2", "one output channel"])
+                                  "depthwise, multiplier 2", "one output channel",
+                                  "weight gradient of a stride-2 3x3"])
 def test_conv2d_reads_any_storage_order(conv, layout, name):
     x_shape, w_shape, stride, pad, dilation, groups = CONVS[name]
     rng = np.random.default_rng(0)
@@ -488,7 +495,8 @@ def test_cudnn_without_a_gpu_is_a_clear_error():
 @pytest.mark.parametrize("layout", [None, *CONV_LAYOUTS])
 @pytest.mark.parametrize("name", ["3x3 pad 1", "stride 2", "asymmetric pad, stride, dilation",
                                   "groups", "depthwise, multiplier 2", "1x1 stride 2",
-                                  "7x7 stride 2 (stem), one image"])
+                                  "7x7 stride 2 (stem), one image", "weight gradient of a 3x3",
+                                  "weight gradient of a stride-2 3x3"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_cudnn_conv2d_matches_numpy_on_the_gpu(name, layout, dtype):
     """The input padded beforehand, as the dispatch does; every storage order; float32

@@ -72,7 +72,10 @@ Api* TryLoad(const std::string& path, std::ostringstream* tried) {
             vendor::Bind(lib, "cudnnDestroyConvolutionDescriptor", &api->destroy_conv) &&
             vendor::Bind(lib, "cudnnGetConvolutionForwardAlgorithm_v7", &api->algorithms) &&
             vendor::Bind(lib, "cudnnConvolutionForward", &api->forward) &&
-            vendor::Bind(lib, "cudnnTransformTensor", &api->transform);
+            vendor::Bind(lib, "cudnnTransformTensor", &api->transform) &&
+            vendor::Bind(lib, "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+                         &api->filter_algorithms) &&
+            vendor::Bind(lib, "cudnnConvolutionBackwardFilter", &api->backward_filter);
   if (!ok) {
     note("no cudnnGetConvolutionForwardAlgorithm_v7 or another convolution entry point: "
          "cuDNN older than 7, or without its convolution library");

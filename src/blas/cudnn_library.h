@@ -38,9 +38,10 @@ constexpr int kFloat = 0, kHalf = 2, kBFloat16 = 9;  // cudnnDataType_t
 constexpr int kNCHW = 0;                              // cudnnTensorFormat_t
 constexpr int kCrossCorrelation = 1;                  // cudnnConvolutionMode_t (PyTorch's)
 constexpr int kTensorOpMath = 1, kFmaMath = 3;        // cudnnMathType_t (FMA: no TF32)
+constexpr int kDeterministic = 1;                     // cudnnDeterminism_t
 constexpr size_t kWorkspaceBytes = size_t(64) << 20;
 
-// cudnnConvolutionFwdAlgoPerf_t, field for field.
+// cudnnConvolutionFwdAlgoPerf_t (and BwdFilterAlgoPerf_t, the same), field for field.
 struct AlgoPerf {
   int algo;
   Status status;
@@ -78,6 +79,12 @@ struct Api {
                     const void* beta, Desc y, void* y_data) = nullptr;
   Status (*transform)(Handle, const void* alpha, Desc x, const void* x_data, const void* beta,
                       Desc y, void* y_data) = nullptr;  // cudnnTransformTensor
+  // cudnnGetConvolutionBackwardFilterAlgorithm_v7 (its perf results laid out as AlgoPerf)
+  Status (*filter_algorithms)(Handle, Desc x, Desc dy, Desc conv, Desc dw, int requested,
+                              int* returned, AlgoPerf* results) = nullptr;
+  Status (*backward_filter)(Handle, const void* alpha, Desc x, const void* x_data, Desc dy,
+                            const void* dy_data, Desc conv, int algo, void* workspace,
+                            size_t bytes, const void* beta, Desc dw, void* dw_data) = nullptr;
 };
 
 // Guards the loaded state and the handles. Call the functions below with it held.
