@@ -48,10 +48,8 @@ def copy_rooms(problem: SwapProblem, order) -> tuple[np.ndarray, np.ndarray, np.
         for t in p.op_writes[op]:
             if t in column:
                 rooms[1, column[t]] = min(rooms[1, column[t]], after[op])
-    sizes = p.sizes[args].astype(np.float64)
-    seconds = np.stack([
-        np.where(sizes > 0, p.h2d_latency + sizes / p.h2d_bandwidth, 0.0),
-        np.where(sizes > 0, p.d2h_latency + sizes / p.d2h_bandwidth, 0.0)])
+    seconds = np.array([[p.transfer_time(float(p.sizes[t]), way) for t in args]
+                        for way in ("h2d", "d2h")])
     return args, rooms, seconds
 
 
@@ -76,16 +74,18 @@ def exposed_arguments(problem: SwapProblem, order) -> tuple[np.ndarray, np.ndarr
     first; the seconds each was charged with when it was ranked): see the module
     docstring."""
     args, rooms, seconds = copy_rooms(problem, order)
+    if not len(args):
+        return args, np.zeros(0)
     by_room = [np.argsort(rooms[k], kind="stable") for k in range(2)]
     active = np.ones(len(args), dtype=bool)
     # Ties: the smaller argument, then the lower id.
-    tie = np.lexsort((-args, -problem.sizes[args])) if len(args) else args
+    tie = np.lexsort((-args, -problem.sizes[args]))
     rank_of = np.empty(len(args), dtype=np.int64)
     rank_of[tie] = np.arange(len(args))
     ranked, charged = [], []
     while True:
         charge = sum(_charges(rooms[k], seconds[k], by_room[k], active) for k in range(2))
-        if not len(args) or charge.max() <= 0:
+        if charge.max() <= 0:
             break
         best = np.nonzero(charge == charge.max())[0]
         top = int(best[np.argmax(rank_of[best])])
