@@ -156,7 +156,8 @@ def test_what_autocast_cannot_change_is_refused():
         autocast_inference(get_model("mlp", "tiny"), "int8")
 
 
-@pytest.mark.parametrize("name, dtype", [("gpt2_eager", "bf16"), ("resnet", "fp16")])
+@pytest.mark.parametrize("name, dtype", [("gpt2_eager", "bf16"), ("resnet", "fp16"),
+                                         ("olmo2", "bf16"), ("albert", "bf16")])
 def test_corpus_models_match_pytorch_under_autocast(name, dtype, tmp_path):
     torch = pytest.importorskip("torch")  # noqa: F841
     corpus = pytest.importorskip("corpus")
@@ -185,3 +186,38 @@ def test_a_swapped_bf16_inference_equals_the_unswapped_build(tmp_path):
     data = json.loads(report.read_text())
     assert data["check"]["ok"] and data["check"]["within_budget"]
     assert data["model_summary"]["config"]["compute_dtype"] == "bfloat16"
+
+
+def test_pytorch_under_autocast_runs_exported_casts_and_is_compared_by_value(tmp_path):
+    """An RMSNorm's `x.to(torch.float32)` exports with a check that its input is float32,
+    which autocast makes bfloat16 (Olmo2, Gemma2 failed there): the reference runs without
+    those checks. A final layer norm of a product is float32 here (CUDA autocast's policy)
+    and bfloat16 from torch's CPU autocast (ALBERT): compared in float32, and said."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 16)
+            self.out = torch.nn.Linear(16, 16)
+            self.norm = torch.nn.LayerNorm(16)
+
+        def forward(self, x):
+            h = self.fc(x).to(torch.float32)
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+            return self.norm(self.out(h))
+
+    x = torch.randn(4, 16)
+    program = torch.export.export(Net().eval(), (x,))
+    assert any("_assert_tensor_metadata" in str(n.target) for n in program.graph.nodes)
+    path = str(tmp_path / "net.pt2")
+    torch.export.save(program, path)
+    report = tmp_path / "report.json"
+    assert cli.main([path, "--dtype", "bf16", "--run", "--check", "--report",
+                     str(report)]) == 0
+    torch_check = json.loads(report.read_text())["check"]["torch"]
+    assert torch_check["ok"]
+    assert torch_check["dtype_notes"] == [
+        "output 0 is float32 here, bfloat16 from PyTorch (its CPU autocast keeps some ops, "
+        "layer norms, in the low dtype)"]

@@ -56,7 +56,8 @@ def _in_ci(model, mode: str) -> bool:
         return False
     if (model.name, mode) in IN_SWEEP:
         return False
-    return mode in ("plain", "training") or model.kind == "op" or model.name in SWAPPED_IN_CI
+    return mode in ("plain", "training") or model.kind == "op" or \
+        model.name in SWAPPED_IN_CI or model.ci_modes is not None
 
 
 def _cases(sweep: bool):

@@ -432,3 +432,95 @@ def test_gather_elements_gradient_accumulates_repeated_indices():
 
     _, (gx,) = _adjoint_vm(build, [(3, 4), (3, 5)], [0])(x, r)
     np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-10)
+
+
+@pytest.mark.parametrize("idx, axis", [
+    (np.array([[0, 3, 3], [1, 0, 2]]), 1),   # 2-D indices into a middle axis, repeats
+    (np.array([[[2]], [[0]]]), 0),            # 3-D indices into the first
+    (np.array(3), 1),                         # a scalar index drops the axis
+])
+def test_take_gradient_with_indices_of_any_rank(idx, axis):
+    """TVM's `take_backward` reads 1-D indices only (position ids [1, seq] failed to
+    legalize); the gradient flattens them and merges the output gradient's index axes."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 4, 2))
+    out_shape = x.shape[:axis] + idx.shape + x.shape[axis + 1:]
+    r = rng.standard_normal(out_shape)
+    tx = torch.tensor(x, requires_grad=True)
+    taken = torch.index_select(tx, axis, torch.tensor(idx.reshape(-1))).reshape(out_shape)
+    (taken * torch.tensor(r)).sum().backward()
+
+    def build(bb, vx, vr):
+        t = relax.op.take(vx, relax.const(idx.astype("int64")), axis=axis)
+        return relax.op.sum(relax.op.multiply(t, vr))
+
+    _, (gx,) = _adjoint_vm(build, [x.shape, out_shape], [0])(x, r)
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-10)
+
+
+def test_pt2_class_token_pooling_matches_torch_autograd(tmp_path):
+    """A ViT-style pooler reading the class token, `h[:, 0]` (CLIP, DINOv2), exports as a
+    `take` of a scalar index: the training step compiles and its gradients are torch's."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mix = torch.nn.Linear(8, 8)
+            self.fc = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.fc(torch.tanh(self.mix(x))[:, 0])
+
+    _pt2_step_matches_autograd(torch, tmp_path, Net().eval(), torch.randn(2, 6, 8))
+
+
+@pytest.mark.parametrize("size, kernel, stride, padding, ceil_mode, count_include_pad", [
+    (5, 2, 2, 0, True, True),     # the last window runs past the input
+    (6, 4, 3, 1, True, True),     # ... past the padding
+    (1, 320, 320, 0, True, True),  # EfficientNet's final pool over a 1 x 1 map
+    (6, 3, 2, 0, True, False),
+    (7, 3, 3, 1, False, True),
+    (5, 3, 2, 1, True, True),     # ceil mode, every window inside the padded input
+])
+def test_avg_pool2d_gradient_matches_torch(size, kernel, stride, padding, ceil_mode,
+                                           count_include_pad):
+    """A window that runs past the padded input is averaged over what it covers there (as
+    PyTorch does), and so is its gradient; TVM's own divides that one by the whole window."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, size, size))
+    tx = torch.tensor(x, requires_grad=True)
+    y = torch.nn.functional.avg_pool2d(tx, kernel, stride, padding, ceil_mode=ceil_mode,
+                                       count_include_pad=count_include_pad)
+    r = rng.standard_normal(tuple(y.shape))
+    (y * torch.tensor(r)).sum().backward()
+
+    def build(bb, vx, vr):
+        pooled = relax.op.nn.avg_pool2d(vx, kernel, stride, padding, ceil_mode=ceil_mode,
+                                        count_include_pad=count_include_pad)
+        return relax.op.sum(relax.op.multiply(pooled, vr))
+
+    loss, (gx,) = _adjoint_vm(build, [x.shape, r.shape], [0])(x, r)
+    assert float(loss.numpy()) == pytest.approx(float((y.detach() * torch.tensor(r)).sum()),
+                                                rel=1e-10)
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_relu_gradient_at_zero_is_pytorchs():
+    """ReLU passes no gradient where its input is exactly 0, as PyTorch's; TVM's passes it
+    (RegNet's first layer: a 1x1 convolution of an all-zero map plus a zero bias)."""
+    torch = pytest.importorskip("torch")
+    x = np.array([[-1.0, 0.0, 2.0, 0.0]])
+    r = np.array([[3.0, 5.0, 7.0, 11.0]])
+    tx = torch.tensor(x, requires_grad=True)
+    (torch.relu(tx) * torch.tensor(r)).sum().backward()
+
+    def build(bb, vx, vr):
+        return relax.op.sum(relax.op.multiply(relax.op.nn.relu(vx), vr))
+
+    _, (gx,) = _adjoint_vm(build, [x.shape, r.shape], [0])(x, r)
+    np.testing.assert_array_equal(gx.numpy(), tx.grad.numpy())
+    assert gx.numpy().tolist() == [[0.0, 0.0, 7.0, 0.0]]

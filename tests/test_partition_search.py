@@ -15,7 +15,8 @@ from partition_graphs import GraphMaker, elementwise_spec, matmul_spec, random_p
 
 from tvm_ext.driver import partition_problem
 from tvm_ext.models import get_model
-from tvm_ext.partition import REP, make_model, plan_partition
+from tvm_ext.partition import REP, TableTooLarge, make_model, plan_partition
+from tvm_ext.partition.plan import build_plan
 from tvm_ext.partition.search import objective, search, solve_exact
 
 
@@ -118,3 +119,33 @@ def test_search_respects_fixed_layouts():
     assert state.layout[w] == [1]
     free = search(model)
     assert objective(model, free) <= objective(model, state)
+
+
+def shared_weights_problem(weights: int = 5, layers: int = 4):
+    """`layers` repeats of a chain of matmuls by the same `weights` square weights (weights
+    shared across layers, as ALBERT's): each weight's layout is one variable that every
+    layer's factors mention, so the elimination's tables grow as (layouts)^weights."""
+    g = GraphMaker()
+    h = g.tensor("x", (8, 8), kind="input")
+    ws = [g.tensor(f"w{j}", (8, 8), kind="parameter") for j in range(weights)]
+    for _ in range(layers):
+        for w in ws:
+            (h,) = g.op(matmul_spec(8, 8, 8), [h, w], [(8, 8)], 1024)
+    return g.problem([h])
+
+
+def test_search_holds_shared_tensors_when_tables_are_too_large():
+    model = make_model(shared_weights_problem(), 2)
+    exact = solve_exact(model)
+    assert exact.held == [] and search(model).held == []
+    with pytest.raises(TableTooLarge):
+        solve_exact(model, max_table=200)
+    state = search(model, max_table=200)
+    assert state.held and all(model.graph.tensors[t].kind == "parameter" for t in state.held)
+    assert all(None not in layout for layout in state.layout)
+    assert all(None not in strategy for strategy in state.strategy)
+    assert objective(model, state) >= objective(model, exact) * (1 - 1e-9)
+    # The plan names them.
+    plan = build_plan(model, state, "tofu")
+    assert plan.held == [model.graph.tensors[t].name for t in state.held]
+    assert plan.summary()["held"] == len(state.held)

@@ -306,6 +306,78 @@ def opt_unwrapped():
     return build
 
 
+def albert():
+    """Every layer shares one set of weights (and a factorized embedding): each weight is read
+    by every layer, which joins all the layers in the partition search's tables."""
+    def build():
+        torch = _seed()
+        import transformers as tf
+
+        cfg = tf.AlbertConfig(vocab_size=VOCAB, embedding_size=16, hidden_size=32,
+                              num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
+                              max_position_embeddings=SEQ)
+        return _Logits.wrap(tf.AlbertModel(cfg).eval(), "last_hidden_state"), (_ids(torch),)
+    return build
+
+
+def clip_vision(image: int = 32):
+    """A class token, learned positions and a pooler reading the class token (`h[:, 0]`, a
+    `take` of a scalar index), quick GELU."""
+    def build():
+        torch = _seed()
+        import transformers as tf
+
+        cfg = tf.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, image_size=image, patch_size=8)
+        model = _Logits.wrap(tf.CLIPVisionModel(cfg).eval(), "pooler_output")
+        return model, (torch.randn(2, 3, image, image),)
+    return build
+
+
+def efficientnet(image: int = 32):
+    """Squeeze-and-excitation, SiLU, depthwise convolutions, and a final average pool whose
+    window (320 x 320, ceil mode) is larger than its 1 x 1 input."""
+    def build():
+        torch = _seed()
+        import transformers as tf
+
+        cfg = tf.EfficientNetConfig(image_size=image, width_coefficient=0.25,
+                                    depth_coefficient=0.25, hidden_dim=320, num_labels=8)
+        model = _bn_statistics(tf.EfficientNetForImageClassification(cfg)).eval()
+        return _Logits.wrap(model), (torch.randn(2, 3, image, image),)
+    return build
+
+
+def regnet(image: int = 32):
+    """Grouped convolutions and squeeze-and-excitation. BatchNorm keeps a fresh model's
+    statistics: an all-zero map stays exactly zero through its first 1x1 convolution and
+    normalization, so a ReLU reads exact zeros, whose gradient PyTorch drops."""
+    def build():
+        torch = _seed()
+        import transformers as tf
+
+        cfg = tf.RegNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+                              groups_width=4, num_labels=8)
+        model = _Logits.wrap(tf.RegNetForImageClassification(cfg).eval())
+        return model, (torch.randn(2, 3, image, image),)
+    return build
+
+
+def olmo2():
+    """RMSNorm on the queries and keys, each norm casting its input to float32 (`x.to(torch.
+    float32)`, which the export checks with an assertion of its dtype)."""
+    def build():
+        torch = _seed()
+        import transformers as tf
+
+        cfg = tf.Olmo2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                             num_attention_heads=4, intermediate_size=64,
+                             max_position_embeddings=SEQ, pad_token_id=0, bos_token_id=1,
+                             eos_token_id=2)
+        return _Logits.wrap(tf.Olmo2ForCausalLM(cfg).eval()), (_ids(torch),)
+    return build
+
+
 def _op(forward: Callable, *shapes, dtype: str = "float32", init=None):
     """A one-operator torch module with a submodule built by `init(torch)`, or else a learned
     scale of its first input (so that the training step has a parameter to differentiate)."""
@@ -378,6 +450,13 @@ MODELS: list[CorpusModel] = [
     CorpusModel("opt_unwrapped", opt_unwrapped(), "language", ci_modes=("plain", "training")),
     CorpusModel("llama_left_padded", llama("sdpa", left_padded=True), "language",
                 ci_modes=("plain", "training")),
+    # Found by a trial of sixteen more `transformers` models in every mode (2026-11-30); CI
+    # runs the cell that failed, the sweep every other.
+    CorpusModel("albert", albert(), "language", ci_modes=("k2",)),
+    CorpusModel("clip_vision", clip_vision(), "vision", ci_modes=("training",)),
+    CorpusModel("efficientnet", efficientnet(), "vision", ci_modes=("training",)),
+    CorpusModel("regnet", regnet(), "vision", ci_modes=("training",)),
+    CorpusModel("olmo2", olmo2(), "language", ci_modes=()),
 ]
 
 BY_NAME = {m.name: m for m in MODELS}

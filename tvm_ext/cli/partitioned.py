@@ -174,6 +174,12 @@ def _report_plan(report: dict, build, k: int) -> None:
           f"device {format_size(s['single_device_peak'])}); "
           f"{format_size(build.predicted_peak)} of it in allocators (no kernel scratch, no "
           "constants)")
+    if plan.held:
+        n = len(plan.held)
+        shown = ", ".join(plan.held[:4]) + (f" and {n - 4} more" if n > 4 else "")
+        print(f"held    {n} tensor{'s' if n > 1 else ''} at a fixed layout ({shown}): read by "
+              "many ops across the graph, they make the search's tables too large to choose "
+              "jointly with the rest")
     chosen = [f for f in build.fallbacks if f["chosen_without_restriction"]]
     print(f"lowered {len(build.fallbacks)} splits the partitioner could choose cannot be lowered"
           f"; {len(chosen)} of them the unrestricted plan chose"

@@ -1,4 +1,6 @@
-"""Gradients that TVM's `relax.transform.Gradient` lacks, registered on `import tvm_ext`.
+"""Gradients that TVM's `relax.transform.Gradient` lacks, or computes otherwise than PyTorch
+(`take` of indices not one-dimensional, `avg_pool2d` windows past the padded input, ReLU at
+zero, `where` over broadcast branches), registered on `import tvm_ext` over TVM's own.
 
 Each is written from primitives that have gradients and legalizations of their own, and is
 checked against finite differences or torch.autograd in tests/test_gradients.py.
@@ -68,6 +70,69 @@ def _rsqrt_grad(orig_var, orig_call, output_grad, ctx):
             output_grad, _op.multiply(_const(-0.5, y), _op.multiply(y, _op.multiply(y, y)))
         )
     ]
+
+
+def _take_grad(orig_var, orig_call, output_grad, ctx):
+    """TVM's gradient of `take`, for indices of any rank: its `take_backward` (and the GPU
+    scatter-add that schedules it) reads one-dimensional indices, so indices of another rank
+    (position ids [1, seq]) are flattened and the output gradient's index axes merged."""
+    x, indices = orig_call.args
+    axis = orig_call.attrs.axis
+    if axis is None or indices.ty.ndim == 1:
+        return [_op.grad.take_backward(output_grad, x, indices, axis),
+                _op.grad.no_grad(indices)]
+    shape = list(x.ty.shape.values)
+    axis = int(axis) % len(shape)
+    count = 1
+    for d in indices.ty.shape.values:
+        count = count * d
+    flat = _op.reshape(indices, [count])
+    grad = _op.reshape(output_grad, [*shape[:axis], count, *shape[axis + 1:]])
+    return [_op.grad.take_backward(grad, x, flat, axis), _op.grad.no_grad(indices)]
+
+
+def _avg_pool2d_grad(orig_var, orig_call, output_grad, ctx):
+    """TVM's gradient of `avg_pool2d`, right where a window runs past the padded input (ceil
+    mode): the forward averages such a window over the part inside the padded extent, as
+    PyTorch does (EfficientNet's final pool, a 320 x 320 window over a 1 x 1 map), while
+    TVM's `avg_pool2d_backward` with `count_include_pad` divides by the whole window. The
+    output gradient is scaled by (window area / the forward's divisor) at those positions."""
+    from tvm.relax.op._op_gradient import avg_pool2d_grad
+
+    a = orig_call.attrs
+    layout = str(a.layout)
+    if not (a.ceil_mode and a.count_include_pad) or layout not in ("NCHW", "NHWC") or \
+            any(int(d) != 1 for d in a.dilation):
+        return avg_pool2d_grad(orig_var, orig_call, output_grad, ctx)
+    x_shape, y_shape = _dims(orig_call.args[0]), _dims(orig_var)
+    h, w = layout.index("H"), layout.index("W")
+    kh, kw = (int(k) for k in a.pool_size)
+    sh, sw = (int(v) for v in a.strides)
+    top, left, bottom, right = (int(v) for v in a.padding)
+
+    def extent(n_out: int, n_in: int, k: int, stride: int, before: int, after: int):
+        start = np.arange(n_out) * stride - before
+        return np.minimum(start + k, n_in + after) - start
+
+    area = np.outer(extent(y_shape[h], x_shape[h], kh, sh, top, bottom),
+                    extent(y_shape[w], x_shape[w], kw, sw, left, right))
+    if (area == kh * kw).all():
+        return avg_pool2d_grad(orig_var, orig_call, output_grad, ctx)
+    shape = [1] * len(y_shape)
+    shape[h], shape[w] = y_shape[h], y_shape[w]
+    dtype = str(orig_call.args[0].ty.dtype)
+    scale = relax.const((kh * kw / area).reshape(shape).astype(dtype), dtype)
+    return avg_pool2d_grad(orig_var, orig_call, _op.multiply(output_grad, scale), ctx)
+
+
+def _relu_grad(orig_var, orig_call, output_grad, ctx):
+    """dy where x > 0, as PyTorch's (its `threshold_backward` reads the result > 0). TVM's
+    passes dy where x == 0 too: a ReLU of an exact zero (a 1x1 convolution of an all-zero
+    map plus a zero bias, RegNet's first layer) sends its gradient back where PyTorch's
+    does not."""
+    x = orig_call.args[0]
+    zero = _const(0.0, x)
+    return [_op.where(_op.greater(x, zero), output_grad, zero)]
 
 
 def _no_input_grad(orig_var, orig_call, output_grad, ctx):
@@ -369,6 +434,9 @@ def register_all() -> None:
         ("relax.nn.pad", _pad_grad),
         ("relax.where", _where_grad),
         ("relax.gather_elements", _gather_elements_grad),
+        ("relax.take", _take_grad),
+        ("relax.nn.avg_pool2d", _avg_pool2d_grad),
+        ("relax.nn.relu", _relu_grad),
         ("relax.strided_slice", _strided_slice_grad),
         ("relax.image.resize2d", _resize2d_grad),
         ("relax.arange", _no_input_grad),

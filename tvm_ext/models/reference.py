@@ -75,7 +75,8 @@ def torch_reference(
     cast = contextlib.nullcontext() if autocast is None else torch.autocast(
         "cpu", dtype=getattr(torch, autocast))
     with torch.no_grad(), cast:
-        return [_to_numpy(t) for t in _run(path, inputs, params, param_names)[0]]
+        return [_to_numpy(t) for t in _run(path, inputs, params, param_names,
+                                             autocast=autocast is not None)[0]]
 
 
 def torch_training_step(
@@ -292,8 +293,10 @@ def _load_version(path: str, _mtime_ns: int, _size: int):
     return pt2_files.load_program(path)
 
 
-def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = ()):
-    """(tensor outputs flattened, {param name: tensor fed}) of one eager call."""
+def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = (),
+         autocast: bool = False):
+    """(tensor outputs flattened, {param name: tensor fed}) of one eager call (`autocast`:
+    one under `torch.autocast`, without the export's dtype checks)."""
     torch = _torch()
     from torch.utils import _pytree
 
@@ -305,6 +308,8 @@ def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = ()):
         fed[n].requires_grad_()
     with pt2_files.quiet_torch():
         module, inputs = _with_seeded_dropouts(program, list(inputs))
+    if autocast:
+        _drop_dtype_checks(module)
     tensors = [_to_torch(x) for x in inputs]
     in_spec = program.call_spec.in_spec
     args, kwargs = (_pytree.tree_unflatten(tensors, in_spec) if in_spec is not None
@@ -318,6 +323,19 @@ def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = ()):
     leaves = [leaves[i] for i in pt2_files.logits_first(pt2_files.output_names(program)[1])] \
         if len(leaves) == len(pt2_files.output_names(program)[1]) else leaves
     return [t for t in leaves if isinstance(t, torch.Tensor)], fed
+
+
+def _drop_dtype_checks(module) -> None:
+    """Remove the export's `_assert_tensor_metadata` checks from `module`'s graph: they pin
+    the input of each cast the model makes (`x.to(torch.float32)` in an RMSNorm) to its
+    export-time dtype, which autocast changes by design (a bfloat16 product there); the casts
+    themselves stay."""
+    target = _torch().ops.aten._assert_tensor_metadata.default
+    checks = [n for n in module.graph.nodes if n.op == "call_function" and n.target is target]
+    for node in checks:
+        module.graph.erase_node(node)
+    if checks:
+        module.recompile()
 
 
 def _with_tied(program, weights: dict) -> dict:

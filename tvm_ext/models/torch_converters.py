@@ -10,8 +10,9 @@ something else, as wrappers of the frontend's own converters (`with_torch_semant
   `n * 0.5`, `log(n)`) casts those operands first (the frontend divides integers, rounds the
   scalar to an integer, or rejects the op).
 - `alpha` of add and sub scales the second operand (the frontend ignores it).
-- A negative index of `aten.index` / `index_put` counts from the end of its axis (the frontend
-  reads out of bounds: a Falcon attention picking its key head by `[-2]` got garbage).
+- A negative index of `aten.index` / `index_put` / `select` counts from the end of its axis
+  (the frontend reads out of bounds: a Falcon attention picking its key head by `[-2]`, and
+  `h[:, -1]`, the last token's state, got garbage).
 - Dropout in train mode is applied (the frontend drops it): a seeded mask, `dropout.py`; the
   seed is a variable the import makes an input of `main` (`dropout_seed`).
 - `aten.embedding` with a `padding_idx` keeps its value but passes no gradient from the
@@ -96,6 +97,7 @@ def with_torch_semantics(importer, table: dict) -> dict:
         if name in table:
             table[name] = _wrapping_negative_indices(importer, table[name])
     table["embedding.default"] = lambda node: _embedding(importer, node)
+    table["select.int"] = lambda node: _select(importer, node)
     for name in _DROPOUT_OPS:
         table[name] = _applying_dropout(importer, table.get(name))
     return table
@@ -198,6 +200,20 @@ def _wrapping_negative_indices(importer, convert: Callable) -> Callable:
         return _with_env(importer, wrapped_indices, convert, node)
 
     return wrapped
+
+
+def _select(importer, node):
+    """`x.select(dim, i)` as a `take` of the scalar index, a negative `i` counted from the end
+    of the axis."""
+    x = importer.env[node.args[0]]
+    dim, index = int(node.args[1]), int(node.args[2])
+    extent = x.ty.shape[dim]
+    if index < 0:
+        if not isinstance(extent, (int, tvm.tirx.IntImm)):
+            raise ValueError(f"{node.target}: index {index} into axis {dim}, of symbolic "
+                             f"extent {extent}")
+        index += int(extent)
+    return importer.block_builder.emit(relax.op.take(x, relax.const(index, "int64"), dim))
 
 
 def _with_env(importer, values: dict, convert: Callable, node):

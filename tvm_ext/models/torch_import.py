@@ -71,6 +71,7 @@ def decomposed_ops(program: ExportedProgram) -> set[str]:
     the decompositions it runs."""
     import torch
 
+    _views_to_reshapes(program)
     if not _has_sparse_tensors(program):
         program = program.run_decompositions()
     return {str(node.target).removeprefix("aten.") for node in program.graph.nodes

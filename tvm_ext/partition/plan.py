@@ -178,6 +178,9 @@ class PartitionPlan:
     unsupported: list[list[str]]
     objective: float = 0.0  # what the search minimised (see model.py)
     search_seconds: float = 0.0
+    # Tensors the search held at a fixed layout (replicated, or data parallelism's) because
+    # choosing theirs jointly with the rest was out of its reach (`Searcher.solve_holding`).
+    held: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def iteration_time(self) -> float:
@@ -259,6 +262,7 @@ class PartitionPlan:
             "collectives": self.collectives,
             "replicated_ops": sum(all(d < 0 for d in o.strategy) for o in self.ops),
             "unsupported": len(self.unsupported),
+            "held": len(self.held),
             "search_seconds": self.search_seconds,
         }
 
@@ -323,6 +327,7 @@ def build_plan(model: PartitionModel, state: State, strategy: str,
         collectives=collectives,
         unsupported=[list(x) for x in model.problem.unsupported()],
         objective=objective(model, state), search_seconds=search_seconds,
+        held=[g.tensors[t].name for t in state.held],
     )
 
 

@@ -55,11 +55,15 @@ class State:
         for t, free in enumerate(model.free):
             if free:
                 self.layout[t] = [REP] * levels
+        # Tensors the search held at a fixed layout, its tables being too large otherwise
+        # (`Searcher.solve_holding`).
+        self.held: list[int] = []
 
     def copy(self) -> State:
         other = State.__new__(State)
         other.layout = [list(x) for x in self.layout]
         other.strategy = [list(x) for x in self.strategy]
+        other.held = list(self.held)
         return other
 
 
@@ -139,6 +143,43 @@ class Searcher:
                 self.fixed[gid] = tuple(layout)
         self.max_table = max_table
         self._cache: dict = {}
+        self.held: list[int] = []  # tie groups `solve_holding` fixed
+
+    def solve_holding(self, state: State, levels: Sequence[int],
+                      fallback: State | None = None) -> State:
+        """`solve`; where an elimination table would exceed the limit, the tie groups read by
+        the most ops (weights a model shares across its layers, which join every layer's
+        factors into one table), the smallest first among equals, are held at their layout
+        in `fallback` (replicated without one), twice as many each try, until it fits. The
+        result's `held` lists their tensors."""
+        model = self.model
+        readers = {gid: len({e_op for t in ts for e_op in model.graph.tensors[t].consumers})
+                   for gid, ts in self.members.items()}
+        while True:
+            try:
+                new = self.solve(state, levels)
+                new.held = sorted({t for gid in self.held for t in self.members[gid]})
+                return new
+            except TableTooLarge:
+                free = sorted((gid for gid in self.members if gid not in self.fixed),
+                              key=lambda g: (-readers[g], int(sum(
+                                  model.nbytes[t] for t in self.members[g]))))
+                if not free or readers[free[0]] < 2:
+                    raise
+                for gid in free[:max(len(self.held), 1)]:
+                    t = self.members[gid][0]
+                    self.fixed[gid] = tuple(self._holding_layout(t, lvl, state, fallback)
+                                            for lvl in range(model.levels))
+                    self.held.append(gid)
+
+    @staticmethod
+    def _holding_layout(t: int, lvl: int, state: State, fallback: State | None) -> int:
+        """Where `solve_holding` holds tensor `t` at level `lvl`: as decided already, else as
+        in `fallback`, else replicated."""
+        for source in (state, fallback):
+            if source is not None and source.layout[t][lvl] is not None:
+                return source.layout[t][lvl]
+        return REP
 
     # ---------------------------------------------------------------- domains
     def domain(self, gid: int, levels: Sequence[int]) -> list[tuple[int, ...]]:
@@ -298,15 +339,17 @@ def objective(model: PartitionModel, state: State) -> float:
 
 def search(model: PartitionModel, fixed: dict[int, Sequence[int]] | None = None,
            coarsen: bool = True, seeds: Sequence[State] = (), refine_rounds: int = 4,
-           joint_budget: int = 300_000) -> State:
+           joint_budget: int = 300_000, max_table: int = 1 << 22) -> State:
     """Top-down, level by level; then refinement under the exact costs: each level, and each
     pair of adjacent levels jointly when that costs at most `joint_budget` edge evaluations,
     re-solved with the others fixed, until nothing improves. Complete `seeds` (a textbook plan)
-    that start below the result are refined the same way; the best result wins."""
-    searcher = Searcher(model, tie_groups(model), fixed, coarsen=coarsen)
+    that start below the result are refined the same way; the best result wins. A level
+    whose elimination needs a table above `max_table` entries holds its most shared tensors
+    at the first seed's layouts (`Searcher.solve_holding`)."""
+    searcher = Searcher(model, tie_groups(model), fixed, max_table, coarsen=coarsen)
     state = State(model)
     for level in range(model.levels):
-        state = searcher.solve(state, [level])
+        state = searcher.solve_holding(state, [level], seeds[0] if seeds else None)
     if model.levels == 1:
         return state
     windows = [[lvl] for lvl in range(model.levels)]

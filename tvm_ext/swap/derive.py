@@ -213,9 +213,8 @@ class Evaluator:
     @functools.cached_property
     def small_order(self) -> np.ndarray:
         """The arguments that may start on the host, smallest first."""
-        p = self.problem
-        args = np.nonzero(p.host_start & ~p.pinned & (p.sizes > 0))[0]
-        return args[np.argsort(p.sizes[args], kind="stable")]
+        args = self.problem.movable_arguments()
+        return args[np.argsort(self.problem.sizes[args], kind="stable")]
 
     @functools.cached_property
     def exposed_order(self) -> np.ndarray:

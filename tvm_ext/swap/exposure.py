@@ -30,7 +30,7 @@ def copy_rooms(problem: SwapProblem, order) -> tuple[np.ndarray, np.ndarray, np.
     in, [1] the write-backs, with the ops run in `order`: the compute before an argument's
     first reader, and after its last writer (of those updated in place)."""
     p, n = problem, problem.num_ops
-    args = np.nonzero(p.host_start & ~p.pinned & (p.sizes > 0))[0]
+    args = p.movable_arguments()
     rooms = np.full((2, len(args)), np.inf)
     if not n or not len(args):
         return args, rooms, np.zeros((2, len(args)))

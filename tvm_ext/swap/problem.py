@@ -275,6 +275,10 @@ class SwapProblem:
     def pinned_bytes(self) -> int:
         return int(self.sizes[self.pinned].sum())
 
+    def movable_arguments(self) -> np.ndarray:
+        """The arguments that may start the iteration on the host: not pinned, not empty."""
+        return np.nonzero(self.host_start & ~self.pinned & (self.sizes > 0))[0]
+
     def split_options(self) -> list[list[SplitOption]]:
         """Per op, the dims it may be split along in time (`tvm_ext.swap.split`); built once
         per problem (planners ask for them per op, thousands of times)."""
