@@ -13,10 +13,8 @@ import tvm
 
 from tvm_ext import driver, interrupts
 from tvm_ext.driver.partitioned import build_partitioned, run_partitioned_build
-from tvm_ext.driver.training import compare_training
 from tvm_ext.errors import CheckError
 from tvm_ext.ir.targets import is_cpu
-from tvm_ext.models.reference import OptimizerSteps
 from tvm_ext.partition import NotApplicable, PartitionPlan
 from tvm_ext.passes import PartitionError
 from tvm_ext.runtime import distributed
@@ -29,7 +27,7 @@ from .report import failed_check, remove_stale_sidecars, replacing, write_report
 from .training import (
     LOW_PRECISION_BOUND,
     check_training,
-    optimizer_of,
+    match_build,
     print_steps,
     reference_of,
     step_report,
@@ -263,10 +261,8 @@ def _run_training(args, report: dict, build, step, gradient_model, target, k: in
         if args.dtype == "fp32":
             # The single-device steps as a reference, with torch's rounding-noise gradients
             # marked.
-            alone = OptimizerSteps([r.loss for r in expected], single.parameters(),
-                                   single.state(), reference[0].noise)
-            compare_training([r.loss for r in results], params, state, alone,
-                             optimizer_of(args), 1e-5, 1e-5)
+            match_build(args, results, params, state, expected, single, reference,
+                        1e-5, 1e-5)
         else:  # low precision: the partitioned sums round otherwise; the curves must agree
             rtol, atol = LOW_PRECISION_BOUND[args.dtype]
             driver.compare([np.array([r.loss for r in results])],

@@ -11,10 +11,9 @@ import numpy as np
 
 from tvm_ext import driver
 from tvm_ext.cost.emulation import fixed_link
-from tvm_ext.driver.training import compare_training
 from tvm_ext.errors import CheckError
 from tvm_ext.ir.targets import vm_devices
-from tvm_ext.models.reference import OptimizerSteps, tolerance
+from tvm_ext.models.reference import tolerance
 from tvm_ext.runtime import swap_streams
 from tvm_ext.swap.timeline_plot import plot_plan
 from tvm_ext.units import format_size
@@ -23,7 +22,7 @@ from .args import link_gbps
 from .check import autocast_tolerance, check_against_torch
 from .presets import default_hardware
 from .report import failed_check, replacing
-from .training import check_training, optimizer_of, print_steps, reference_of, step_report
+from .training import check_training, match_build, print_steps, reference_of, step_report
 
 
 def plan_swaps_for(args, model, graph, target) -> tuple:
@@ -240,16 +239,11 @@ def run_swapped_training(args, report, step, gradient_model, planning, executabl
         driver.compare(losses, [np.array([r.loss for r in expected], dtype=loss_dtype)],
                        tolerances=_tolerances(losses, inexact), names=["the losses"])
         if inexact and args.dtype == "fp32":
-            # Chunks round otherwise, and an Adam step turns a gradient that is rounding
-            # noise (a key bias's, exactly zero through softmax) into a step of lr of either
-            # sign: those elements are held to the bound for them (`compare_training`), the
-            # noise marked where the reference's gradients find it.
+            # Chunks round otherwise: Adam's steps on rounding-noise gradients differ.
             reference = reference_of(args, step, gradient_model, target, batch, args.steps)
-            alone = OptimizerSteps([r.loss for r in expected], plain.parameters(),
-                                   plain.state(), reference[0].noise)
-            noise = compare_training([r.loss for r in results], session.parameters(),
-                                     session.state(), alone, optimizer_of(args),
-                                     *tolerance("float32")).noise_elements
+            noise = match_build(args, results, session.parameters(), session.state(),
+                                expected, plain, reference,
+                                *tolerance("float32")).noise_elements
         else:
             driver.compare(values, [*plain.parameters(), *plain.state()],
                            tolerances=_tolerances(values, inexact))

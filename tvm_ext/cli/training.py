@@ -11,7 +11,7 @@ from tvm_ext.driver import training
 from tvm_ext.errors import CheckError, InputError
 from tvm_ext.models.mixed_precision import low_precision_step
 from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
-from tvm_ext.models.reference import tolerance
+from tvm_ext.models.reference import OptimizerSteps, tolerance
 from tvm_ext.units import format_size
 
 from .check import torch_file
@@ -108,6 +108,19 @@ def _tolerance_of(step) -> tuple[float, float]:
     pairs = [tolerance(p.dtype) for p in step.params
              if str(p.dtype).startswith(("float", "bfloat"))]
     return max([(1e-4, 1e-5), *pairs])
+
+
+def match_build(args, results, params, state, expected, build, reference, rtol, atol
+                ) -> training.TrainingCheck:
+    """`results`, `params` and `state` against the same steps of another build (`expected`,
+    the run of `build`, a TrainingSession) at rtol / atol, the elements whose gradient was
+    rounding noise in `reference` (`reference_of`) held to their own bound: an Adam step turns
+    such a gradient (a key bias's, exactly zero through softmax) into a step of lr of either
+    sign, whichever way the two builds round it. Raises CheckError."""
+    alone = OptimizerSteps([r.loss for r in expected], build.parameters(), build.state(),
+                           reference[0].noise)
+    return training.compare_training([r.loss for r in results], params, state, alone,
+                                     optimizer_of(args), rtol, atol)
 
 
 def check_training(args, report, step, gradient_model, target, batch, results, params,

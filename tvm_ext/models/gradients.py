@@ -76,11 +76,12 @@ def _take_grad(orig_var, orig_call, output_grad, ctx):
     """TVM's gradient of `take`, for indices of any rank: its `take_backward` (and the GPU
     scatter-add that schedules it) reads one-dimensional indices, so indices of another rank
     (position ids [1, seq]) are flattened and the output gradient's index axes merged."""
+    from tvm.relax.op._op_gradient import take_grad
+
     x, indices = orig_call.args
     axis = orig_call.attrs.axis
     if axis is None or indices.ty.ndim == 1:
-        return [_op.grad.take_backward(output_grad, x, indices, axis),
-                _op.grad.no_grad(indices)]
+        return take_grad(orig_var, orig_call, output_grad, ctx)
     shape = list(x.ty.shape.values)
     axis = int(axis) % len(shape)
     count = 1

@@ -153,14 +153,16 @@ class Searcher:
         in `fallback` (replicated without one), twice as many each try, until it fits. The
         result's `held` lists their tensors."""
         model = self.model
-        readers = {gid: len({e_op for t in ts for e_op in model.graph.tensors[t].consumers})
-                   for gid, ts in self.members.items()}
+        readers: dict[int, int] = {}
         while True:
             try:
                 new = self.solve(state, levels)
                 new.held = sorted({t for gid in self.held for t in self.members[gid]})
                 return new
             except TableTooLarge:
+                readers = readers or {
+                    gid: len({op for t in ts for op in model.graph.tensors[t].consumers})
+                    for gid, ts in self.members.items()}
                 free = sorted((gid for gid in self.members if gid not in self.fixed),
                               key=lambda g: (-readers[g], int(sum(
                                   model.nbytes[t] for t in self.members[g]))))
