@@ -8,6 +8,7 @@ from .fuse_attention import FuseAttention
 from .group_accumulations import GroupAccumulations
 from .partition_operators import PartitionError, PartitionOperators
 from .return_loss_only import ReturnLossOnly
+from .static_kernel_calls import StaticKernelCalls
 from .swap_offload import SwapOffload, SwapOffloadError
 from .update_arguments_in_place import UpdateArgumentsInPlace
 
@@ -21,6 +22,7 @@ __all__ = [
     "PartitionError",
     "PartitionOperators",
     "ReturnLossOnly",
+    "StaticKernelCalls",
     "SwapOffload",
     "SwapOffloadError",
     "UpdateArgumentsInPlace",

@@ -64,8 +64,17 @@ def _lowers(func: tirx.PrimFunc) -> bool:
 
 
 def _is_scheduled(func: tirx.PrimFunc) -> bool:
-    return func.attrs is not None and "tirx.is_scheduled" in func.attrs and \
-        int(func.attrs["tirx.is_scheduled"]) == 1
+    """Marked scheduled, or written for the GPU already: TVM's GPU sort (`topi.cuda.argsort`,
+    what DispatchSortScan makes of a mixture of experts' token sort) launches its own threads
+    (`T.launch_thread`) without the mark."""
+    if func.attrs is not None and "tirx.is_scheduled" in func.attrs and \
+            int(func.attrs["tirx.is_scheduled"]) == 1:
+        return True
+    bound: list = []
+    tvm_ffi.structural_walk(func.body, [
+        (tirx.For, lambda loop: bound.append(loop.kind == tirx.ForKind.THREAD_BINDING)),
+        (tirx.AttrStmt, lambda attr: bound.append(str(attr.attr_key) == "thread_extent"))])
+    return any(bound)
 
 
 def _single_thread(func: tirx.PrimFunc) -> tirx.PrimFunc:

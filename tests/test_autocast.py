@@ -221,3 +221,48 @@ def test_pytorch_under_autocast_runs_exported_casts_and_is_compared_by_value(tmp
     assert torch_check["dtype_notes"] == [
         "output 0 is float32 here, bfloat16 from PyTorch (its CPU autocast keeps some ops, "
         "layer norms, in the low dtype)"]
+
+
+def _cancelling_net(torch, tmp_path) -> str:
+    """50 x the difference of two nearly equal linear layers: bfloat16's rounding of each,
+    in PyTorch's autocast as here, is far past bfloat16's fixed tolerance."""
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(32, 16)
+            self.b = torch.nn.Linear(32, 16)
+            with torch.no_grad():
+                self.b.weight.copy_(self.a.weight + 0.01 * torch.randn(16, 32))
+                self.b.bias.copy_(self.a.bias)
+
+        def forward(self, x):
+            return (self.a(x) - self.b(x)) * 50
+
+    path = str(tmp_path / "cancel.pt2")
+    torch.export.save(torch.export.export(Net().eval(), (torch.randn(4, 32),)), path)
+    return path
+
+
+def test_where_pytorchs_own_autocast_misses_the_tolerance_its_distance_from_float32_judges(
+        tmp_path, monkeypatch, capsys):
+    torch = pytest.importorskip("torch")
+    from tvm_ext.models import reference
+
+    path = _cancelling_net(torch, tmp_path)
+    report = tmp_path / "report.json"
+    assert cli.main([path, "--dtype", "bf16", "--run", "--check", "--report",
+                     str(report)]) == 0
+    check = json.loads(report.read_text())["check"]
+    noise = check["torch"]["noise"]
+    assert "elements beyond rtol=0.05" in check["torch"]["error"]  # the fixed tolerance misses
+    assert noise["reference"] == "PyTorch float32"
+    assert 0 < noise["ours"] <= 2 * noise["torch"]
+    assert "as close to PyTorch float32 as PyTorch's own autocast is" in \
+        capsys.readouterr().out
+    # Not excused where PyTorch's autocast would be exact: its run made float32's.
+    real = reference.torch_reference
+    monkeypatch.setattr(reference, "torch_reference",
+                        lambda *args, autocast=None, **kw: real(*args, **kw))
+    assert cli.main([path, "--dtype", "bf16", "--run", "--check"]) == 1

@@ -524,3 +524,26 @@ def test_relu_gradient_at_zero_is_pytorchs():
     _, (gx,) = _adjoint_vm(build, [x.shape, r.shape], [0])(x, r)
     np.testing.assert_array_equal(gx.numpy(), tx.grad.numpy())
     assert gx.numpy().tolist() == [[0.0, 0.0, 7.0, 0.0]]
+
+
+@pytest.mark.parametrize("ret_type, largest, axis", [
+    ("both", True, -1),     # a mixture of experts' routing weights
+    ("values", False, 0),
+])
+def test_topk_gradient_puts_dy_where_the_values_came_from(ret_type, largest, axis):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 6))
+    r = rng.standard_normal((2, 6) if axis == 0 else (4, 2))
+    tx = torch.tensor(x, requires_grad=True)
+    values = torch.topk(tx, 2, dim=axis, largest=largest).values
+    (values * torch.tensor(r)).sum().backward()
+
+    def build(bb, vx, vr):
+        out = bb.emit(relax.op.topk(vx, 2, axis, ret_type, largest, "int64"))
+        if ret_type == "both":
+            out = relax.TupleGetItem(out, 0)
+        return relax.op.sum(relax.op.multiply(out, vr))
+
+    _, (gx,) = _adjoint_vm(build, [x.shape, r.shape], [0])(x, r)
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-10)

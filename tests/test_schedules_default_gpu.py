@@ -215,3 +215,23 @@ def test_a_library_gemms_epilogue_is_one_loop_nest(cuda_target):
     rest = [n for n in names if n != "root" and not n.startswith(LIBRARY_BLOCK_PREFIX)]
     assert len(rest) == 1, rest
     driver.build(model, cuda_target)
+
+
+def test_a_kernel_that_launches_its_own_threads_is_left_as_written():
+    """TVM's GPU sort (what DispatchSortScan makes of a mixture of experts' token sort)
+    launches its threads itself without the scheduled mark: rescheduling it as an in-place
+    kernel failed the whole build."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64,), "int64"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.argsort(x))
+        bb.emit_func_output(out)
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    with target:
+        mod = tvm.transform.Sequential(P.library_dispatch_passes(target))(bb.get())
+        (name,) = [gv.name_hint for gv, f in mod.functions_items()
+                   if isinstance(f, tirx.PrimFunc)]
+        assert "tirx.is_scheduled" not in (mod[name].attrs or {})
+        scheduled = ApplyDefaultGPUSchedules()(mod)
+    tvm.ir.assert_structural_equal(scheduled[name], mod[name])

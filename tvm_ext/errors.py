@@ -37,7 +37,8 @@ class MissingExtraError(UnavailableError):
 
 
 # The pip extra (pyproject.toml's optional-dependencies) that installs each optional package.
-EXTRA_OF = {"torch": "frontends", "onnx": "frontends", "transformers": "test"}
+EXTRA_OF = {"torch": "frontends", "onnx": "frontends", "onnxruntime": "frontends",
+            "transformers": "test"}
 
 
 def install_hint(package: str) -> str:

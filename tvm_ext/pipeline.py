@@ -7,7 +7,9 @@ Phases, in order (each a list of passes, so a caller can rebuild the pipeline fr
                               fused kernel and its backward two (not with a partition,
                               whose analysis reads the unfused operators; an attention
                               whose backward stays unfused only under a device budget).
-2. `legalize_passes`          LegalizeOps, AnnotateTIROpPattern, FoldConstant,
+2. `legalize_passes`          LegalizeOps, StaticKernelCalls (a generic kernel, TVM's GPU
+                              scan, copied per call shape; builtin reshapes as views),
+                              AnnotateTIROpPattern, FoldConstant,
                               GroupAccumulations (each product of a sum of products
                               fused with its add), FuseOps, FuseTIR,
                               BroadcastConstants (constants at their distinct extent),
@@ -64,6 +66,7 @@ from tvm_ext.passes import (
     GroupAccumulations,
     PartitionOperators,
     ReturnLossOnly,
+    StaticKernelCalls,
     SwapOffload,
     UpdateArgumentsInPlace,
 )
@@ -95,6 +98,7 @@ def library_dispatch_passes(target: tvm.target.Target, fused_attention: bool = T
 def legalize_passes(target: tvm.target.Target) -> list:
     return [
         relax.transform.LegalizeOps(),
+        StaticKernelCalls(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         GroupAccumulations(),

@@ -1,16 +1,18 @@
 """--check: the compiled module's outputs against a plain TVM build and against the source
-framework (PyTorch, for a .pt2 model)."""
+framework (PyTorch eager for a .pt2 model, ONNX Runtime for a .onnx model)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
 import numpy as np
 
 from tvm_ext import driver
-from tvm_ext.errors import CheckError
+from tvm_ext.errors import CheckError, install_hint
 from tvm_ext.models import reference
+from tvm_ext.models.onnx_reference import onnx_reference
 from tvm_ext.models.reference import tolerance
 
 
@@ -39,7 +41,14 @@ def check_against_reference(args, report: dict, model, target, device, arguments
         check = driver.compare(outputs, ref.outputs, rtol, atol)
     except CheckError as err:
         arbiter = _plain_farther_from_torch(args, outputs, ref.outputs, expected, least)
-        if arbiter is None:
+        noise = None if arbiter is not None or expected is None else \
+            _within_pytorch_noise(args, model, arguments, outputs, expected, least)
+        if noise is not None:
+            report.setdefault("check", {}).update(ok=True, noise=noise, error=str(err),
+                                                  **entry)
+            print(_noise_line(what, err, noise))
+            status = 0
+        elif arbiter is None:
             report.setdefault("check", {}).update(ok=False, error=str(err), **entry)
             print(f"check   FAILED against {what} (rtol {rtol:g}, atol {atol:g}): {err}",
                   file=sys.stderr)
@@ -59,7 +68,9 @@ def check_against_reference(args, report: dict, model, target, device, arguments
         status = 0
     if expected is None:
         return max(status, torch_status)
-    return max(status, compare_with_torch(args, report, outputs, expected, least))
+    return max(status, compare_with_torch(
+        args, report, outputs, expected, least,
+        lambda: _within_pytorch_noise(args, model, arguments, outputs, expected, least)))
 
 
 def autocast_tolerance(model) -> tuple[float, float] | None:
@@ -103,19 +114,125 @@ def _plain_farther_from_torch(args, outputs, plain, expected, least=None) -> dic
     return {"plain_vs_torch": worst_plain, "ours_vs_torch": worst_ours}
 
 
+NOISE_FACTOR = 2.0
+
+
+def _within_pytorch_noise(args, model, arguments, outputs, expected, least=None
+                          ) -> dict | None:
+    """For outputs that miss their dtype's fixed tolerance (at least `least`): {"reference",
+    "ours", "torch"} (largest absolute errors from PyTorch run at a higher precision: float32
+    for an autocast model, else float64) where every output that misses it is about as close
+    to that run as PyTorch's own output (`expected`) is (within `NOISE_FACTOR`: two
+    computations rounded alike land on either side of each other); None otherwise. A fixed
+    tolerance fails PyTorch itself where rounding noise is large against an element: bfloat16
+    through WavLM's group norm, a float32 gradient of 14 in a tensor of 4700 (DeiT's position
+    embeddings)."""
+    path = torch_file(model, args.model)
+    if path is None or len(expected) != len(outputs):
+        return None
+    n = model.num_input
+    inputs, params = arguments[:n], arguments[n:]
+    names = [p.name for p in model.params]
+    higher = "float32" if model.config.get("autocast") else "float64"
+    try:
+        if model.config.get("autocast"):
+            exact = reference.torch_reference(path, inputs, params, names)
+        elif model.training:
+            exact = reference.torch_training_step(
+                path, inputs[:-1], inputs[-1], params, names, model.config["gradients"],
+                model.config.get("loss", "mse"), float64=True)
+        else:
+            exact = reference.torch_reference(path, inputs, params, names, float64=True)
+    except Exception:  # no run at the higher precision: no second opinion
+        return None
+    tolerances = [_output_tolerance(args, np.asarray(t).dtype, least) for t in expected]
+    return noise_verdict(outputs, expected, exact, tolerances, f"PyTorch {higher}")
+
+
+def noise_verdict(ours, theirs, exact, tolerances, reference_name: str) -> dict | None:
+    """{"reference", "ours", "torch"} where every tensor of `ours` either meets its
+    (rtol, atol) against `theirs` (PyTorch's) or is within `NOISE_FACTOR` of `theirs`'s
+    largest absolute error from `exact` (a higher-precision run); None otherwise, and where
+    no tensor needed it. The worst errors are those of the tensors that needed it."""
+    if not len(ours) == len(theirs) == len(exact) == len(tolerances):
+        return None
+    needed, ours_worst, torch_worst = False, 0.0, 0.0
+    for mine, torch_out, best, (rtol, atol) in zip(ours, theirs, exact, tolerances,
+                                                    strict=True):
+        mine, torch_out = np.asarray(mine, "float64"), np.asarray(torch_out, "float64")
+        best = np.asarray(best, "float64")
+        if mine.shape != best.shape or torch_out.shape != best.shape:
+            return None
+        if np.allclose(mine, torch_out, rtol=rtol, atol=atol):
+            continue
+        mine_err = float(np.max(np.abs(mine - best), initial=0.0))
+        torch_err = float(np.max(np.abs(torch_out - best), initial=0.0))
+        if not mine_err <= NOISE_FACTOR * torch_err:
+            return None
+        needed = True
+        ours_worst, torch_worst = max(ours_worst, mine_err), max(torch_worst, torch_err)
+    if not needed:
+        return None
+    return {"reference": reference_name, "ours": ours_worst, "torch": torch_worst}
+
+
+def _noise_line(what: str, err, noise: dict) -> str:
+    own = "autocast" if noise["reference"].endswith("float32") else "float32"
+    return (f"check   {what} differs ({err}), but this build is as close to "
+            f"{noise['reference']} as PyTorch's own {own} is (max abs error "
+            f"{noise['ours']:.2e} against {noise['torch']:.2e})")
+
+
 def torch_file(model, spec: str) -> str | None:
     """The .pt2 file `model` was loaded from: PyTorch eager is then a second reference."""
     path = model.config.get("file") or spec
     return path if str(path).lower().endswith(".pt2") and os.path.isfile(path) else None
 
 
+def onnx_file(model, spec: str) -> str | None:
+    """The .onnx file `model` was loaded from: ONNX Runtime is then a second reference."""
+    path = model.config.get("file") or spec
+    return path if str(path).lower().endswith(".onnx") and os.path.isfile(path) else None
+
+
+def _onnx_expected(args, report: dict, model, arguments, path: str) -> tuple[int, list | None]:
+    """`torch_expected` for a .onnx model: its outputs run by ONNX Runtime."""
+    what = f"ONNX Runtime ({os.path.basename(path)})"
+    entry = report.setdefault("check", {}).setdefault("onnxruntime", {"reference": what})
+    skipped = None
+    if model.training:
+        skipped = "ONNX Runtime runs no training step"
+    elif model.config.get("autocast"):
+        skipped = "ONNX Runtime has no autocast"
+    elif importlib.util.find_spec("onnxruntime") is None:
+        skipped = f"onnxruntime is not installed; {install_hint('onnxruntime')}"
+    if skipped:
+        entry.update(ok=None, skipped=skipped)
+        print(f"check   not compared with {what}: {skipped}")
+        return 0, None
+    n = model.num_input
+    try:
+        expected = onnx_reference(path, arguments[:n], arguments[n:],
+                                  [p.name for p in model.params])
+    except Exception as err:  # any failure of ONNX Runtime itself is a failed check
+        entry.update(ok=False, error=f"{type(err).__name__}: {err}")
+        report["check"]["ok"] = False
+        print(f"check   FAILED: {what} did not run: {type(err).__name__}: {err}",
+              file=sys.stderr)
+        return 1, None
+    return 0, expected
+
+
 def torch_expected(args, report: dict, model, arguments) -> tuple[int, list | None]:
     """(exit status, outputs of the exported program run by PyTorch eager on the same inputs
-    and weights) for a .pt2 model; (0, None) where there is nothing to compare with or the
-    comparison does not apply (said in the report), (1, None) where PyTorch failed."""
+    and weights) for a .pt2 model, or of a .onnx model run by ONNX Runtime; (0, None) where
+    there is nothing to compare with or the comparison does not apply (said in the report),
+    (1, None) where the framework failed."""
     path = torch_file(model, args.model)
     if path is None:
-        return 0, None
+        onnx = onnx_file(model, args.model)
+        return (0, None) if onnx is None else _onnx_expected(args, report, model, arguments,
+                                                             onnx)
     name = os.path.basename(path)
     what = f"PyTorch eager ({name})"
     entry = report.setdefault("check", {}).setdefault("torch", {"reference": what})
@@ -163,13 +280,18 @@ def check_against_torch(args, report: dict, model, arguments, outputs) -> int:
     exit status; 0 where there is nothing to compare with."""
     status, expected = torch_expected(args, report, model, arguments)
     return status if expected is None else compare_with_torch(
-        args, report, outputs, expected, autocast_tolerance(model))
+        args, report, outputs, expected, autocast_tolerance(model),
+        lambda: _within_pytorch_noise(args, model, arguments, outputs, expected,
+                                      autocast_tolerance(model)))
 
 
-def compare_with_torch(args, report: dict, outputs, expected: list, least=None) -> int:
+def compare_with_torch(args, report: dict, outputs, expected: list, least=None,
+                       noise=None) -> int:
     """`outputs` against PyTorch's `expected` (from `torch_expected`), at the tolerance of
-    each output's dtype, at least `least` (or --rtol/--atol). Returns the exit status."""
-    entry = report["check"]["torch"]
+    each output's dtype, at least `least` (or --rtol/--atol). Where they differ, `noise()`
+    (see `_within_pytorch_noise`) may still pass them. Returns the exit status."""
+    checks = report["check"]
+    entry = checks["torch"] if "torch" in checks else checks["onnxruntime"]
     what = entry["reference"]
     stale = entry.pop("stale", [])
     tolerances = {}
@@ -202,6 +324,11 @@ def compare_with_torch(args, report: dict, outputs, expected: list, least=None) 
                     from None
             max_abs, max_rel = max(max_abs, one.max_abs_error), max(max_rel, one.max_rel_error)
     except CheckError as err:
+        judged = None if noise is None or stale else noise()
+        if judged is not None:
+            entry.update(ok=True, noise=judged, error=str(err), tolerances=tolerances)
+            print(_noise_line(what, err, judged))
+            return 0
         entry.update(ok=False, error=str(err), tolerances=tolerances)
         report["check"]["ok"] = False
         print(f"check   FAILED against {what} ({_fmt_tolerances(tolerances)}): {err}",

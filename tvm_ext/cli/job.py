@@ -108,6 +108,8 @@ def _load(args, report: dict):
     kind = "training step" if model.training else "inference"
     print(f"model   {model.name} ({kind}), {len(model.params)} parameters, "
           f"{format_size(model.param_bytes)}")
+    if "import_note" in model.config:
+        print(f"model   {model.config['import_note']}")
     if "returns" in model.config:
         outputs = model.config["outputs"]
         if model.training:

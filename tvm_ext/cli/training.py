@@ -14,7 +14,7 @@ from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
 from tvm_ext.models.reference import OptimizerSteps, tolerance
 from tvm_ext.units import format_size
 
-from .check import torch_file
+from .check import noise_verdict, torch_file
 
 
 def optimizer_of(args) -> Optimizer:
@@ -139,6 +139,15 @@ def check_training(args, report, step, gradient_model, target, batch, results, p
         check = training.compare_training([r.loss for r in results], params, state, ref,
                                           optimizer, rtol, atol)
     except CheckError as err:
+        noise = _within_float64_noise(args, step, gradient_model, batch, results, params,
+                                      state, ref, rtol, atol)
+        if noise is not None:
+            report["check"] = {**report.get("check", {}), "ok": True, "reference": what,
+                               "error": str(err), "rtol": rtol, "atol": atol, "noise": noise}
+            print(f"check   {what} differs ({err}), but these steps are as close to "
+                  f"{noise['reference']} as torch.optim's in float32 are (max abs error "
+                  f"{noise['ours']:.2e} against {noise['torch']:.2e})")
+            return 0
         report["check"] = {"ok": False, "reference": what, "error": str(err), "rtol": rtol,
                            "atol": atol}
         print(f"check   FAILED against {what} (rtol {rtol:g}, atol {atol:g}): {err}",
@@ -155,6 +164,40 @@ def check_training(args, report, step, gradient_model, target, batch, results, p
           f"{check.max_loss_error:.2e}, parameters {check.max_param_error:.2e}, state "
           f"{check.max_state_error:.2e}; rtol {rtol:g}, atol {atol:g}{noise})")
     return 0
+
+
+def _within_float64_noise(args, step, gradient_model, batch, results, params, state, ref,
+                          rtol: float, atol: float) -> dict | None:
+    """For float32 steps of a .pt2 model that miss the fixed tolerance against torch.optim:
+    {"reference", "ours", "torch"} (largest absolute errors from the same steps taken in
+    float64, gradients by torch.autograd in float64) where every loss curve, parameter and
+    state tensor that misses rtol / atol is about as close to them as torch.optim's float32
+    steps (`ref`) are (`check.noise_verdict`); None otherwise."""
+    path = torch_file(step, args.model)
+    if path is None:
+        return None
+    start = [np.asarray(p, np.float64) if np.asarray(p).dtype == np.float32 else p
+             for p in step.random_params(args.seed)[:len(gradient_model.params)]]
+    try:
+        exact = training.reference_steps(
+            step, training.torch_gradient(path, gradient_model, float64=True),
+            [batch] * len(results), start)
+    except Exception:  # no float64 run: no second opinion
+        return None
+    optimizer = optimizer_of(args)
+    bound = 2 * len(results) * optimizer.lr + atol
+    mine_params = []
+    for p, r, mask in zip(params, ref.params, ref.noise, strict=True):
+        if mask is not None and optimizer.kind in ("adam", "adamw"):
+            # Held to their own bound by compare_training: an Adam step of either sign.
+            near = mask & (np.abs(np.asarray(p, np.float64) - r) <= bound)
+            p = np.where(near, r, p)
+        mine_params.append(p)
+    ours = [np.asarray([r.loss for r in results]), *mine_params, *state]
+    theirs = [np.asarray(ref.losses), *ref.params, *ref.state]
+    best = [np.asarray(exact.losses), *exact.params, *exact.state]
+    return noise_verdict(ours, theirs, best, [(rtol, atol)] * len(ours),
+                         "torch.optim in float64")
 
 
 def _check_loss_curve(args, report, results, ref, what) -> int:

@@ -324,16 +324,17 @@ def tvm_gradient(gradient_model: Model, target: tvm.target.Target):
     return gradient
 
 
-def torch_gradient(path: str, gradient_model: Model):
+def torch_gradient(path: str, gradient_model: Model, float64: bool = False):
     """The gradient of the exported program in `path` by `torch.autograd`, for the training
-    step `gradient_model` of it: the reference gradient of a .pt2 model."""
+    step `gradient_model` of it: the reference gradient of a .pt2 model (`float64`: computed
+    in float64, see `reference.torch_reference`)."""
     names = [p.name for p in gradient_model.params]
     wrt = gradient_model.config["gradients"]
     loss = gradient_model.config.get("loss", "mse")
 
     def gradient(params, batch):
         out = reference.torch_training_step(path, batch[:-1], batch[-1], params, names, wrt,
-                                            loss)
+                                            loss, float64=float64)
         return out[0], out[1:]
     return gradient
 

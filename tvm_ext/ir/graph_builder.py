@@ -9,7 +9,7 @@ import tvm
 from tvm import relax, tirx
 
 from ..graph import DataflowGraph, GraphBuildError, Op, Tensor
-from .kernel_cost import KernelCost, analyze_kernel, buffer_bytes
+from .kernel_cost import KernelCost, analyze_kernel, buffer_bytes, has_symbolic_buffers
 from .pass_records import STATE_ATTR, argument_updates
 
 # Ops whose result shares its input's bytes.
@@ -17,8 +17,8 @@ VIEW_OPS = ("relax.reshape", "relax.memory.view", "relax.memory.ensure_zero_offs
 _CALL_TIR = ("relax.call_tir", "relax.call_tir_inplace")
 _PACKED = ("relax.call_dps_packed", "relax.call_packed", "relax.call_pure_packed",
            "relax.call_builtin_with_ctx")
-_HINT = "run LegalizeOps, AnnotateTIROpPattern, FuseOps and FuseTIR first " \
-        "(tvm_ext.pipeline.legalize_passes)"
+_HINT = "run LegalizeOps, StaticKernelCalls, AnnotateTIROpPattern, FuseOps and FuseTIR " \
+        "first (tvm_ext.pipeline.legalize_passes)"
 
 
 def _static_shape(ty, what: str) -> tuple[int, ...]:
@@ -113,6 +113,8 @@ class _Builder:
             func = self.mod[gv]
             if not isinstance(func, tirx.PrimFunc):
                 raise GraphBuildError(f"call_tir target {name} is not a PrimFunc")
+            if has_symbolic_buffers(func):
+                raise GraphBuildError(f"kernel {name} has symbolic buffer extents: {_HINT}")
             self.kernel_costs[name] = analyze_kernel(func)
         return self.kernel_costs[name]
 

@@ -38,6 +38,14 @@ class KernelCost:
     low_precision: bool = False
 
 
+def has_symbolic_buffers(func) -> bool:
+    """Whether some buffer parameter of the PrimFunc `func` has a symbolic extent (a generic
+    kernel, such as TVM's GPU scan, bound by each call)."""
+    return isinstance(func, tirx.PrimFunc) and any(
+        not isinstance(d, pe.IntImm)
+        for p in func.params for d in (getattr(p, "shape", None) or ()))
+
+
 def buffer_bytes(shape, dtype: str) -> int:
     """Bytes of a dense buffer (bool counts one byte, as TVM stores it)."""
     dtype = str(dtype)

@@ -128,6 +128,9 @@ class _KernelReader:
             raise _Unsupported("no iteration blocks")
 
     def _add_buffer(self, buf, key) -> None:
+        if not all(isinstance(s, pe.IntImm) for s in buf.shape):
+            # A generic kernel (TVM's GPU scan) serves every call's shapes: read as a whole.
+            raise _Unsupported(f"buffer {buf.name} has a symbolic extent {list(buf.shape)}")
         self.keys[buf] = key
         self.names[key] = str(buf.name)
         self.shapes[key] = tuple(_int(s) for s in buf.shape)

@@ -1,6 +1,7 @@
-"""Gradients that TVM's `relax.transform.Gradient` lacks, or computes otherwise than PyTorch
-(`take` of indices not one-dimensional, `avg_pool2d` windows past the padded input, ReLU at
-zero, `where` over broadcast branches), registered on `import tvm_ext` over TVM's own.
+"""Gradients that TVM's `relax.transform.Gradient` lacks (`topk`: a mixture of experts'
+routing weights), or computes otherwise than PyTorch (`take` of indices not one-dimensional,
+`avg_pool2d` windows past the padded input, ReLU at zero, `where` over broadcast branches),
+registered on `import tvm_ext` over TVM's own.
 
 Each is written from primitives that have gradients and legalizations of their own, and is
 checked against finite differences or torch.autograd in tests/test_gradients.py.
@@ -162,6 +163,25 @@ def _gather_elements_grad(orig_var, orig_call, output_grad, ctx):
     axis = int(orig_call.attrs.axis)
     return [_op.scatter_elements(zeros, indices, output_grad, axis, "add"),
             _op.grad.no_grad(indices)]
+
+
+def _topk_grad(orig_var, orig_call, output_grad, ctx):
+    """The values' dy put back where each value was taken from (a mixture of experts' routing
+    weights); the indices carry none."""
+    (x,) = orig_call.args
+    attrs = orig_call.attrs
+    ret_type, axis = str(attrs.ret_type), int(attrs.axis)
+    if ret_type == "indices":
+        return [_op.grad.no_grad(x)]
+    if ret_type == "both":
+        dy, indices = relax.TupleGetItem(output_grad, 0), relax.TupleGetItem(orig_var, 1)
+    else:
+        dy = output_grad
+        indices = _op.topk(x, int(attrs.k), axis, "indices", bool(attrs.largest),
+                           str(attrs.dtype))
+    zeros = _op.zeros(x.ty.shape, str(x.ty.dtype))
+    # top-k positions are distinct along the axis: the scatter writes each once.
+    return [_op.scatter_elements(zeros, indices, dy, axis, "update")]
 
 
 def _squeeze_grad(orig_var, orig_call, output_grad, ctx):
@@ -435,6 +455,7 @@ def register_all() -> None:
         ("relax.nn.pad", _pad_grad),
         ("relax.where", _where_grad),
         ("relax.gather_elements", _gather_elements_grad),
+        ("relax.topk", _topk_grad),
         ("relax.take", _take_grad),
         ("relax.nn.avg_pool2d", _avg_pool2d_grad),
         ("relax.nn.relu", _relu_grad),

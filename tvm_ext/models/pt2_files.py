@@ -8,6 +8,9 @@
   for by a mapping of its fields, so the graph loads all the same.
 - The outputs are the tensors of that container (`output_names`), the logits first where there
   are logits (a training step's loss is computed over the first output).
+- A custom op the graph calls is registered first where its library is installed
+  (`CUSTOM_OP_MODULES`: transformers' mixture-of-experts product); any other is named in the
+  error.
 - torch's deprecation warnings and the traceback it logs for a file it cannot read are kept
   out of the way; a file that does not parse raises `Pt2ParseError` with torch's reason.
 """
@@ -19,6 +22,7 @@ import importlib
 import importlib.util
 import json
 import logging
+import re
 import warnings
 import zipfile
 from typing import TYPE_CHECKING
@@ -33,11 +37,47 @@ class Pt2ParseError(InputError):
     """torch cannot read the file as an exported program."""
 
 
+# Modules that register the custom ops a library's exports call, by the op's namespace: torch
+# resolves `torch.ops.transformers.grouped_mm_fallback` (transformers' mixture-of-experts
+# layers) only once its module has run.
+CUSTOM_OP_MODULES = {"transformers": ("transformers.integrations.moe",)}
+_UNRESOLVED = re.compile(r"resolve torch\.ops\.(\w+)\.(\w+)")
+
+
 def load_program(path: str) -> ExportedProgram:
-    """The exported program in `path`, the containers its specs name registered first."""
+    """The exported program in `path`, the containers its specs name registered first, and
+    the custom ops it calls where `CUSTOM_OP_MODULES` knows who registers them."""
+    register_spec_types(spec_type_names(path))
+    tried: set[str] = set()
+    while True:
+        try:
+            return _load(path)
+        except Pt2ParseError as err:
+            found = _UNRESOLVED.search(str(err))
+            if found is None:
+                raise
+            namespace, name = found.groups()
+            modules = [m for m in CUSTOM_OP_MODULES.get(namespace, ()) if m not in tried]
+            if not modules:
+                raise Pt2ParseError(
+                    f"the model calls the custom op {namespace}::{name}, which nothing has "
+                    f"registered: import the module that defines it before loading the file"
+                    f"{_installed_hint(namespace)}") from err
+            for module in modules:
+                tried.add(module)
+                with contextlib.suppress(ImportError):
+                    importlib.import_module(module)
+
+
+def _installed_hint(namespace: str) -> str:
+    if namespace in CUSTOM_OP_MODULES and importlib.util.find_spec(namespace) is None:
+        return f" ({namespace} is not installed)"
+    return ""
+
+
+def _load(path: str) -> ExportedProgram:
     import torch
 
-    register_spec_types(spec_type_names(path))
     reasons: list[str] = []
     with quiet_torch(reasons):
         try:

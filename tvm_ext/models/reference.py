@@ -66,17 +66,20 @@ def torch_reference(
     params: Sequence[np.ndarray] = (),
     param_names: Sequence[str] = (),
     autocast: str | None = None,
+    float64: bool = False,
 ) -> list[np.ndarray]:
     """Outputs of the exported program in `path`, run eagerly on `inputs` (its user inputs in
     order) with `params` (named by their Relax argument names) in place of its weights; under
-    `torch.autocast` to `autocast` ("bfloat16", "float16") where given."""
+    `torch.autocast` to `autocast` ("bfloat16", "float16") where given; `float64`: its float32
+    weights, buffers and inputs in float64 (a closer answer to judge float32 noise by)."""
     torch = _torch()
 
     cast = contextlib.nullcontext() if autocast is None else torch.autocast(
         "cpu", dtype=getattr(torch, autocast))
     with torch.no_grad(), cast:
         return [_to_numpy(t) for t in _run(path, inputs, params, param_names,
-                                             autocast=autocast is not None)[0]]
+                                             autocast=autocast is not None,
+                                             float64=float64)[0]]
 
 
 def torch_training_step(
@@ -87,13 +90,16 @@ def torch_training_step(
     param_names: Sequence[str],
     gradients: Sequence[str],
     loss: str = "mse",
+    float64: bool = False,
 ) -> list[np.ndarray]:
     """`[loss, *grads]`: the loss of the first output against `labels` and its gradients with
-    respect to the parameters named in `gradients`, in that order."""
+    respect to the parameters named in `gradients`, in that order (`float64`: as
+    `torch_reference`'s)."""
     torch = _torch()
 
-    outputs, weights = _run(path, inputs, params, param_names, requires_grad=gradients)
-    out, target = outputs[0], _to_torch(labels)
+    outputs, weights = _run(path, inputs, params, param_names, requires_grad=gradients,
+                            float64=float64)
+    out, target = outputs[0], _widened(_to_torch(labels), float64)
     if loss == "mse":  # in float32 for reduced-precision outputs, as the compiled step
         if out.dtype in (torch.float16, torch.bfloat16):
             out, target = out.float(), target.float()
@@ -294,23 +300,27 @@ def _load_version(path: str, _mtime_ns: int, _size: int):
 
 
 def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = (),
-         autocast: bool = False):
+         autocast: bool = False, float64: bool = False):
     """(tensor outputs flattened, {param name: tensor fed}) of one eager call (`autocast`:
-    one under `torch.autocast`, without the export's dtype checks)."""
+    one under `torch.autocast`, without the export's dtype checks; `float64`: float32 widened
+    to float64, likewise)."""
     torch = _torch()
     from torch.utils import _pytree
 
     program = _load(path)
     names = list(param_names) or [f"param{i}" for i in range(len(params))]
     targets = _parameter_targets(program, list(param_names), len(params))
-    fed = {n: _to_torch(p, copy=True) for n, p in zip(names, params, strict=True)}
+    fed = {n: _widened(_to_torch(p, copy=True), float64)
+           for n, p in zip(names, params, strict=True)}
     for n in requires_grad:
         fed[n].requires_grad_()
     with pt2_files.quiet_torch():
         module, inputs = _with_seeded_dropouts(program, list(inputs))
-    if autocast:
+    if autocast or float64:
         _drop_dtype_checks(module)
-    tensors = [_to_torch(x) for x in inputs]
+    if float64:
+        module = module.double()
+    tensors = [_widened(_to_torch(x), float64) for x in inputs]
     in_spec = program.call_spec.in_spec
     args, kwargs = (_pytree.tree_unflatten(tensors, in_spec) if in_spec is not None
                     else (tuple(tensors), {}))
@@ -323,6 +333,11 @@ def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = (),
     leaves = [leaves[i] for i in pt2_files.logits_first(pt2_files.output_names(program)[1])] \
         if len(leaves) == len(pt2_files.output_names(program)[1]) else leaves
     return [t for t in leaves if isinstance(t, torch.Tensor)], fed
+
+
+def _widened(tensor, float64: bool):
+    """`tensor` in float64 where `float64` and it is float32; else itself."""
+    return tensor.double() if float64 and tensor.dtype == _torch().float32 else tensor
 
 
 def _drop_dtype_checks(module) -> None:

@@ -9,6 +9,8 @@ something else, as wrappers of the frontend's own converters (`with_torch_semant
   and math on integer or bool operands whose result PyTorch makes floating point (`ids / 4`,
   `n * 0.5`, `log(n)`) casts those operands first (the frontend divides integers, rounds the
   scalar to an integer, or rejects the op).
+- `div` with a rounding mode computes in torch's result dtype (the frontend makes a scalar
+  divisor an int32 constant whatever the dividend's dtype).
 - `alpha` of add and sub scales the second operand (the frontend ignores it).
 - A negative index of `aten.index` / `index_put` / `select` counts from the end of its axis
   (the frontend reads out of bounds: a Falcon attention picking its key head by `[-2]`, and
@@ -98,6 +100,7 @@ def with_torch_semantics(importer, table: dict) -> dict:
             table[name] = _wrapping_negative_indices(importer, table[name])
     table["embedding.default"] = lambda node: _embedding(importer, node)
     table["select.int"] = lambda node: _select(importer, node)
+    table["div.Tensor_mode"] = lambda node: _div_mode(importer, node)
     for name in _DROPOUT_OPS:
         table[name] = _applying_dropout(importer, table.get(name))
     return table
@@ -214,6 +217,26 @@ def _select(importer, node):
                              f"extent {extent}")
         index += int(extent)
     return importer.block_builder.emit(relax.op.take(x, relax.const(index, "int64"), dim))
+
+
+def _div_mode(importer, node):
+    """`torch.div(a, b, rounding_mode=...)` in torch's result dtype, a scalar `b` a constant of
+    that dtype; "trunc" of integers is their (truncating) integer division."""
+    bb, op = importer.block_builder, relax.op
+    dtype = _result_dtype(node)
+    a, b = importer.env[node.args[0]], node.args[1]
+    b = importer.env[b] if b in importer.env else relax.const(b, dtype)
+    a, b = (x if str(x.ty.dtype) == dtype else bb.emit(op.astype(x, dtype)) for x in (a, b))
+    mode = node.kwargs.get("rounding_mode", node.args[2] if len(node.args) > 2 else None)
+    if mode == "floor":
+        return bb.emit(op.floor_divide(a, b))
+    if mode == "trunc" and _is_integer(dtype):
+        return bb.emit(op.divide(a, b))
+    if mode == "trunc":
+        return bb.emit(op.trunc(op.divide(a, b)))
+    if mode is None:
+        return bb.emit(op.divide(a, b))
+    raise ValueError(f"{node.target}: rounding mode {mode!r}")
 
 
 def _with_env(importer, values: dict, convert: Callable, node):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import tvm
 from tvm import relax
 
-from . import dropout, torch_converters
+from . import dropout, moe_converters, torch_converters
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -249,7 +249,8 @@ def _importer_class():
 
     class Importer(ExportedProgramImporter):
         def create_convert_map(self):
-            return torch_converters.with_torch_semantics(self, super().create_convert_map())
+            table = torch_converters.with_torch_semantics(self, super().create_convert_map())
+            return moe_converters.add_moe_converters(self, table)
 
     _IMPORTER = Importer
     return Importer

@@ -1,0 +1,106 @@
+"""--check where an output misses its dtype's fixed tolerance: PyTorch at a higher precision
+(float64; float32 for an autocast model) judges whether this build is about as close to it as
+PyTorch's own outputs are (`cli.check._within_pytorch_noise`)."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from tvm_ext.cli import check
+from tvm_ext.models import reference
+
+
+def _case(tmp_path, monkeypatch, exact, training=False, autocast=False):
+    """A stand-in .pt2 model whose higher-precision PyTorch run gives `exact`; records the
+    calls made."""
+    path = tmp_path / "net.pt2"
+    path.write_bytes(b"")
+    calls = []
+
+    def run(*args, **kwargs):
+        calls.append(kwargs)
+        return exact
+
+    monkeypatch.setattr(reference, "torch_reference", run)
+    monkeypatch.setattr(reference, "torch_training_step", run)
+    config = {"gradients": ["w"]} if training else {}
+    if autocast:
+        config.update(autocast=True, compute_dtype="bfloat16")
+    model = types.SimpleNamespace(config=config, num_input=2 if training else 1,
+                                  params=[types.SimpleNamespace(name="w")], training=training)
+    args = types.SimpleNamespace(model=str(path), rtol=None, atol=None)
+    arguments = [np.zeros(3, "float32")] * (model.num_input + 1)
+    return (lambda outputs, expected: check._within_pytorch_noise(
+        args, model, arguments, outputs, expected)), calls
+
+
+def test_a_build_as_close_to_float64_as_pytorch_passes_and_one_farther_does_not(
+        tmp_path, monkeypatch):
+    exact = [np.array([1.0, 2.0, 3.0])]
+    judge, calls = _case(tmp_path, monkeypatch, exact)
+    torch_out = [np.array([1.0, 2.004, 3.0], "float32")]
+    noise = judge([np.array([1.003, 2.0, 3.0], "float32")], torch_out)
+    assert noise["reference"] == "PyTorch float64"
+    assert noise["ours"] == pytest.approx(0.003, rel=1e-3)
+    assert noise["torch"] == pytest.approx(0.004, rel=1e-3)
+    assert calls == [{"float64": True}]
+    # More than twice PyTorch's own distance from float64: a verdict against the build.
+    assert judge([np.array([1.0, 2.0, 3.009], "float32")], torch_out) is None
+    # Every output must be: one that is too far fails them all.
+    two = [exact[0], exact[0]]
+    judge, _ = _case(tmp_path, monkeypatch, two)
+    assert judge([exact[0], exact[0] + 1], [exact[0] + 1e-3, exact[0] + 1e-3]) is None
+
+
+def test_a_training_step_is_judged_by_its_float64_gradients_and_autocast_by_float32(
+        tmp_path, monkeypatch):
+    exact = [np.array(0.5), np.array([1.0, -1.0])]
+    judge, calls = _case(tmp_path, monkeypatch, exact, training=True)
+    assert judge([np.array(0.5), np.array([1.001, -1.0])],
+                 [np.array(0.5), np.array([1.0, -1.002])]) is not None
+    assert calls == [{"float64": True}]
+    judge, calls = _case(tmp_path, monkeypatch, [np.array([4.0])], autocast=True)
+    noise = judge([np.array([4.01])], [np.array([4.03])])
+    assert noise["reference"] == "PyTorch float32" and calls == [{}]
+
+
+def test_pytorch_runs_an_exported_program_in_float64(tmp_path):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16),
+                              torch.nn.Linear(16, 4))
+    x = torch.randn(3, 8)
+    path = str(tmp_path / "net.pt2")
+    torch.export.save(torch.export.export(net, (x,)), path)
+    params = [p.detach().numpy() for p in net.parameters()]
+    names = [f"p_{n.replace('.', '_')}" for n, _ in net.named_parameters()]
+    (out32,) = reference.torch_reference(path, [x.numpy()], params, names)
+    (out64,) = reference.torch_reference(path, [x.numpy()], params, names, float64=True)
+    assert out32.dtype == np.float32 and out64.dtype == np.float64
+    expected = net.double()(x.double()).detach().numpy()
+    np.testing.assert_allclose(out64, expected, rtol=1e-12)
+    labels = np.zeros((3, 4), "float32")
+    loss, *grads = reference.torch_training_step(path, [x.numpy()], labels, params, names,
+                                                 names, float64=True)
+    assert loss.dtype == np.float64 and all(g.dtype == np.float64 for g in grads)
+    assert float(loss) == pytest.approx(float((expected ** 2).mean()), rel=1e-12)
+
+
+def test_only_tensors_that_miss_the_tolerance_are_judged_and_one_must():
+    exact = [np.array([1.0, 2.0]), np.array([5.0])]
+    torch_out = [np.array([1.0, 2.0]), np.array([5.1])]
+    tol = [(1e-4, 1e-5)] * 2
+    # The first meets the tolerance (its tiny distances are not compared); the second is
+    # closer to float64 than PyTorch's.
+    noise = check.noise_verdict([np.array([1.0, 2.0 + 1e-9]), np.array([5.05])], torch_out,
+                                exact, tol, "PyTorch float64")
+    assert noise == {"reference": "PyTorch float64", "ours": pytest.approx(0.05),
+                     "torch": pytest.approx(0.1)}
+    # Nothing missed the tolerance: nothing to excuse, no verdict from here.
+    assert check.noise_verdict(torch_out, torch_out, exact, tol, "x") is None
+    # Shapes that differ are not compared.
+    assert check.noise_verdict([np.array([1.0])], torch_out[:1], exact[:1], tol[:1], "x") \
+        is None
