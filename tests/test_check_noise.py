@@ -96,11 +96,17 @@ def test_only_tensors_that_miss_the_tolerance_are_judged_and_one_must():
     # The first meets the tolerance (its tiny distances are not compared); the second is
     # closer to float64 than PyTorch's.
     noise = check.noise_verdict([np.array([1.0, 2.0 + 1e-9]), np.array([5.05])], torch_out,
-                                exact, tol, "PyTorch float64")
+                                torch_out, exact, tol, "PyTorch float64")
     assert noise == {"reference": "PyTorch float64", "ours": pytest.approx(0.05),
                      "torch": pytest.approx(0.1)}
     # Nothing missed the tolerance: nothing to excuse, no verdict from here.
-    assert check.noise_verdict(torch_out, torch_out, exact, tol, "x") is None
+    assert check.noise_verdict(torch_out, torch_out, torch_out, exact, tol, "x") is None
+    # Against another build: the yardstick is still PyTorch's own distance from float64.
+    other = [np.array([1.0, 2.0]), np.array([5.0])]
+    assert check.noise_verdict([np.array([1.0, 2.0]), np.array([5.15])], other, torch_out,
+                               exact, tol, "x")["torch"] == pytest.approx(0.1)
+    assert check.noise_verdict([np.array([1.0, 2.0]), np.array([5.25])], other, torch_out,
+                               exact, tol, "x") is None
     # Shapes that differ are not compared.
-    assert check.noise_verdict([np.array([1.0])], torch_out[:1], exact[:1], tol[:1], "x") \
-        is None
+    assert check.noise_verdict([np.array([1.0])], torch_out[:1], torch_out[:1], exact[:1],
+                               tol[:1], "x") is None

@@ -50,6 +50,9 @@ CORPUS_OPS = frozenset({
     "slice.Tensor", "split_with_sizes.default", "sqrt.default", "squeeze.dims", "sub.Tensor",
     "tanh.default", "unsqueeze.default", "upsample_bilinear2d.vec", "upsample_nearest2d.vec",
     "view.default", "where.self",
+    # Mixtral's routing (tests/corpus `mixtral`).
+    "div.Tensor_mode", "empty_permuted.default", "histc.default", "index_put.default",
+    "sort.default", "sum.dim_IntList", "topk.default",
 })
 
 
@@ -162,6 +165,18 @@ CASES = {
                                 _i(-3, 3, 4)),
     "sub_int64_by_int32_scalar_tensor": _case("sub.Tensor", lambda a, b: a - b.int()[0],
                                               _i(-9, 9, 3, 4), _i(-3, 3, 4)),
+    # A mixture of experts' routing: top-k of the router's weights, tokens sorted by expert,
+    # scattered back by a permutation into a buffer made by `empty_like`.
+    "topk": _case("topk.default", lambda x: torch.topk(x, 3, dim=-1), _f(4, 7)),
+    "sort": _case("sort.default", lambda x: torch.sort(x, dim=0), _f(9, 3)),
+    "sort_ids": _case("sort.default", lambda e: torch.sort(e * 16 + torch.arange(12))[1] * 1,
+                      _i(0, 4, 12)),
+    "sum_dims": _case("sum.dim_IntList", lambda x: x.sum(dim=(0, 2)) * 1, _f(3, 4, 5)),
+    "index_put_permutation": _case(
+        "index_put.default",
+        lambda x, v: torch.index_put(x, (torch.tensor([3, 0, 2, 1]),), v), _f(4), _f(4)),
+    "empty_like_filled": _case("empty_permuted.default",
+                               lambda x: torch.empty_like(x).fill_(2.0) * x, _f(3, 4)),
     # A mixture of experts' tokens per expert; values outside the range, and the data's own.
     "histc_expert_counts": _case("histc.default",
                                  lambda e: torch.histc(e.float(), bins=4, min=0, max=3),

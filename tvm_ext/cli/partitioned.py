@@ -262,7 +262,7 @@ def _run_training(args, report: dict, build, step, gradient_model, target, k: in
             # The single-device steps as a reference, with torch's rounding-noise gradients
             # marked.
             match_build(args, results, params, state, expected, single, reference,
-                        1e-5, 1e-5)
+                        1e-5, 1e-5, gradient_model, batch)
         else:  # low precision: the partitioned sums round otherwise; the curves must agree
             rtol, atol = LOW_PRECISION_BOUND[args.dtype]
             driver.compare([np.array([r.loss for r in results])],

@@ -242,8 +242,8 @@ def run_swapped_training(args, report, step, gradient_model, planning, executabl
             # Chunks round otherwise: Adam's steps on rounding-noise gradients differ.
             reference = reference_of(args, step, gradient_model, target, batch, args.steps)
             noise = match_build(args, results, session.parameters(), session.state(),
-                                expected, plain, reference,
-                                *tolerance("float32")).noise_elements
+                                expected, plain, reference, *tolerance("float32"),
+                                gradient_model, batch).noise_elements
         else:
             driver.compare(values, [*plain.parameters(), *plain.state()],
                            tolerances=_tolerances(values, inexact))

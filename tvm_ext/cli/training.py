@@ -110,17 +110,30 @@ def _tolerance_of(step) -> tuple[float, float]:
     return max([(1e-4, 1e-5), *pairs])
 
 
-def match_build(args, results, params, state, expected, build, reference, rtol, atol
-                ) -> training.TrainingCheck:
+def match_build(args, results, params, state, expected, build, reference, rtol, atol,
+                gradient_model, batch) -> training.TrainingCheck:
     """`results`, `params` and `state` against the same steps of another build (`expected`,
     the run of `build`, a TrainingSession) at rtol / atol, the elements whose gradient was
     rounding noise in `reference` (`reference_of`) held to their own bound: an Adam step turns
     such a gradient (a key bias's, exactly zero through softmax) into a step of lr of either
-    sign, whichever way the two builds round it. Raises CheckError."""
+    sign, whichever way the two builds round it. Where they still differ, the steps pass if
+    they are about as close to torch.optim in float64 as torch.optim's float32 steps are
+    (`_within_float64_noise`, said). Raises CheckError."""
     alone = OptimizerSteps([r.loss for r in expected], build.parameters(), build.state(),
                            reference[0].noise)
-    return training.compare_training([r.loss for r in results], params, state, alone,
-                                     optimizer_of(args), rtol, atol)
+    try:
+        return training.compare_training([r.loss for r in results], params, state, alone,
+                                         optimizer_of(args), rtol, atol)
+    except CheckError as err:
+        noise = _within_float64_noise(args, build.model, gradient_model, batch, results,
+                                      params, state, reference[0], rtol, atol, alone)
+        if noise is None:
+            raise
+        print(f"check   note: {err}, but these steps are as close to {noise['reference']} "
+              f"as torch.optim's in float32 are (max abs error {noise['ours']:.2e} against "
+              f"{noise['torch']:.2e})")
+        return training.TrainingCheck(len(results), noise["ours"], noise["ours"],
+                                      noise["ours"], 0, rtol, atol)
 
 
 def check_training(args, report, step, gradient_model, target, batch, results, params,
@@ -167,12 +180,13 @@ def check_training(args, report, step, gradient_model, target, batch, results, p
 
 
 def _within_float64_noise(args, step, gradient_model, batch, results, params, state, ref,
-                          rtol: float, atol: float) -> dict | None:
-    """For float32 steps of a .pt2 model that miss the fixed tolerance against torch.optim:
-    {"reference", "ours", "torch"} (largest absolute errors from the same steps taken in
-    float64, gradients by torch.autograd in float64) where every loss curve, parameter and
-    state tensor that misses rtol / atol is about as close to them as torch.optim's float32
-    steps (`ref`) are (`check.noise_verdict`); None otherwise."""
+                          rtol: float, atol: float, against=None) -> dict | None:
+    """For float32 steps of a .pt2 model that miss rtol / atol against torch.optim's (`ref`),
+    or against another build's steps (`against`, an OptimizerSteps): {"reference", "ours",
+    "torch"} (largest absolute errors from the same
+    steps taken in float64, gradients by torch.autograd in float64) where every loss curve,
+    parameter and state tensor that misses is about as close to them as torch.optim's
+    float32 steps are (`check.noise_verdict`); None otherwise."""
     path = torch_file(step, args.model)
     if path is None:
         return None
@@ -193,11 +207,13 @@ def _within_float64_noise(args, step, gradient_model, batch, results, params, st
             near = mask & (np.abs(np.asarray(p, np.float64) - r) <= bound)
             p = np.where(near, r, p)
         mine_params.append(p)
+
+    def tensors(steps):
+        return [np.asarray(steps.losses), *steps.params, *steps.state]
+
     ours = [np.asarray([r.loss for r in results]), *mine_params, *state]
-    theirs = [np.asarray(ref.losses), *ref.params, *ref.state]
-    best = [np.asarray(exact.losses), *exact.params, *exact.state]
-    return noise_verdict(ours, theirs, best, [(rtol, atol)] * len(ours),
-                         "torch.optim in float64")
+    return noise_verdict(ours, tensors(against or ref), tensors(ref), tensors(exact),
+                         [(rtol, atol)] * len(ours), "torch.optim in float64")
 
 
 def _check_loss_curve(args, report, results, ref, what) -> int:

@@ -389,6 +389,12 @@ def _differentiate(name: str, mod: tvm.IRModule, wrt: list[relax.Var]) -> tvm.IR
         return relax.transform.Gradient("main", require_grads=wrt)(mod)
     except tvm.error.InternalError as err:
         missing = re.search(r"FPrimalGradient has not been registered for (\S+)", str(err))
+        if missing is None and "Differentiation of call_tir" in str(err):
+            kernels = sorted({gv.name_hint for gv, f in mod.functions_items()
+                              if isinstance(f, tvm.tirx.PrimFunc)})
+            raise ValueError(f"{name}: cannot build the training step: the frontend wrote "
+                             f"kernels that have no gradient ({', '.join(kernels[:6])}"
+                             f"{' ...' if len(kernels) > 6 else ''})") from err
         if missing is None:
             raise
         raise ValueError(f"{name}: cannot build the training step: no gradient for "

@@ -114,45 +114,37 @@ def _load_onnx(path: str, **_) -> Model:
     import onnx
     from tvm.relax.frontend.onnx import from_onnx
 
+    from . import onnx_files
+    from .onnx_converters import onnx_converters
+
     try:
         proto = onnx.load(path)
         onnx.checker.check_model(proto)
     except Exception as err:
         raise ModelLoadError(f"{path} does not parse as a .onnx model: "
                              f"{type(err).__name__}: {err}") from err
-    config = None
+    proto, weight_names = onnx_files.with_identifier_names(proto)
+    config: dict = {"onnx_weight_names": weight_names} if weight_names else {}
     try:
-        mod = from_onnx(proto, keep_params_in_input=True)
+        with onnx_converters():
+            mod = from_onnx(proto, keep_params_in_input=True)
     except Exception as err:
         # Exporters compute reshapes and pads from `Shape` ops (torch's TorchScript exporter
         # does for BART, Swin, MobileNetV1): at static shapes they are constants, which
         # onnxsim folds where TVM's frontend would need them folded already.
-        simplified = _simplified(proto)
+        simplified = onnx_files.simplified(proto)
         if simplified is None:
             raise _cannot_import(path, err) from err
         try:
-            mod = from_onnx(simplified, keep_params_in_input=True)
+            with onnx_converters():
+                mod = from_onnx(simplified, keep_params_in_input=True)
         except Exception:
             raise _cannot_import(path, err) from err
-        config = {"import_note": (
+        config["import_note"] = (
             f"the TVM frontend cannot import the file as written ({type(err).__name__}: "
             f"{str(err).splitlines()[0][:160]}); imported after onnxsim folded its constant "
-            "subgraphs (batch norms left unfused)")}
+            "subgraphs (batch norms left unfused)")
     return _with_weights(os.path.basename(path), mod, path, config)
-
-
-def _simplified(proto):
-    """`proto` with its constant subgraphs folded by onnxsim, batch norms kept as they are
-    (their parameters stay the model's); None where onnxsim is not installed or fails."""
-    try:
-        import onnxsim
-    except ImportError:
-        return None
-    try:
-        simplified, valid = onnxsim.simplify(proto, skip_fuse_bn=True)
-    except Exception:
-        return None
-    return simplified if valid else None
 
 
 def _load_py(path: str, **kwargs) -> Model:

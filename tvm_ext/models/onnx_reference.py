@@ -38,4 +38,5 @@ def onnx_reference(path: str, inputs: Sequence[np.ndarray], params: Sequence[np.
     names = [i.name for i in session.get_inputs() if i.name not in initializers]
     if len(names) != len(inputs):
         raise ValueError(f"the model has {len(names)} inputs, {len(inputs)} were given")
-    return [np.asarray(o) for o in session.run(None, dict(zip(names, inputs, strict=True)))]
+    feeds = {n: np.asarray(x) for n, x in zip(names, inputs, strict=True)}  # 0-d too
+    return [np.asarray(o) for o in session.run(None, feeds)]

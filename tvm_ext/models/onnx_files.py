@@ -1,0 +1,70 @@
+"""Reading an ONNX model (.onnx) as exporters write it, before TVM's frontend imports it.
+
+- Value and weight names become C identifiers. torch's TorchScript exporter names values
+  after their module path (`/inner/model/Reshape_1_output_0`, `inner.model.shared.weight`);
+  TVM names a kernel's buffers after the Relax variables it reads, which the frontend names
+  after the weights (and after the values onnxsim folds into weights), and the CUDA code of
+  the kernels TVM writes by hand (its GPU scatter, sort and scan) takes those names verbatim,
+  which nvcc rejects. Graph inputs (the frontend renames them) and outputs keep their names;
+  `with_identifier_names` returns the new names of the weights, so that ONNX Runtime can be
+  fed the file's.
+- `simplified`: constant subgraphs folded by onnxsim, for a file TVM's frontend cannot import
+  as written (see `loaders._load_onnx`).
+"""
+
+from __future__ import annotations
+
+import re
+
+_NOT_IDENTIFIER = re.compile(r"\W")
+
+
+def with_identifier_names(proto) -> tuple[object, dict[str, str]]:
+    """`proto` (modified in place) with every value and initializer name a C identifier,
+    unique, and {new name: name in the file} of the renamed initializers."""
+    graph = proto.graph
+    if any(attr.type in (attr.GRAPH, attr.GRAPHS) for n in graph.node for attr in n.attribute):
+        return proto, {}  # control flow: its bodies read outer names; left as written
+    kept = {v.name for v in graph.input} | {v.name for v in graph.output}
+    names = [i.name for i in graph.initializer] + [o for n in graph.node for o in n.output]
+    taken = set(kept) | set(names)
+    renamed: dict[str, str] = {}
+    for name in names:
+        if not name or name in kept or name in renamed or _is_identifier(name):
+            continue
+        base = _NOT_IDENTIFIER.sub("_", name).strip("_") or "v"
+        base = base if base[0].isalpha() else f"v_{base}"
+        new, count = base, 1
+        while new in taken:
+            new, count = f"{base}_{count}", count + 1
+        taken.add(new)
+        renamed[name] = new
+    if not renamed:
+        return proto, {}
+    for init in graph.initializer:
+        init.name = renamed.get(init.name, init.name)
+    for node in graph.node:
+        node.input[:] = [renamed.get(n, n) for n in node.input]
+        node.output[:] = [renamed.get(n, n) for n in node.output]
+    for info in graph.value_info:
+        info.name = renamed.get(info.name, info.name)
+    initializers = {i.name for i in graph.initializer}
+    return proto, {new: old for old, new in renamed.items() if new in initializers}
+
+
+def _is_identifier(name: str) -> bool:
+    return name.isidentifier() and name.isascii()
+
+
+def simplified(proto):
+    """`proto` with its constant subgraphs folded by onnxsim, batch norms kept as they are
+    (their parameters stay the model's); None where onnxsim is not installed or fails."""
+    try:
+        import onnxsim
+    except ImportError:
+        return None
+    try:
+        folded, valid = onnxsim.simplify(proto, skip_fuse_bn=True)
+    except Exception:
+        return None
+    return folded if valid else None
