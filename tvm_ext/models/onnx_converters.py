@@ -3,9 +3,9 @@ which `relax.transform.Gradient` cannot differentiate and autocast cannot retype
 are Relax ops, with gradients of their own.
 
 - `Clip` (MobileNet's ReLU6): the frontend emits `topi.maximum` / `topi.minimum` kernels. A
-  clip between constant scalars is `relax.op.clip` (PyTorch's gradient, see `gradients.py`);
-  tensor bounds are `relax.op.maximum` / `minimum`, NaN bounds unbounded as the frontend has
-  them.
+  float clip between constant scalars is `relax.op.clip` (PyTorch's gradient, see
+  `gradients.py`); tensor bounds, and integers, are `relax.op.maximum` / `minimum`, NaN bounds
+  unbounded as the frontend has them.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def _clip_converter(frontend):
         def _impl_v13(cls, bb, inputs, attr, params):
             x, lo, hi = inputs[0], inputs[1], inputs[2]
             low, high = (None if b is None else scalar(b) for b in (lo, hi))
-            if (lo is None or low is not None) and (hi is None or high is not None):
+            floating = str(x.ty.dtype).startswith(("float", "bfloat"))
+            if floating and (lo is None or low is not None) and (hi is None or high is not None):
                 low = -np.inf if low is None or np.isnan(low) else low
                 high = np.inf if high is None or np.isnan(high) else high
                 return bb.emit(relax.op.clip(x, low, high))
