@@ -667,3 +667,22 @@ def test_an_autocast_onnx_model_is_judged_by_onnx_runtimes_float32(tmp_path, mon
     # Not excused where the build is farther from float32 than half the plain build's error.
     monkeypatch.setattr(check, "NOISE_FACTOR", 0.5)
     assert main([path, "--dtype", "bf16", "--run", "--check"]) == 1
+
+
+def test_an_integer_onnx_clip_keeps_its_dtype(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    def constant(name, value):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(
+            np.array(value, "int64"), name))
+
+    nodes = [constant("lo", 0), constant("hi", 5), helper.make_node("Clip", ["x", "lo", "hi"],
+                                                                     ["y"])]
+    graph = helper.make_graph(
+        nodes, "clip", [helper.make_tensor_value_info("x", TensorProto.INT64, [6])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, [6])])
+    path = str(tmp_path / "clip_int.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    (out,) = _run(load_model(path), [np.array([-3, 0, 2, 5, 7, 9], "int64")])
+    np.testing.assert_array_equal(out, [0, 0, 2, 5, 5, 5])
