@@ -19,6 +19,7 @@ from tvm import relax, tirx
 
 from tvm_ext.ir.kernel_calls import call_tir_args, call_tir_kernel
 from tvm_ext.ir.kernel_cost import has_symbolic_buffers
+from tvm_ext.ir.relax_exprs import static_shape, type_shape
 
 _RESHAPE = "vm.builtin.reshape"
 
@@ -44,15 +45,6 @@ def specialize(func: tirx.PrimFunc, shapes: list[tuple[int, ...]]) -> tirx.PrimF
 def _dtype(extent) -> str:
     """The integer dtype of a buffer extent (a symbolic Var keeps it in its type)."""
     return str(extent.dtype) if isinstance(extent, tirx.IntImm) else str(extent.ty.dtype)
-
-
-def _static_shape(ty) -> tuple[int, ...] | None:
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    values = getattr(ty.shape, "values", None)
-    if values is None or not all(isinstance(v, tirx.IntImm) for v in values):
-        return None
-    return tuple(int(v) for v in values)
 
 
 def _out_types(call: relax.Call) -> list:
@@ -115,8 +107,8 @@ class _Rewriter(relax.expr_functor.PyExprMutator):
         name = call_tir_kernel(call)
         if name not in self.generic:
             return call
-        shapes = [_static_shape(a.ty) for a in call_tir_args(call)]
-        shapes += [_static_shape(t) for t in _out_types(call)]
+        shapes = [static_shape(a) for a in call_tir_args(call)]
+        shapes += [type_shape(t) for t in _out_types(call)]
         if any(s is None for s in shapes):
             return call  # a call of symbolic shape: the planners refuse it by name
         key = (name, tuple(shapes))

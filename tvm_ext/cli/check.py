@@ -166,11 +166,8 @@ def _within_onnx_autocast_noise(args, model, arguments, outputs, plain, toleranc
     path = onnx_file(model, args.model)
     if path is None or not model.config.get("autocast"):
         return None
-    n = model.num_input
-    in_file = model.config.get("onnx_weight_names", {})
     try:
-        exact = onnx_reference(path, arguments[:n], arguments[n:],
-                               [in_file.get(p.name, p.name) for p in model.params])
+        exact = _onnx_outputs(path, model, arguments)
     except Exception:  # no float32 run: no second opinion
         return None
     noise = noise_verdict(outputs, plain, plain, exact, [tolerance] * len(outputs),
@@ -215,16 +212,28 @@ def _noise_line(what: str, err, noise: dict) -> str:
             f"{noise['ours']:.2e} against {noise['torch']:.2e})")
 
 
+def _model_file(model, spec: str, suffix: str) -> str | None:
+    path = model.config.get("file") or spec
+    return path if str(path).lower().endswith(suffix) and os.path.isfile(path) else None
+
+
 def torch_file(model, spec: str) -> str | None:
     """The .pt2 file `model` was loaded from: PyTorch eager is then a second reference."""
-    path = model.config.get("file") or spec
-    return path if str(path).lower().endswith(".pt2") and os.path.isfile(path) else None
+    return _model_file(model, spec, ".pt2")
 
 
 def onnx_file(model, spec: str) -> str | None:
     """The .onnx file `model` was loaded from: ONNX Runtime is then a second reference."""
-    path = model.config.get("file") or spec
-    return path if str(path).lower().endswith(".onnx") and os.path.isfile(path) else None
+    return _model_file(model, spec, ".onnx")
+
+
+def _onnx_outputs(path: str, model, arguments) -> list:
+    """ONNX Runtime's outputs of the file on `arguments`, each weight fed under its name in
+    the file (the loader renames some)."""
+    n = model.num_input
+    in_file = model.config.get("onnx_weight_names", {})
+    return onnx_reference(path, arguments[:n], arguments[n:],
+                          [in_file.get(p.name, p.name) for p in model.params])
 
 
 def _onnx_expected(args, report: dict, model, arguments, path: str) -> tuple[int, list | None]:
@@ -242,11 +251,8 @@ def _onnx_expected(args, report: dict, model, arguments, path: str) -> tuple[int
         entry.update(ok=None, skipped=skipped)
         print(f"check   not compared with {what}: {skipped}")
         return 0, None
-    n = model.num_input
     try:
-        in_file = model.config.get("onnx_weight_names", {})  # renamed by the loader
-        expected = onnx_reference(path, arguments[:n], arguments[n:],
-                                  [in_file.get(p.name, p.name) for p in model.params])
+        expected = _onnx_outputs(path, model, arguments)
     except Exception as err:  # any failure of ONNX Runtime itself is a failed check
         entry.update(ok=False, error=f"{type(err).__name__}: {err}")
         report["check"]["ok"] = False

@@ -129,11 +129,11 @@ def match_build(args, results, params, state, expected, build, reference, rtol, 
                                       params, state, reference[0], rtol, atol, alone)
         if noise is None:
             raise
-        print(f"check   note: {err}, but these steps are as close to {noise['reference']} "
-              f"as torch.optim's in float32 are (max abs error {noise['ours']:.2e} against "
-              f"{noise['torch']:.2e})")
-        return training.TrainingCheck(len(results), noise["ours"], noise["ours"],
-                                      noise["ours"], 0, rtol, atol)
+        print(_steps_noise_line("check   note:", err, noise))
+        return training.TrainingCheck(
+            len(results), _largest_difference([[r.loss for r in results]], [alone.losses]),
+            _largest_difference(params, alone.params), _largest_difference(state, alone.state),
+            0, rtol, atol)
 
 
 def check_training(args, report, step, gradient_model, target, batch, results, params,
@@ -157,9 +157,7 @@ def check_training(args, report, step, gradient_model, target, batch, results, p
         if noise is not None:
             report["check"] = {**report.get("check", {}), "ok": True, "reference": what,
                                "error": str(err), "rtol": rtol, "atol": atol, "noise": noise}
-            print(f"check   {what} differs ({err}), but these steps are as close to "
-                  f"{noise['reference']} as torch.optim's in float32 are (max abs error "
-                  f"{noise['ours']:.2e} against {noise['torch']:.2e})")
+            print(_steps_noise_line(f"check   {what} differs", err, noise))
             return 0
         report["check"] = {"ok": False, "reference": what, "error": str(err), "rtol": rtol,
                            "atol": atol}
@@ -179,14 +177,27 @@ def check_training(args, report, step, gradient_model, target, batch, results, p
     return 0
 
 
+def _steps_noise_line(head: str, err, noise: dict) -> str:
+    return (f"{head} ({err}), but these steps are as close to {noise['reference']} as "
+            f"torch.optim's in float32 are (max abs error {noise['ours']:.2e} against "
+            f"{noise['torch']:.2e})")
+
+
+def _largest_difference(ours, theirs) -> float:
+    """The largest absolute difference between matching arrays of two lists."""
+    return max((float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)),
+                             initial=0.0)) for a, b in zip(ours, theirs, strict=True)),
+               default=0.0)
+
+
 def _within_float64_noise(args, step, gradient_model, batch, results, params, state, ref,
                           rtol: float, atol: float, against=None) -> dict | None:
     """For float32 steps of a .pt2 model that miss rtol / atol against torch.optim's (`ref`),
     or against another build's steps (`against`, an OptimizerSteps): {"reference", "ours",
-    "torch"} (largest absolute errors from the same
-    steps taken in float64, gradients by torch.autograd in float64) where every loss curve,
-    parameter and state tensor that misses is about as close to them as torch.optim's
-    float32 steps are (`check.noise_verdict`); None otherwise."""
+    "torch"} (largest absolute errors from the same steps taken in float64, gradients by
+    torch.autograd in float64) where every loss curve, parameter and state tensor that misses
+    is about as close to them as torch.optim's float32 steps are (`check.noise_verdict`);
+    None otherwise."""
     path = torch_file(step, args.model)
     if path is None:
         return None
@@ -200,8 +211,9 @@ def _within_float64_noise(args, step, gradient_model, batch, results, params, st
         return None
     optimizer = optimizer_of(args)
     bound = 2 * len(results) * optimizer.lr + atol
+    compared = against or ref
     mine_params = []
-    for p, r, mask in zip(params, ref.params, ref.noise, strict=True):
+    for p, r, mask in zip(params, compared.params, ref.noise, strict=True):
         if mask is not None and optimizer.kind in ("adam", "adamw"):
             # Held to their own bound by compare_training: an Adam step of either sign.
             near = mask & (np.abs(np.asarray(p, np.float64) - r) <= bound)
@@ -212,7 +224,7 @@ def _within_float64_noise(args, step, gradient_model, batch, results, params, st
         return [np.asarray(steps.losses), *steps.params, *steps.state]
 
     ours = [np.asarray([r.loss for r in results]), *mine_params, *state]
-    return noise_verdict(ours, tensors(against or ref), tensors(ref), tensors(exact),
+    return noise_verdict(ours, tensors(compared), tensors(ref), tensors(exact),
                          [(rtol, atol)] * len(ours), "torch.optim in float64")
 
 

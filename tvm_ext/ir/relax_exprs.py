@@ -15,7 +15,11 @@ def is_op(expr, name: str) -> bool:
 
 def static_shape(expr) -> tuple[int, ...] | None:
     """The shape of a tensor-typed `expr`, None where it is not one or not static."""
-    ty = getattr(expr, "ty", None)
+    return type_shape(getattr(expr, "ty", None))
+
+
+def type_shape(ty) -> tuple[int, ...] | None:
+    """The shape of a tensor type `ty`, None where it is not one or not static."""
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         return None
     try:

@@ -125,9 +125,12 @@ def _load_onnx(path: str, **_) -> Model:
                              f"{type(err).__name__}: {err}") from err
     proto, weight_names = onnx_files.with_identifier_names(proto)
     config: dict = {"onnx_weight_names": weight_names} if weight_names else {}
-    try:
+    def frontend(proto):
         with onnx_converters():
-            mod = from_onnx(proto, keep_params_in_input=True)
+            return from_onnx(proto, keep_params_in_input=True)
+
+    try:
+        mod = frontend(proto)
     except Exception as err:
         # Exporters compute reshapes and pads from `Shape` ops (torch's TorchScript exporter
         # does for BART, Swin, MobileNetV1): at static shapes they are constants, which
@@ -136,8 +139,7 @@ def _load_onnx(path: str, **_) -> Model:
         if simplified is None:
             raise _cannot_import(path, err) from err
         try:
-            with onnx_converters():
-                mod = from_onnx(simplified, keep_params_in_input=True)
+            mod = frontend(simplified)
         except Exception:
             raise _cannot_import(path, err) from err
         config["import_note"] = (

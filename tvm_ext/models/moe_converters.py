@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from tvm import relax
 
+from .torch_converters import node_arg
+
 _REDUCED_FLOATS = ("float16", "bfloat16")
 
 
@@ -26,12 +28,6 @@ def add_moe_converters(importer, table: dict) -> dict:
     table["histc.default"] = lambda node: _histc(importer, node)
     table["grouped_mm_fallback.default"] = lambda node: _grouped_mm(importer, node)
     return table
-
-
-def _arg(node, index: int, name: str, default):
-    if len(node.args) > index:
-        return node.args[index]
-    return node.kwargs.get(name, default)
 
 
 def _static(expr, what: str) -> list[int]:
@@ -44,8 +40,8 @@ def _static(expr, what: str) -> list[int]:
 def _histc(importer, node):
     bb, op = importer.block_builder, relax.op
     x = importer.env[node.args[0]]
-    bins = int(_arg(node, 1, "bins", 100))
-    lo, hi = float(_arg(node, 2, "min", 0)), float(_arg(node, 3, "max", 0))
+    bins = int(node_arg(node, 1, "bins", 100))
+    lo, hi = float(node_arg(node, 2, "min", 0)), float(node_arg(node, 3, "max", 0))
     dtype = str(x.ty.dtype)
     size = 1
     for d in _static(x, f"{node.target}"):

@@ -205,6 +205,13 @@ def _wrapping_negative_indices(importer, convert: Callable) -> Callable:
     return wrapped
 
 
+def node_arg(node, index: int, name: str, default):
+    """Argument `index` of an fx call node, given by position or by `name`, else `default`."""
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
 def _select(importer, node):
     """`x.select(dim, i)` as a `take` of the scalar index, a negative `i` counted from the end
     of the axis."""
@@ -227,7 +234,7 @@ def _div_mode(importer, node):
     a, b = importer.env[node.args[0]], node.args[1]
     b = importer.env[b] if b in importer.env else relax.const(b, dtype)
     a, b = (x if str(x.ty.dtype) == dtype else bb.emit(op.astype(x, dtype)) for x in (a, b))
-    mode = node.kwargs.get("rounding_mode", node.args[2] if len(node.args) > 2 else None)
+    mode = node_arg(node, 2, "rounding_mode", None)
     if mode == "floor":
         return bb.emit(op.floor_divide(a, b))
     if mode == "trunc" and _is_integer(dtype):

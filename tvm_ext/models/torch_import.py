@@ -20,6 +20,7 @@ import tvm
 from tvm import relax
 
 from . import dropout, moe_converters, torch_converters
+from .torch_converters import node_arg
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -91,17 +92,17 @@ def export_mode(program: ExportedProgram) -> str | None:
         target, args = node.target, node.args
         if target in (aten.dropout.default, aten.dropout_.default, aten.feature_dropout.default,
                       aten.alpha_dropout.default):
-            p = _arg(node, 1, "p", 0.5)
+            p = node_arg(node, 1, "p", 0.5)
             if p:
-                modes.add("train" if _arg(node, 2, "train", True) else "eval")
+                modes.add("train" if node_arg(node, 2, "train", True) else "eval")
         elif target is aten.native_dropout.default:
-            train = _arg(node, 2, "train", True)
-            if _arg(node, 1, "p", 0.5) and train is not False:
+            train = node_arg(node, 2, "train", True)
+            if node_arg(node, 1, "p", 0.5) and train is not False:
                 modes.add("train")
         elif target in (aten.batch_norm.default, aten.native_batch_norm.default):
             # Without running statistics a batch norm always uses batch statistics.
             if args[3] is not None:
-                modes.add("train" if _arg(node, 5, "training", False) else "eval")
+                modes.add("train" if node_arg(node, 5, "training", False) else "eval")
         elif target is aten._native_batch_norm_legit_no_training.default:
             modes.add("eval")
         elif target in (aten._native_batch_norm_legit_functional.default,
@@ -136,12 +137,6 @@ def _has_sparse_tensors(program) -> bool:
 
     tensors = [*program.state_dict.values(), *program.constants.values()]
     return any(isinstance(t, torch.Tensor) and t.layout != torch.strided for t in tensors)
-
-
-def _arg(node, index: int, name: str, default):
-    if len(node.args) > index:
-        return node.args[index]
-    return node.kwargs.get(name, default)
 
 
 def _views_to_reshapes(program) -> None:
