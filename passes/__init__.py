@@ -5,6 +5,7 @@ from .capture_kernel_graphs import CaptureKernelGraphs
 from .dispatch_library import DispatchLibraryKernels
 from .drop_unread_kernel_inputs import DropUnreadKernelInputs
 from .fuse_attention import FuseAttention
+from .fuse_kernels import FuseKernels
 from .group_accumulations import GroupAccumulations
 from .partition_operators import PartitionError, PartitionOperators
 from .return_loss_only import ReturnLossOnly
@@ -18,6 +19,7 @@ __all__ = [
     "DispatchLibraryKernels",
     "DropUnreadKernelInputs",
     "FuseAttention",
+    "FuseKernels",
     "GroupAccumulations",
     "PartitionError",
     "PartitionOperators",

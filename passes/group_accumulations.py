@@ -163,10 +163,13 @@ def _same_type(arg, var) -> bool:
 def _fused_binding(builder: relax.BlockBuilder, add: relax.VarBinding,
                    gemm: relax.VarBinding) -> relax.VarBinding:
     """`add`'s var bound to a call of a new primitive function computing `gemm` then `add`."""
+    # Constants are arguments too (an LSTM's first step multiplies its zero initial state):
+    # FuseTIR takes no tensor constant inside a primitive function.
     outer = [a for a in [*call_tir_args(gemm.value), *call_tir_args(add.value)]
-             if isinstance(a, relax.Var) and not a.same_as(gemm.var)]
+             if not a.same_as(gemm.var)]
     outer = list(dict.fromkeys(outer))
-    params = {v: relax.Var(v.name, v.ty) for v in outer}
+    params = {v: relax.Var(v.name if isinstance(v, relax.Var) else f"c{i}", v.ty)
+              for i, v in enumerate(outer)}
     inner = relax.Var(gemm.var.name, gemm.var.ty)
     params_and_inner = dict(params)
     params_and_inner[gemm.var] = inner
@@ -183,6 +186,6 @@ def _fused_binding(builder: relax.BlockBuilder, add: relax.VarBinding,
 
 
 def _with_args(call: relax.Call, mapping: dict) -> relax.Call:
-    args = [mapping.get(a, a) if isinstance(a, relax.Var) else a for a in call_tir_args(call)]
+    args = [mapping.get(a, a) for a in call_tir_args(call)]
     return relax.Call(call.op, [call.args[0], relax.Tuple(args), *call.args[2:]], call.attrs,
                       call.ty_args)

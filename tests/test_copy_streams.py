@@ -298,6 +298,10 @@ def test_failure_while_running_is_reported_and_later_copies_do_not_run():
     x = to_device(data, DEV)
     first, second = (swap_streams.host_empty((64,), "float32", HOST, DEV) for _ in range(2))
     second.copyfrom(np.zeros(64, "float32"))
+    # A large copy ahead keeps the worker busy, so both copies below are enqueued before the
+    # first fails (on a loaded machine it could fail first, and the second enqueue be refused).
+    big = to_device(np.zeros(BIG, "float32"), DEV)
+    swap_streams.copy_async(big, swap_streams.host_empty((BIG,), "float32", HOST, DEV), 4, "big")
     swap_streams.inject_failure(4)
     swap_streams.copy_async(x, first, 4, "block7.attn")  # accepted; fails in the worker
     swap_streams.copy_async(x, second, 4, "block8.mlp")
@@ -306,7 +310,7 @@ def test_failure_while_running_is_reported_and_later_copies_do_not_run():
     with pytest.raises(RuntimeError, match=r"'block7\.attn'"):
         swap_streams.wait_all(4)
     np.testing.assert_array_equal(second.numpy(), 0)  # skipped: nothing computed after it
-    assert swap_streams.stats(4).copies == 0
+    assert swap_streams.stats(4).copies == 1  # "big" alone
 
 
 def test_copy_that_depends_on_a_failed_copy_fails_too():

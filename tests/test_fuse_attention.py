@@ -294,20 +294,20 @@ def test_without_a_budget_a_training_step_keeps_its_probabilities(exported, cuda
     fuse(step.mod)
     assert fuse.fused == fuse.fused_backward == 2
     counts = {}
-    for memory in (None, "50%"):
-        staged = pipeline.run_phases(t5.mod, cuda_target, through="legalize",
-                                     inclusive=True, device_memory=memory)
-        counts[memory] = _fused_kernels(staged)
-        assert _fused_kernels(pipeline.fuse(t5.mod, cuda_target,
-                                            budgeted=memory is not None)) == counts[memory]
-        assert _fused_kernels(pipeline.fuse(step.mod, cuda_target,
-                                            budgeted=memory is not None)) == 3
+    for budgeted in (False, True):
+        counts[budgeted] = _fused_kernels(pipeline.fuse(t5.mod, cuda_target,
+                                                        budgeted=budgeted))
+        assert _fused_kernels(pipeline.fuse(step.mod, cuda_target, budgeted=budgeted)) == 3
     # the cross attention and its two backward kernels; with a budget the other two too
-    assert counts[None] == 3 and counts["50%"] > 3
-    # A swapped build's unswapped twin (what its outputs are compared with, bit for bit).
+    assert counts[False] == 3 and counts[True] > 3
+    # The pipeline's phases fuse as `fuse` does: a budgeted build, and a swapped build's
+    # unswapped twin (what its outputs are compared with, bit for bit).
+    staged = pipeline.run_phases(t5.mod, cuda_target, through="legalize", inclusive=True,
+                                 device_memory="50%")
+    assert _fused_kernels(staged) == counts[True]
     twin = pipeline.run_phases(t5.mod, cuda_target, through="legalize", inclusive=True,
                                budgeted=True)
-    assert _fused_kernels(twin) == counts["50%"]
+    assert _fused_kernels(twin) == counts[True]
 
 
 def test_the_pipeline_fuses_on_gpu_targets_without_a_partition(cuda_target):

@@ -73,6 +73,119 @@ def _adjoint_vm(build, shapes, wrt):
 
 
 @pytest.mark.parametrize(
+    "kernel, stride, padding, dilation, groups, size",
+    [
+        (3, 1, 36, 36, 1, 4),  # DeepLabV3's atrous pyramid: the kernel dilated past the map
+        (3, 2, 3, 2, 2, 9),
+        (3, 1, 2, 2, 1, 7),
+    ],
+)
+def test_dilated_conv2d_gradient_matches_torch(kernel, stride, padding, dilation, groups, size):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 4, size, size))
+    w = rng.standard_normal((6, 4 // groups, kernel, kernel))
+    _conv_grads_match_torch(
+        torch, x, w,
+        lambda tx, tw: torch.nn.functional.conv2d(tx, tw, None, stride, padding, dilation,
+                                                  groups),
+        lambda vx, vw: relax.op.nn.conv2d(vx, vw, stride, padding, dilation, groups))
+
+
+def _conv_grads_match_torch(torch, x, w, torch_conv, relax_conv):
+    """sum(conv(x, w) * r) and its gradients by Relax's Gradient against torch.autograd."""
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    y = torch_conv(tx, tw)
+    r = np.random.default_rng(1).standard_normal(tuple(y.shape))
+    (y * torch.tensor(r)).sum().backward()
+
+    def build(bb, vx, vw, vr):
+        return relax.op.sum(relax.op.multiply(bb.emit(relax_conv(vx, vw)), vr))
+
+    loss, (gx, gw) = _adjoint_vm(build, [x.shape, w.shape, r.shape], wrt=[0, 1])(x, w, r)
+    assert float(loss.numpy()) == pytest.approx((y * torch.tensor(r)).sum().item())
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(gw.numpy(), tw.grad.numpy(), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("cin, cout, kernel, stride, padding, dilation, groups, size", [
+    (3, 4, (1, 3, 3), (1, 2, 2), (0, 1, 1), 1, 1, (4, 7, 6)),  # R(2+1)D's spatial conv
+    (4, 6, (3, 1, 1), (2, 1, 1), (1, 0, 0), 1, 2, (5, 4, 4)),  # ... and its temporal one
+    (3, 4, (3, 3, 3), 1, 2, 2, 1, (4, 5, 6)),
+    (4, 4, (2, 2, 2), 3, 0, 1, 4, (7, 7, 8)),  # the weight gradient's conv overhangs
+])
+def test_conv3d_gradient_matches_torch(cin, cout, kernel, stride, padding, dilation, groups,
+                                       size):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, cin, *size))
+    w = rng.standard_normal((cout, cin // groups, *kernel))
+    _conv_grads_match_torch(
+        torch, x, w,
+        lambda tx, tw: torch.nn.functional.conv3d(tx, tw, None, stride, padding, dilation,
+                                                  groups),
+        lambda vx, vw: relax.op.nn.conv3d(vx, vw, stride, padding, dilation, groups))
+
+
+@pytest.mark.parametrize("size, out", [((1, 1), (7, 7)), ((5, 7), (3, 2)), ((8, 8), (1, 1)),
+                                       ((3, 4), (7, 5))])
+def test_adaptive_avg_pool2d_gradient_matches_torch(size, out):
+    """Windows that overlap, and outputs that repeat an input (VGG's 7 x 7 pool of 1 x 1)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, *size))
+    tx = torch.tensor(x, requires_grad=True)
+    y = torch.nn.functional.adaptive_avg_pool2d(tx, out)
+    r = rng.standard_normal(tuple(y.shape))
+    (y * torch.tensor(r)).sum().backward()
+
+    def build(bb, vx, vr):
+        pooled = bb.emit(relax.op.nn.adaptive_avg_pool2d(vx, out))
+        return relax.op.sum(relax.op.multiply(pooled, vr))
+
+    _, (gx,) = _adjoint_vm(build, [x.shape, r.shape], wrt=[0])(x, r)
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_slice_scatter_gradient_splits_dy():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x, s, r = (rng.standard_normal(shape) for shape in ((6, 5), (6, 2), (6, 5)))
+    tx, ts = torch.tensor(x, requires_grad=True), torch.tensor(s, requires_grad=True)
+    (torch.slice_scatter(tx, ts, 1, 1, 5, 2) * torch.tensor(r)).sum().backward()
+
+    def build(bb, vx, vs, vr):
+        out = bb.emit(relax.op.slice_scatter(vx, vs, 1, 5, 2, axis=1))
+        return relax.op.sum(relax.op.multiply(out, vr))
+
+    _, (gx, gs) = _adjoint_vm(build, [x.shape, s.shape, r.shape], wrt=[0, 1])(x, s, r)
+    np.testing.assert_array_equal(gx.numpy(), tx.grad.numpy())
+    np.testing.assert_array_equal(gs.numpy(), ts.grad.numpy())
+
+
+def test_concat_of_one_tensor_passes_dy_through():
+    rng = np.random.default_rng(0)
+    x, r = rng.standard_normal((2, 3)), rng.standard_normal((2, 3))
+
+    def build(bb, vx, vr):
+        return relax.op.sum(relax.op.multiply(bb.emit(relax.op.concat([vx], axis=1)), vr))
+
+    _, (gx,) = _adjoint_vm(build, [x.shape, r.shape], wrt=[0])(x, r)
+    np.testing.assert_array_equal(gx.numpy(), r)
+
+
+def test_flip_gradient_flips_dy_back():
+    rng = np.random.default_rng(0)
+    x, r = rng.standard_normal((2, 5, 3)), rng.standard_normal((2, 5, 3))
+
+    def build(bb, vx, vr):
+        return relax.op.sum(relax.op.multiply(bb.emit(relax.op.flip(vx, 1)), vr))
+
+    _, (gx,) = _adjoint_vm(build, [x.shape, r.shape], wrt=[0])(x, r)
+    np.testing.assert_array_equal(gx.numpy(), r[:, ::-1])
+
+
+@pytest.mark.parametrize(
     "cin, cout, kernel, stride, padding, output_padding, dilation, groups",
     [
         (3, 4, 3, 1, 0, 0, 1, 1),

@@ -161,3 +161,25 @@ def test_in_place_updates_of_an_optimizer_step(zoo_cache, llvm):
     # State is an argument: resident throughout, counted once.
     assert g.bytes_of_kind("state") == sum(s.nbytes for s in step.params[len(
         zoo_cache("mlp", True).params):])
+
+
+def test_a_reader_fused_past_an_update_is_refused_by_name(zoo_cache, llvm):
+    """TVM's FuseOps places a fused kernel at its group's last op, and knows nothing of in
+    place: a kernel that reads a weight can land after the weight's update (LR-ASPP's AdamW
+    step). The graph builder refuses that order, naming the kernel and the update."""
+    from tvm_ext.ir.graph_builder import _check_update_order
+    from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
+
+    step = make_optimizer_step(zoo_cache("mlp", True), Optimizer("momentum"))
+    g = driver.fused_graph(step, llvm)
+    _check_update_order(g)
+    weight = next(t for t in g.tensors if t.name == "layers.1.weight")
+    writer = next(t.producer for t in g.tensors
+                  if t.overwrites is not None and g.base(t.id) == weight.id)
+    reader = g.must_follow(writer)[-1]
+    order = g.order
+    order.remove(writer)
+    order.insert(order.index(reader), writer)
+    with pytest.raises(GraphBuildError, match=rf"kernel {g.ops[reader].name} reads "
+                                              rf"layers\.1\.weight after its in-place update"):
+        _check_update_order(g, order)

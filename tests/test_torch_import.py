@@ -79,6 +79,11 @@ def _pos(*shape):
     return lambda g: torch.rand(*shape, generator=g) + 0.1
 
 
+def _grid(n, h, w):
+    """A grid_sample grid: (x, y) in [-1, 1] per output point."""
+    return lambda g: torch.rand(n, h, w, 2, generator=g) * 2 - 1
+
+
 def _args(*makers):
     return lambda g: tuple(m(g) for m in makers)
 
@@ -194,6 +199,18 @@ CASES = {
     "expand": _case("expand.default", lambda x: x.expand(2, -1, 4) + 0, _f(1, 3, 1)),
     "full": _case("full.default", lambda x: x + torch.full((3, 4), -2.5), _f(3, 4)),
     "full_like": _case("full_like.default", lambda x: torch.full_like(x, 7) - x, _f(3, 4)),
+    # torch's grid is (N, H_out, W_out, 2); points outside [-1, 1] take each padding mode.
+    "grid_sample_bilinear": _case("grid_sampler_2d.default",
+                                  lambda x, g: F.grid_sample(x, g * 1.2, align_corners=False),
+                                  _f(2, 3, 8, 6), _grid(2, 7, 5)),
+    "grid_sample_nearest_border": _case(
+        "grid_sampler_2d.default",
+        lambda x, g: F.grid_sample(x, g * 1.2, "nearest", "border", align_corners=True),
+        _f(2, 3, 8, 6), _grid(2, 7, 5)),
+    "grid_sample_bicubic_reflection": _case(
+        "grid_sampler_2d.default",
+        lambda x, g: F.grid_sample(x, g * 1.2, "bicubic", "reflection", align_corners=False),
+        _f(2, 3, 8, 6), _grid(2, 7, 5)),
     "gather": _case("gather.default", lambda x, i: torch.gather(x, 1, i),
                     _f(3, 6), _i(0, 6, 3, 4)),
     "gather_int": _case("gather.default", lambda x, i: torch.gather(x, -1, i),

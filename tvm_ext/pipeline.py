@@ -9,9 +9,10 @@ Phases, in order (each a list of passes, so a caller can rebuild the pipeline fr
                               whose backward stays unfused only under a device budget).
 2. `legalize_passes`          LegalizeOps, StaticKernelCalls (a generic kernel, TVM's GPU
                               scan, copied per call shape; builtin reshapes as views),
-                              AnnotateTIROpPattern, FoldConstant,
-                              GroupAccumulations (each product of a sum of products
-                              fused with its add), FuseOps, FuseTIR,
+                              AnnotateTIROpPattern, FuseKernels (FoldConstant,
+                              GroupAccumulations: each product of a sum of products
+                              fused with its add, FuseOps, FuseTIR; without FoldConstant
+                              where TVM's fusion fails on what it folded),
                               BroadcastConstants (constants at their distinct extent),
                               DropUnreadKernelInputs (arguments a kernel never reads):
                               `fuse` adds RewriteDataflowReshape: the module the graph
@@ -63,7 +64,7 @@ from tvm_ext.passes import (
     DispatchLibraryKernels,
     DropUnreadKernelInputs,
     FuseAttention,
-    GroupAccumulations,
+    FuseKernels,
     PartitionOperators,
     ReturnLossOnly,
     StaticKernelCalls,
@@ -100,10 +101,7 @@ def legalize_passes(target: tvm.target.Target) -> list:
         relax.transform.LegalizeOps(),
         StaticKernelCalls(),
         relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(),
-        GroupAccumulations(),
-        relax.transform.FuseOps(),
-        relax.transform.FuseTIR(),
+        FuseKernels(),
         BroadcastConstants(),
         DropUnreadKernelInputs(),
     ]

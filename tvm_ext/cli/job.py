@@ -11,6 +11,7 @@ import time
 
 from tvm_ext import driver, interrupts, pipeline, schedules
 from tvm_ext.errors import InputError
+from tvm_ext.graph import GraphBuildError
 from tvm_ext.ir.kernel_graphs import graph_coverage
 from tvm_ext.ir.targets import is_cpu
 from tvm_ext.models import ZOO, ModelLoadError, load_model
@@ -35,7 +36,11 @@ def compile_model(args) -> int:
     if loaded is None:
         return 2
     model, target, gradient_model = loaded
-    graph, live = _read_graph(model, target, report, budgeted=bool(args.device_memory))
+    try:
+        graph, live = _read_graph(model, target, report, budgeted=bool(args.device_memory))
+    except GraphBuildError as err:
+        print(f"error: {args.model}: {err}", file=sys.stderr)
+        return 2
     if args.devices is not None:
         problem = device_count_problem(args, graph, target)
         if problem:

@@ -186,6 +186,7 @@ class _Builder:
         graph = DataflowGraph(self.ops, self.tensors, outputs, self.function, num_input)
         _mark_phases(graph)
         _mark_updates(graph, argument_updates(func))
+        _check_update_order(graph)
         return graph
 
 
@@ -247,6 +248,23 @@ def _mark_updates(graph: DataflowGraph, updates: dict[int, int]) -> None:
         t.overwrites = versions[0] if versions else base.id
         t.alias_of, t.nbytes, t.kind = base.id, 0, base.kind
         op.phase = "update"
+
+
+def _check_update_order(graph: DataflowGraph, order: list[int] | None = None) -> None:
+    """Every in-place update after the other readers of what it overwrites, in the IR's
+    order (or `order`). TVM's FuseOps
+    knows nothing of in place: it may place a fused kernel that reads a parameter (at its
+    group's last op) after that parameter's update, which would then read the new values."""
+    position = {op: i for i, op in enumerate(graph.order if order is None else order)}
+    for op in graph.ops:
+        late = [graph.ops[r] for r in graph.must_follow(op.id) if position[r] > position[op.id]]
+        if late:
+            read = {graph.base(t) for t in late[0].inputs} & set(graph.overwritten(op.id))
+            raise GraphBuildError(
+                f"kernel {late[0].name} reads {', '.join(graph.tensors[t].name for t in read)} "
+                f"after its in-place update {op.name}: TVM's operator fusion placed it there, "
+                "and the step cannot update in place (a training step without --optimizer "
+                "builds)")
 
 
 def build_graph(mod: tvm.IRModule, function: str = "main") -> DataflowGraph:

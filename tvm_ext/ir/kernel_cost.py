@@ -92,6 +92,10 @@ def _evaluate(expr, values: dict):
     if isinstance(expr, pe.Not):
         a = _evaluate(expr.a, values)
         return None if a is None else np.logical_not(a)
+    if isinstance(expr, pe.Select):
+        parts = [_evaluate(e, values) for e in (expr.condition, expr.true_value,
+                                                 expr.false_value)]
+        return None if any(p is None for p in parts) else np.where(*parts)
     op = _INT_OPS.get(type(expr))
     if op is None:
         return None
@@ -124,22 +128,34 @@ def _mean_over_loops(factors: list, guards: list, loops: dict) -> float | None:
     return float(total.mean())
 
 
-def _block_iterations(block: SBlock, guards: list, loops: dict) -> float:
+def _block_iterations(block: SBlock, guards: list, loops: dict, values=None,
+                      binds: dict | None = None, local: frozenset = frozenset()) -> float:
     """The iterations of `block`'s domain that run: an extent that depends on an enclosing
     loop's index (a fused attention's causal walk) is averaged over that loop, and guards on
     loop indices count the iterations they admit; where those read anything else, an extent
-    counts as its largest value and a guard as admitting every iteration."""
+    counts as its largest value and a guard as admitting every iteration.
+
+    A block nested in another reads the outer block's variables in its extents (TVM's
+    adaptive pool, whose windows depend on the output index): `binds` maps those to the loop
+    indices they are bound to, and an axis that `values` (the realize's bindings) binds to no
+    loop inside the outer block (`local`) is a single point of it, whatever its domain says."""
+    binds = binds or {}
     size, variable = 1, []
-    for iv in block.iter_vars:
-        if isinstance(iv.dom.extent, pe.IntImm):
-            size *= int(iv.dom.extent.value)
+    for i, iv in enumerate(block.iter_vars):
+        extent = _substituted(iv.dom.extent, binds)
+        if isinstance(extent, pe.IntImm):
+            size *= int(extent.value)
+        elif values is not None and not _reads_any(values[i], local):
+            continue
         else:
-            variable.append(iv.dom.extent)
+            variable.append(extent)
     share = _mean_over_loops(variable, guards, loops)
     if share is None:
         share = _mean_over_loops(variable, [], loops)
     if share is None:
         analyzer = tvm.sym.Analyzer()
+        for var, (lo, extent) in loops.items():
+            analyzer.bind(var, tvm.ir.Range.from_min_extent(lo, extent))
         for extent in variable:
             bound = largest_extent(analyzer, extent)
             if bound == math.inf:
@@ -147,6 +163,18 @@ def _block_iterations(block: SBlock, guards: list, loops: dict) -> float:
             size *= bound
         return float(size)
     return size * share
+
+
+def _substituted(expr, binds: dict):
+    if not binds:
+        return expr
+    return tvm_ffi.structural_mutate(expr, [(pe.Var, lambda v, m: binds.get(v, v))])
+
+
+def _reads_any(expr, names: frozenset) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, [(pe.Var, lambda v: found.append(v in names))])
+    return any(found)
 
 
 def largest_extent(analyzer, extent) -> float:
@@ -158,27 +186,35 @@ def largest_extent(analyzer, extent) -> float:
     return math.inf if bound >= 2**62 else bound
 
 
-def _guarded_blocks(stmt, loops: dict, guards: list, out: list) -> None:
-    """(block, iterations that run) of every block under `stmt`."""
+def _guarded_blocks(stmt, loops: dict, guards: list, out: list, binds: dict | None = None,
+                    local: frozenset = frozenset()) -> None:
+    """(block, iterations that run) of every block under `stmt`; `binds` maps the enclosing
+    blocks' variables to loop indices, `local` holds the loops since the innermost block."""
+    binds = binds or {}
     if isinstance(stmt, tirx.SeqStmt):
         for s in stmt.seq:
-            _guarded_blocks(s, loops, guards, out)
+            _guarded_blocks(s, loops, guards, out, binds, local)
     elif isinstance(stmt, tirx.For):
         inner = dict(loops)
         if isinstance(stmt.min, pe.IntImm) and isinstance(stmt.extent, pe.IntImm):
             inner[stmt.loop_var] = (int(stmt.min.value), int(stmt.extent.value))
-        _guarded_blocks(stmt.body, inner, guards, out)
+        _guarded_blocks(stmt.body, inner, guards, out, binds, local | {stmt.loop_var})
     elif isinstance(stmt, tirx.IfThenElse):
-        _guarded_blocks(stmt.then_case, loops, [*guards, stmt.condition], out)
+        _guarded_blocks(stmt.then_case, loops, [*guards, stmt.condition], out, binds, local)
         if stmt.else_case is not None:
-            _guarded_blocks(stmt.else_case, loops, [*guards, pe.Not(stmt.condition)], out)
+            _guarded_blocks(stmt.else_case, loops, [*guards, pe.Not(stmt.condition)], out,
+                            binds, local)
     elif isinstance(stmt, SBlockRealize):
-        out.append((stmt.block, _block_iterations(stmt.block, guards, loops)))
-        _guarded_blocks(stmt.block.body, loops, guards, out)
+        values = [_substituted(v, binds) for v in stmt.iter_values]
+        out.append((stmt.block, _block_iterations(stmt.block, guards, loops, values, binds,
+                                                  local)))
+        inner_binds = {**binds, **{iv.var: v for iv, v in
+                                   zip(stmt.block.iter_vars, values, strict=True)}}
+        _guarded_blocks(stmt.block.body, loops, guards, out, inner_binds)
         if stmt.block.init is not None:
-            _guarded_blocks(stmt.block.init, loops, guards, out)
+            _guarded_blocks(stmt.block.init, loops, guards, out, inner_binds)
     elif hasattr(stmt, "body"):
-        _guarded_blocks(stmt.body, loops, guards, out)
+        _guarded_blocks(stmt.body, loops, guards, out, binds, local)
 
 
 def analyze_kernel(func: tirx.PrimFunc) -> KernelCost:

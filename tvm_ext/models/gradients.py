@@ -1,7 +1,9 @@
 """Gradients that TVM's `relax.transform.Gradient` lacks (`topk`: a mixture of experts'
-routing weights), or computes otherwise than PyTorch (`take` of indices not one-dimensional,
-`avg_pool2d` windows past the padded input, ReLU at zero, `where` over broadcast branches),
-registered on `import tvm_ext` over TVM's own.
+routing weights; `flip`: a bidirectional RNN; `conv3d`: video models; `adaptive_avg_pool2d`:
+VGG's head; `slice_scatter`: Swin's window mask), cannot take (a `concat` of one tensor), or
+computes otherwise than PyTorch (`take` of indices not one-dimensional, `avg_pool2d` windows
+past the padded input, ReLU at zero, `where` over broadcast branches, a dilated `conv2d`'s
+data gradient), registered on `import tvm_ext` over TVM's own.
 
 Each is written from primitives that have gradients and legalizations of their own, and is
 checked against finite differences or torch.autograd in tests/test_gradients.py.
@@ -13,7 +15,11 @@ import math
 
 import numpy as np
 from tvm import relax
+from tvm.relax.op._op_gradient import concat_grad as _tvm_concat_grad
+from tvm.relax.op._op_gradient import conv2d_grad as _tvm_conv2d_grad
 from tvm.relax.op.base import register_gradient
+
+from . import max_pool_backward
 
 _op = relax.op
 
@@ -302,6 +308,31 @@ def _resize2d_grad(orig_var, orig_call, output_grad, ctx):
     return [dx, _op.grad.no_grad(orig_call.args[1])]
 
 
+def _adaptive_avg_pool2d_grad(orig_var, orig_call, output_grad, ctx):
+    """An adaptive average pool is linear and separable: output o along an axis of n inputs
+    averages inputs floor(o n / m) .. ceil((o + 1) n / m) - 1 (PyTorch's windows, which may
+    overlap, and repeat inputs where m > n: VGG's 7 x 7 pool of a 1 x 1 map), so y = A_h x
+    A_w^T and dx = A_h^T dy A_w."""
+    attrs = orig_call.attrs
+    if str(attrs.layout) != "NCHW" or str(attrs.out_layout) != "NCHW":
+        raise ValueError(f"adaptive_avg_pool2d gradient: layout {attrs.layout} / "
+                         f"{attrs.out_layout}, only NCHW")
+    x = orig_call.args[0]
+    dtype = str(x.ty.dtype)
+
+    def averaging(n_in: int, n_out: int) -> np.ndarray:
+        a = np.zeros((n_out, n_in), dtype)
+        for o in range(n_out):
+            lo, hi = (o * n_in) // n_out, -((-(o + 1) * n_in) // n_out)
+            a[o, lo:hi] = 1.0 / (hi - lo)
+        return a
+
+    (h, w), (ho, wo) = _dims(x)[2:], _dims(orig_var)[2:]
+    a_h_t = relax.const(averaging(h, ho).T.copy(), dtype)
+    a_w = relax.const(averaging(w, wo), dtype)
+    return [_op.matmul(_op.matmul(a_h_t, output_grad), a_w)]
+
+
 def _dims(expr: relax.Expr) -> tuple[int, ...]:
     return tuple(int(v) for v in expr.ty.shape.values)
 
@@ -356,6 +387,61 @@ def _conv2d_transpose_grad(orig_var, orig_call, output_grad, ctx):
     return [dx, dw]
 
 
+def _conv2d_grad(orig_var, orig_call, output_grad, ctx):
+    """TVM's conv2d gradient, its data gradient's output padding computed from the dilated
+    kernel: TVM's takes the kernel undilated, so a dilated convolution with its padding
+    (DeepLabV3's atrous pyramid: dilation 12-36 on a 4 x 4 map) asked conv2d_transpose for an
+    output padding of 70."""
+    data_grad, weight_grad = _tvm_conv2d_grad(orig_var, orig_call, output_grad, ctx)
+    attrs = orig_call.attrs
+    dilation = [int(v) for v in attrs.dilation]
+    if dilation == [1, 1]:
+        return [data_grad, weight_grad]
+    sizes = _dims(orig_call.args[0])[2:]
+    kernel = _dims(orig_call.args[1])[2:]
+    grad_sizes = _dims(orig_var)[2:]
+    strides = [int(v) for v in attrs.strides]
+    top, left, bottom, right = (int(v) for v in attrs.padding)
+    covered = [(g - 1) * s - pad + (k - 1) * d + 1 for g, s, pad, k, d in
+               zip(grad_sizes, strides, (top + bottom, left + right), kernel, dilation,
+                   strict=True)]
+    data_grad = _op.nn.conv2d_transpose(
+        output_grad, orig_call.args[1], attrs.strides, attrs.padding,
+        [size - c for size, c in zip(sizes, covered, strict=True)], attrs.dilation,
+        attrs.groups, attrs.out_layout,
+        attrs.kernel_layout[1] + attrs.kernel_layout[0] + attrs.kernel_layout[2:],
+        attrs.data_layout, attrs.out_dtype)
+    return [data_grad, weight_grad]
+
+
+def _concat_grad(orig_var, orig_call, output_grad, ctx):
+    """TVM's, but a concat of one tensor (DenseNet's first layer of a block: `torch.cat([x])`)
+    passes dy through as a one-field tuple; TVM's splits dy at no index, giving a tensor where
+    Gradient expects a tuple."""
+    if len(orig_call.args[0].ty.fields) == 1:
+        return [relax.Tuple([output_grad])]
+    return _tvm_concat_grad(orig_var, orig_call, output_grad, ctx)
+
+
+def _slice_scatter_grad(orig_var, orig_call, output_grad, ctx):
+    """y = x with y[start:end:step] (along `axis`) = src: dx is dy with that slice zeroed, dsrc
+    that slice of dy (Swin's shifted-window mask is built this way, from constants; the
+    gradient pass still visits it)."""
+    _, src, start, end, step = orig_call.args
+    axis = int(orig_call.attrs.axis)
+    cut = [int(v.value) for v in (start, end, step)]
+    dx = _op.slice_scatter(output_grad, _op.zeros_like(src), *cut, axis=axis)
+    dsrc = _op.strided_slice(output_grad, axes=[axis], begin=[cut[0]], end=[cut[1]],
+                             strides=[cut[2]])
+    return [dx, dsrc, *(_op.grad.no_grad(v) for v in (start, end, step))]
+
+
+def _flip_grad(orig_var, orig_call, output_grad, ctx):
+    """flip is its own inverse: dx = flip(dy) along the same axis (a bidirectional LSTM's
+    reversed sequence)."""
+    return [_op.flip(output_grad, orig_call.attrs.axis)]
+
+
 def _conv1d_grad(orig_var, orig_call, output_grad, ctx):
     """conv2d's gradient in one dimension: dx = conv1d_transpose(dy, w) with the output
     padding that restores x's width (positions the strides skip get zeros); dw[o, i, k] =
@@ -394,6 +480,52 @@ def _conv1d_grad(orig_var, orig_call, output_grad, ctx):
     )
     if _dims(dw)[2] != kw:
         dw = _op.strided_slice(dw, axes=[2], begin=[0], end=[kw])
+    return [dx, dw]
+
+
+def _conv3d_grad(orig_var, orig_call, output_grad, ctx):
+    """conv1d's gradient in three dimensions (video models: R(2+1)D, R3D): dx =
+    conv3d_transpose(dy, w) with the output padding that restores x's extents, dw a conv3d
+    over the batch axis (as the channel axis) with strides and dilation swapped, cut to the
+    kernel."""
+    attrs = orig_call.attrs
+    if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCDHW", "OIDHW",
+                                                                      "NCDHW"):
+        raise ValueError(
+            "conv3d gradient: only NCDHW data with OIDHW kernels, got "
+            f"{attrs.data_layout}/{attrs.kernel_layout}/{attrs.out_layout}"
+        )
+    x, w = orig_call.args
+    n, _, *sizes = _dims(x)
+    _, cin_g, *kernel = _dims(w)
+    grad_sizes = _dims(orig_var)[2:]
+    groups = int(attrs.groups)
+    dtype = str(orig_var.ty.dtype)
+    strides = [int(v) for v in attrs.strides]
+    dilation = [int(v) for v in attrs.dilation]
+    padding = [int(v) for v in attrs.padding]
+
+    covered = [(g - 1) * s - padding[a] - padding[a + 3] + (k - 1) * d + 1
+               for a, (g, s, k, d) in enumerate(zip(grad_sizes, strides, kernel, dilation,
+                                                    strict=True))]
+    dx = _op.nn.conv3d_transpose(
+        output_grad, w, strides, padding, [size - c for size, c in zip(sizes, covered,
+                                                                       strict=True)],
+        dilation, groups, kernel_layout="IODHW", out_dtype=dtype)
+
+    data = x
+    if groups != 1:
+        # Channels of group j become channels j*n .. j*n + n - 1 of a grouped conv3d.
+        data = _op.reshape(data, (n, groups, cin_g, *sizes))
+        data = _op.permute_dims(data, [1, 0, 2, 3, 4, 5])
+        data = _op.reshape(data, (groups * n, cin_g, *sizes))
+    dw = ctx.normalize(
+        _op.nn.conv3d(data, output_grad, strides=dilation, padding=padding, dilation=strides,
+                      groups=groups, data_layout="CNDHW", kernel_layout="IODHW",
+                      out_layout="CNDHW", out_dtype=dtype)
+    )
+    if list(_dims(dw)[2:]) != kernel:
+        dw = _op.strided_slice(dw, axes=[2, 3, 4], begin=[0, 0, 0], end=kernel)
     return [dx, dw]
 
 
@@ -447,6 +579,12 @@ def register_all() -> None:
         ("relax.erf", _erf_grad),
         ("relax.rsqrt", _rsqrt_grad),
         ("relax.nn.conv1d", _conv1d_grad),
+        ("relax.nn.conv2d", _conv2d_grad),
+        ("relax.nn.conv3d", _conv3d_grad),
+        ("relax.flip", _flip_grad),
+        ("relax.nn.adaptive_avg_pool2d", _adaptive_avg_pool2d_grad),
+        ("relax.slice_scatter", _slice_scatter_grad),
+        ("relax.concat", _concat_grad),
         ("relax.nn.conv1d_transpose", _conv1d_transpose_grad),
         ("relax.nn.conv2d_transpose", _conv2d_transpose_grad),
         ("relax.squeeze", _squeeze_grad),
@@ -465,4 +603,5 @@ def register_all() -> None:
         ("relax.grad.no_grad", _no_input_grad),
     ):
         register_gradient(op_name, fn, level=11)
+    max_pool_backward.register()
     _REGISTERED = True

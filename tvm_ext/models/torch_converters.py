@@ -80,6 +80,7 @@ _ALPHA_OPS = ("add.Tensor", "add.Scalar", "sub.Tensor", "sub.Scalar", "rsub.Tens
               "rsub.Scalar")
 # Ops that take a list of index tensors, one per leading axis (None: every index), where
 # PyTorch counts a negative index from the end of its axis (the frontend reads out of bounds).
+_GRID_SAMPLE_OPS = ("grid_sampler.default", "grid_sampler_2d.default")
 _INDEXING_OPS = ("index.Tensor", "index_put.default", "index_put_.default")
 
 
@@ -101,6 +102,8 @@ def with_torch_semantics(importer, table: dict) -> dict:
     table["embedding.default"] = lambda node: _embedding(importer, node)
     table["select.int"] = lambda node: _select(importer, node)
     table["div.Tensor_mode"] = lambda node: _div_mode(importer, node)
+    for name in _GRID_SAMPLE_OPS:
+        table[name] = lambda node: _grid_sample(importer, node)
     for name in _DROPOUT_OPS:
         table[name] = _applying_dropout(importer, table.get(name))
     return table
@@ -244,6 +247,24 @@ def _div_mode(importer, node):
     if mode is None:
         return bb.emit(op.divide(a, b))
     raise ValueError(f"{node.target}: rounding mode {mode!r}")
+
+
+def _grid_sample(importer, node):
+    """`F.grid_sample` of an image: torch's grid is (N, H_out, W_out, 2), the Relax op's (and
+    TVM's kernel's) (N, 2, H_out, W_out), so the grid is permuted first; the frontend passed
+    it as it is and sampled at the wrong points, into the wrong shape."""
+    bb, op = importer.block_builder, relax.op
+    data, grid = importer.env[node.args[0]], importer.env[node.args[1]]
+    if len(grid.ty.shape) != 4:
+        raise ValueError(f"{node.target}: a volumetric (5-D) grid_sample")
+    modes = [node_arg(node, i, name, 0) for i, name in
+             ((2, "interpolation_mode"), (3, "padding_mode"))]
+    align = bool(node_arg(node, 4, "align_corners", False))
+    method = ("bilinear", "nearest", "bicubic")[modes[0]]
+    padding = ("zeros", "border", "reflection")[modes[1]]
+    grid = bb.emit(op.permute_dims(grid, [0, 3, 1, 2]))
+    return bb.emit(op.image.grid_sample(data, grid, method=method, layout="NCHW",
+                                        padding_mode=padding, align_corners=align))
 
 
 def _with_env(importer, values: dict, convert: Callable, node):
