@@ -252,9 +252,9 @@ def _mark_updates(graph: DataflowGraph, updates: dict[int, int]) -> None:
 
 def _check_update_order(graph: DataflowGraph, order: list[int] | None = None) -> None:
     """Every in-place update after the other readers of what it overwrites, in the IR's
-    order (or `order`). TVM's FuseOps
-    knows nothing of in place: it may place a fused kernel that reads a parameter (at its
-    group's last op) after that parameter's update, which would then read the new values."""
+    order (or `order`). TVM's FuseOps knows nothing of in place: it may place a fused kernel
+    that reads a parameter (at its group's last op) after that parameter's update, which
+    would then read the new values."""
     position = {op: i for i, op in enumerate(graph.order if order is None else order)}
     for op in graph.ops:
         late = [graph.ops[r] for r in graph.must_follow(op.id) if position[r] > position[op.id]]

@@ -397,18 +397,12 @@ def _conv2d_grad(orig_var, orig_call, output_grad, ctx):
     dilation = [int(v) for v in attrs.dilation]
     if dilation == [1, 1]:
         return [data_grad, weight_grad]
-    sizes = _dims(orig_call.args[0])[2:]
-    kernel = _dims(orig_call.args[1])[2:]
-    grad_sizes = _dims(orig_var)[2:]
-    strides = [int(v) for v in attrs.strides]
-    top, left, bottom, right = (int(v) for v in attrs.padding)
-    covered = [(g - 1) * s - pad + (k - 1) * d + 1 for g, s, pad, k, d in
-               zip(grad_sizes, strides, (top + bottom, left + right), kernel, dilation,
-                   strict=True)]
+    output_padding = _restoring_output_padding(
+        _dims(orig_call.args[0])[2:], _dims(orig_var)[2:], [int(v) for v in attrs.strides],
+        [int(v) for v in attrs.padding], _dims(orig_call.args[1])[2:], dilation)
     data_grad = _op.nn.conv2d_transpose(
-        output_grad, orig_call.args[1], attrs.strides, attrs.padding,
-        [size - c for size, c in zip(sizes, covered, strict=True)], attrs.dilation,
-        attrs.groups, attrs.out_layout,
+        output_grad, orig_call.args[1], attrs.strides, attrs.padding, output_padding,
+        attrs.dilation, attrs.groups, attrs.out_layout,
         attrs.kernel_layout[1] + attrs.kernel_layout[0] + attrs.kernel_layout[2:],
         attrs.data_layout, attrs.out_dtype)
     return [data_grad, weight_grad]
@@ -442,90 +436,63 @@ def _flip_grad(orig_var, orig_call, output_grad, ctx):
     return [_op.flip(output_grad, orig_call.attrs.axis)]
 
 
-def _conv1d_grad(orig_var, orig_call, output_grad, ctx):
-    """conv2d's gradient in one dimension: dx = conv1d_transpose(dy, w) with the output
-    padding that restores x's width (positions the strides skip get zeros); dw[o, i, k] =
-    sum_{n,t} x_pad[n, i, t*s + k*d] * dy[n, o, t], a conv1d over the batch axis (as the channel
-    axis) with strides and dilation swapped, cut to the kernel width."""
-    attrs = orig_call.attrs
-    if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCW", "OIW", "NCW"):
-        raise ValueError(
-            "conv1d gradient: only NCW data with OIW kernels, got "
-            f"{attrs.data_layout}/{attrs.kernel_layout}/{attrs.out_layout}"
-        )
-    x, w = orig_call.args
-    n, _, width = _dims(x)
-    _, cin_g, kw = _dims(w)
-    wo = _dims(orig_var)[2]
-    groups = int(attrs.groups)
-    dtype = str(orig_var.ty.dtype)
-    (stride,) = (int(v) for v in attrs.strides)
-    (dilation,) = (int(v) for v in attrs.dilation)
-    padding = [int(v) for v in attrs.padding]
-
-    covered = (wo - 1) * stride - sum(padding) + (kw - 1) * dilation + 1
-    dx = _op.nn.conv1d_transpose(output_grad, w, stride, padding, width - covered, dilation,
-                                 groups, kernel_layout="IOW", out_dtype=dtype)
-
-    data = x
-    if groups != 1:
-        # Channels of group j become channels j*n .. j*n + n - 1 of a grouped conv1d.
-        data = _op.reshape(data, (n, groups, cin_g, width))
-        data = _op.permute_dims(data, [1, 0, 2, 3])
-        data = _op.reshape(data, (groups * n, cin_g, width))
-    dw = ctx.normalize(
-        _op.nn.conv1d(data, output_grad, strides=dilation, padding=padding, dilation=stride,
-                      groups=groups, data_layout="CNW", kernel_layout="IOW", out_layout="CNW",
-                      out_dtype=dtype)
-    )
-    if _dims(dw)[2] != kw:
-        dw = _op.strided_slice(dw, axes=[2], begin=[0], end=[kw])
-    return [dx, dw]
+_CONV_OPS = {1: ("W", _op.nn.conv1d, _op.nn.conv1d_transpose),
+             3: ("DHW", _op.nn.conv3d, _op.nn.conv3d_transpose)}
 
 
-def _conv3d_grad(orig_var, orig_call, output_grad, ctx):
-    """conv1d's gradient in three dimensions (video models: R(2+1)D, R3D): dx =
-    conv3d_transpose(dy, w) with the output padding that restores x's extents, dw a conv3d
-    over the batch axis (as the channel axis) with strides and dilation swapped, cut to the
+def _restoring_output_padding(sizes, grad_sizes, strides, padding, kernel, dilation) -> list:
+    """Per spatial axis, the output padding that makes a transposed convolution of the
+    gradient as long as the convolution's input: the rows past the last window read (which the
+    strides skip) get zeros. `padding` is (begins..., ends...)."""
+    ndim = len(sizes)
+    return [size - ((g - 1) * s - padding[a] - padding[a + ndim] + (k - 1) * d + 1)
+            for a, (size, g, s, k, d) in enumerate(zip(sizes, grad_sizes, strides, kernel,
+                                                       dilation, strict=True))]
+
+
+def _conv_grad(orig_var, orig_call, output_grad, ctx):
+    """conv2d's gradient in one or three dimensions (conv1d: audio front ends; conv3d: video
+    models, R(2+1)D): dx = conv_transpose(dy, w) with the output padding that restores x's
+    extents; dw[o, i, k] = sum_{n,t} x_pad[n, i, t*s + k*d] * dy[n, o, t], a convolution over
+    the batch axis (as the channel axis) with strides and dilation swapped, cut to the
     kernel."""
     attrs = orig_call.attrs
-    if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != ("NCDHW", "OIDHW",
-                                                                      "NCDHW"):
+    x, w = orig_call.args
+    ndim = len(_dims(x)) - 2
+    axes, conv, conv_transpose = _CONV_OPS[ndim]
+    layouts = ("NC" + axes, "OI" + axes, "NC" + axes)
+    if (attrs.data_layout, attrs.kernel_layout, attrs.out_layout) != layouts:
         raise ValueError(
-            "conv3d gradient: only NCDHW data with OIDHW kernels, got "
+            f"conv{ndim}d gradient: only {layouts[0]} data with {layouts[1]} kernels, got "
             f"{attrs.data_layout}/{attrs.kernel_layout}/{attrs.out_layout}"
         )
-    x, w = orig_call.args
     n, _, *sizes = _dims(x)
     _, cin_g, *kernel = _dims(w)
-    grad_sizes = _dims(orig_var)[2:]
     groups = int(attrs.groups)
     dtype = str(orig_var.ty.dtype)
     strides = [int(v) for v in attrs.strides]
     dilation = [int(v) for v in attrs.dilation]
     padding = [int(v) for v in attrs.padding]
 
-    covered = [(g - 1) * s - padding[a] - padding[a + 3] + (k - 1) * d + 1
-               for a, (g, s, k, d) in enumerate(zip(grad_sizes, strides, kernel, dilation,
-                                                    strict=True))]
-    dx = _op.nn.conv3d_transpose(
-        output_grad, w, strides, padding, [size - c for size, c in zip(sizes, covered,
-                                                                       strict=True)],
-        dilation, groups, kernel_layout="IODHW", out_dtype=dtype)
+    output_padding = _restoring_output_padding(sizes, _dims(orig_var)[2:], strides, padding,
+                                               kernel, dilation)
+    dx = conv_transpose(output_grad, w, strides, padding, output_padding, dilation, groups,
+                        kernel_layout="IO" + axes, out_dtype=dtype)
 
     data = x
     if groups != 1:
-        # Channels of group j become channels j*n .. j*n + n - 1 of a grouped conv3d.
+        # Channels of group j become channels j*n .. j*n + n - 1 of a grouped convolution.
         data = _op.reshape(data, (n, groups, cin_g, *sizes))
-        data = _op.permute_dims(data, [1, 0, 2, 3, 4, 5])
+        data = _op.permute_dims(data, [1, 0, *range(2, ndim + 3)])
         data = _op.reshape(data, (groups * n, cin_g, *sizes))
     dw = ctx.normalize(
-        _op.nn.conv3d(data, output_grad, strides=dilation, padding=padding, dilation=strides,
-                      groups=groups, data_layout="CNDHW", kernel_layout="IODHW",
-                      out_layout="CNDHW", out_dtype=dtype)
+        conv(data, output_grad, strides=dilation, padding=padding, dilation=strides,
+             groups=groups, data_layout="CN" + axes, kernel_layout="IO" + axes,
+             out_layout="CN" + axes, out_dtype=dtype)
     )
     if list(_dims(dw)[2:]) != kernel:
-        dw = _op.strided_slice(dw, axes=[2, 3, 4], begin=[0, 0, 0], end=kernel)
+        dw = _op.strided_slice(dw, axes=list(range(2, ndim + 2)), begin=[0] * ndim,
+                               end=kernel)
     return [dx, dw]
 
 
@@ -578,9 +545,9 @@ def register_all() -> None:
         ("relax.nn.gelu_tanh", _gelu_tanh_grad),
         ("relax.erf", _erf_grad),
         ("relax.rsqrt", _rsqrt_grad),
-        ("relax.nn.conv1d", _conv1d_grad),
+        ("relax.nn.conv1d", _conv_grad),
         ("relax.nn.conv2d", _conv2d_grad),
-        ("relax.nn.conv3d", _conv3d_grad),
+        ("relax.nn.conv3d", _conv_grad),
         ("relax.flip", _flip_grad),
         ("relax.nn.adaptive_avg_pool2d", _adaptive_avg_pool2d_grad),
         ("relax.slice_scatter", _slice_scatter_grad),

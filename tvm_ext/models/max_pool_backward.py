@@ -3,7 +3,7 @@ TVM's: TVM's `topi.nn.pool_grad` sends the gradient to the wrong elements wherev
 is cut by the input's edge or the input has rows no window reads (a 2x2 pool of 3 rows, a 3x3
 pool of a 2 x 2 map: GoogLeNet's last inception block; one case read uninitialized memory).
 
-Each output's gradient goes, as PyTorch's does, to the first element of its window (in hpos-
+Each output's gradient goes, as PyTorch's does, to the first element of its window (in row-
 major order, padding excluded) that holds the window's maximum. Three stages: the window's
 maximum, the flat index of its first occurrence, and each input element's sum over the
 windows (at most ceil(k / s) per axis) that chose it.

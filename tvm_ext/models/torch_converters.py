@@ -78,9 +78,11 @@ _PROMOTING_OPS = (
 # Ops whose `alpha` scales their second operand, which the frontend ignores.
 _ALPHA_OPS = ("add.Tensor", "add.Scalar", "sub.Tensor", "sub.Scalar", "rsub.Tensor",
               "rsub.Scalar")
+# torch's grid (N, H_out, W_out, 2), where the frontend passes it to a Relax op that takes it
+# as (N, 2, H_out, W_out).
+_GRID_SAMPLE_OPS = ("grid_sampler.default", "grid_sampler_2d.default")
 # Ops that take a list of index tensors, one per leading axis (None: every index), where
 # PyTorch counts a negative index from the end of its axis (the frontend reads out of bounds).
-_GRID_SAMPLE_OPS = ("grid_sampler.default", "grid_sampler_2d.default")
 _INDEXING_OPS = ("index.Tensor", "index_put.default", "index_put_.default")
 
 
