@@ -8,6 +8,7 @@ from .fuse_attention import FuseAttention
 from .fuse_kernels import FuseKernels
 from .group_accumulations import GroupAccumulations
 from .partition_operators import PartitionError, PartitionOperators
+from .place_updates_after_readers import PlaceUpdatesAfterReaders
 from .return_loss_only import ReturnLossOnly
 from .static_kernel_calls import StaticKernelCalls
 from .swap_offload import SwapOffload, SwapOffloadError
@@ -23,6 +24,7 @@ __all__ = [
     "GroupAccumulations",
     "PartitionError",
     "PartitionOperators",
+    "PlaceUpdatesAfterReaders",
     "ReturnLossOnly",
     "StaticKernelCalls",
     "SwapOffload",

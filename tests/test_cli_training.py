@@ -142,3 +142,41 @@ def test_a_float16_model_is_checked_at_float16_tolerance(tmp_path, capsys):
     argv = [path, "--training", "--optimizer", "adamw", "--check"]
     assert main(argv) == 0
     assert "check   OK: 5 steps match torch.optim" in capsys.readouterr().out
+
+
+def test_steps_that_part_from_the_reference_pass_only_step_by_step(zoo_cache, capsys):
+    """Correct Adam steps can part from torch.optim's over several (a rounding-noise gradient
+    becomes a step of lr either way): they pass if each step, from this build's own values,
+    matches torch.optim's step from them; a wrong step fails, named."""
+    import numpy as np
+
+    from tvm_ext import driver
+    from tvm_ext.cli import build_parser
+    from tvm_ext.cli.training import check_training, reference_of, run_steps
+    from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
+
+    args = build_parser().parse_args(["mlp", "--training", "--optimizer", "adamw", "--lr",
+                                      "1e-2", "--steps", "3", "--check", "--dtype", "fp32"])
+    target = driver.resolve_target("llvm")
+    gradient_model = zoo_cache("mlp", True)
+    step = make_optimizer_step(gradient_model, Optimizer("adamw", lr=1e-2))
+    session = driver.TrainingSession(driver.build(step, target), step, driver.device_of(target))
+    batch = step.random_inputs(args.seed)
+    results, trail = run_steps(session, batch, args)
+    # The steps of another batch stand in for a reference the steps have parted from.
+    parted = reference_of(args, step, gradient_model, target, step.random_inputs(7), 3)
+
+    def check(trail):
+        report: dict = {}
+        status = check_training(args, report, step, gradient_model, target, batch, results,
+                                *trail[-1], parted, trail)
+        return status, report["check"], capsys.readouterr()
+
+    status, report, out = check(trail)
+    assert status == 0 and report["ok"] and report["step_by_step"]["steps"] == 3
+    assert "check   OK: each of 3 steps" in out.out and "over 3 steps the two part" in out.out
+    wrong = [(list(p), s) for p, s in trail]
+    wrong[1][0][0] = wrong[1][0][0] + np.float32(1e-3)  # the second step's first parameter
+    status, report, out = check(wrong)
+    assert status == 1 and not report["ok"]
+    assert "step 2 differs from torch.optim's step from the same values" in out.err

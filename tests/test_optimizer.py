@@ -61,6 +61,23 @@ def test_update_kernel_matches_torch_optim(opt):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: o.describe())
+def test_torch_optim_resumes_from_the_state_of_a_step(opt):
+    """One step, then two from its parameters and state, equal three steps from zero state:
+    what the step-by-step training check starts each step from."""
+    rng = np.random.default_rng(1)
+    p = rng.standard_normal((4, 3)).astype("float32")
+    grads = [rng.standard_normal((4, 3)).astype("float32") for _ in range(3)]
+    grad = lambda params, g: (0.0, [g])  # noqa: E731
+    whole = reference.optimizer_steps(grad, [p], [0], opt, grads)
+    first = reference.optimizer_steps(grad, [p], [0], opt, grads[:1])
+    rest = reference.optimizer_steps(grad, first.params, [0], opt, grads[1:], first.state)
+    np.testing.assert_array_equal(rest.params[0], whole.params[0])
+    assert len(rest.state) == len(whole.state)
+    for got, want in zip(rest.state, whole.state, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(kind="rmsprop"), "unknown optimizer"),
     (dict(kind="adam", lr=-1.0), "lr"),

@@ -14,9 +14,12 @@ Phases, in order (each a list of passes, so a caller can rebuild the pipeline fr
                               fused with its add, FuseOps, FuseTIR; without FoldConstant
                               where TVM's fusion fails on what it folded),
                               BroadcastConstants (constants at their distinct extent),
-                              DropUnreadKernelInputs (arguments a kernel never reads):
-                              `fuse` adds RewriteDataflowReshape: the module the graph
-                              of every planner is read from (`tvm_ext.ir.graph_builder`).
+                              DropUnreadKernelInputs (arguments a kernel never reads),
+                              PlaceUpdatesAfterReaders (an optimizer step's updates after
+                              the readers of what they overwrite, wherever fusion put
+                              those readers): `fuse` adds RewriteDataflowReshape: the
+                              module the graph of every planner is read from
+                              (`tvm_ext.ir.graph_builder`).
 3. `partition_passes`         with `num_devices`: PartitionOperators (tvm_ext.passes) plans a
                               Tofu partition and rewrites `main` into the code each of the k
                               devices runs, with explicit collectives (before scheduling, so
@@ -66,6 +69,7 @@ from tvm_ext.passes import (
     FuseAttention,
     FuseKernels,
     PartitionOperators,
+    PlaceUpdatesAfterReaders,
     ReturnLossOnly,
     StaticKernelCalls,
     SwapOffload,
@@ -104,6 +108,7 @@ def legalize_passes(target: tvm.target.Target) -> list:
         FuseKernels(),
         BroadcastConstants(),
         DropUnreadKernelInputs(),
+        PlaceUpdatesAfterReaders(),
     ]
 
 

@@ -30,6 +30,7 @@ from .training import (
     match_build,
     print_steps,
     reference_of,
+    run_steps,
     step_report,
 )
 
@@ -236,7 +237,7 @@ def _run_training(args, report: dict, build, step, gradient_model, target, k: in
     batch = step.random_inputs(args.seed)
     with distributed.Session(k) as sess:
         session = driver.PartitionedTrainingSession(sess, build, step, seed=args.seed)
-        results = session.run([batch] * args.steps)
+        results, trail = run_steps(session, batch, args)
         params, state = session.parameters(), session.state()
     print_steps(results, " per worker")
     worst = [max(r.peak_bytes[w] for r in results) for w in range(k)]
@@ -278,4 +279,4 @@ def _run_training(args, report: dict, build, step, gradient_model, target, k: in
         if build.swap_plan is not None else ""
     print(f"check   OK: {len(results)} steps match the single-device build ({what}){swapped}")
     return check_training(args, report, step, gradient_model, target, batch, results, params,
-                          state, reference)
+                          state, reference, trail)

@@ -22,7 +22,14 @@ from .args import link_gbps
 from .check import autocast_tolerance, check_against_torch
 from .presets import default_hardware
 from .report import failed_check, replacing
-from .training import check_training, match_build, print_steps, reference_of, step_report
+from .training import (
+    check_training,
+    match_build,
+    print_steps,
+    reference_of,
+    run_steps,
+    step_report,
+)
 
 
 def plan_swaps_for(args, model, graph, target) -> tuple:
@@ -208,7 +215,7 @@ def run_swapped_training(args, report, step, gradient_model, planning, executabl
     batch = step.random_inputs(args.seed)
     session = driver.TrainingSession(executable, step, device, host=host, seed=args.seed,
                                      arg_devices=planning.argument_devices)
-    results = session.run([batch] * args.steps)
+    results, trail = run_steps(session, batch, args)
     constants = graph.bytes_of_kind("constant")  # loaded with the module, not by the VM
     for r in results:
         r.peak_bytes += constants
@@ -260,7 +267,7 @@ def run_swapped_training(args, report, step, gradient_model, planning, executabl
           + (f"; {noise} elements with rounding-noise gradients within 2 N lr" if noise else "")
           + "), every step within the budget, host memory constant")
     return check_training(args, report, step, gradient_model, target, batch, results,
-                          session.parameters(), session.state(), reference)
+                          session.parameters(), session.state(), reference, trail)
 
 
 def _tolerances(outputs, inexact: list[str], least=None) -> list[tuple[float, float]]:

@@ -74,27 +74,42 @@ def run_training(args, report: dict, step, gradient_model, session, target) -> i
     `session` (a `TrainingSession` or `PartitionedTrainingSession`), then --check. The exit
     status."""
     batch = step.random_inputs(args.seed)
-    results = session.run([batch] * args.steps)
+    results, trail = run_steps(session, batch, args)
     print_steps(results)
     report.setdefault("training", {}).update(step_report(results))
     if not args.check:
         return 0
     return check_training(args, report, step, gradient_model, target, batch, results,
-                          session.parameters(), session.state())
+                          session.parameters(), session.state(), trail=trail)
+
+
+def _reference_gradient(args, step, gradient_model, target):
+    """(gradient(params, batch) by torch.autograd (a .pt2 model) or by a plain TVM build of the
+    training step (a zoo model); what that is, in words)."""
+    path = torch_file(step, args.model)
+    if path is not None:
+        return training.torch_gradient(path, gradient_model), "PyTorch"
+    return training.tvm_gradient(gradient_model, target), "a plain TVM build"
 
 
 def reference_of(args, step, gradient_model, target, batch, steps: int):
     """(N steps of torch.optim from the same parameters on the same batch, with gradients by
-    torch.autograd (a .pt2 model) or by a plain TVM build of the training step (a zoo model);
-    what that is, in words)."""
-    path = torch_file(step, args.model)
-    if path is not None:
-        gradient, what = training.torch_gradient(path, gradient_model), "PyTorch"
-    else:
-        gradient, what = training.tvm_gradient(gradient_model, target), "a plain TVM build"
+    `_reference_gradient`; what that is, in words)."""
+    gradient, what = _reference_gradient(args, step, gradient_model, target)
     ref = training.reference_steps(step, gradient, [batch] * steps,
                                    step.random_params(args.seed)[:len(gradient_model.params)])
     return ref, f"torch.optim with gradients by {what}"
+
+
+def run_steps(session, batch, args) -> tuple[list, list | None]:
+    """--steps steps of `session` on `batch`: the results, and with --check the parameters and
+    state after each (for `check_training` to check the steps one by one), else None."""
+    results, trail = [], [] if args.check else None
+    for _ in range(args.steps):
+        results.append(session.step(batch))
+        if trail is not None:
+            trail.append((session.parameters(), session.state()))
+    return results, trail
 
 
 # How far a low-precision loss curve may stray from the float32 one (relative, absolute), as
@@ -137,9 +152,12 @@ def match_build(args, results, params, state, expected, build, reference, rtol, 
 
 
 def check_training(args, report, step, gradient_model, target, batch, results, params,
-                   state, reference=None) -> int:
+                   state, reference=None, trail=None) -> int:
     """N steps against N steps of torch.optim (`reference_of`, or `reference` if given); in
-    bf16 / fp16, the loss curve against torch.optim's float32 one."""
+    bf16 / fp16, the loss curve against torch.optim's float32 one. Float32 steps that stray
+    from torch.optim's pass if they are rounding noise by float64 (`_within_float64_noise`),
+    or if each step taken from this build's own parameters and state (`trail`, those after
+    each step) matches torch.optim's step from them (`_step_by_step`)."""
     ref, what = reference or reference_of(args, step, gradient_model, target, batch,
                                           len(results))
     if args.dtype != "fp32":
@@ -159,9 +177,22 @@ def check_training(args, report, step, gradient_model, target, batch, results, p
                                "error": str(err), "rtol": rtol, "atol": atol, "noise": noise}
             print(_steps_noise_line(f"check   {what} differs", err, noise))
             return 0
-        report["check"] = {"ok": False, "reference": what, "error": str(err), "rtol": rtol,
+        stepwise = None if trail is None else _step_by_step(
+            args, step, gradient_model, target, batch, results, trail, rtol, atol)
+        if isinstance(stepwise, training.TrainingCheck):
+            report["check"] = {**report.get("check", {}), "ok": True, "reference": what,
+                               "error": str(err), "step_by_step": vars(stepwise)}
+            print(f"check   OK: each of {len(results)} steps, taken from this build's own "
+                  f"parameters and state, matches the step {what} takes from them (losses within "
+                  f"{stepwise.max_loss_error:.2e}, parameters {stepwise.max_param_error:.2e}, "
+                  f"state {stepwise.max_state_error:.2e}; rtol {rtol:g}, atol {atol:g}); over "
+                  f"{len(results)} steps the two part ({err}): "
+                  f"{_PARTING}")
+            return 0
+        message = str(err) if stepwise is None else f"{err}; {stepwise}"
+        report["check"] = {"ok": False, "reference": what, "error": message, "rtol": rtol,
                            "atol": atol}
-        print(f"check   FAILED against {what} (rtol {rtol:g}, atol {atol:g}): {err}",
+        print(f"check   FAILED against {what} (rtol {rtol:g}, atol {atol:g}): {message}",
               file=sys.stderr)
         return 1
     entry = {"ok": True, "reference": what, **vars(check)}
@@ -175,6 +206,37 @@ def check_training(args, report, step, gradient_model, target, batch, results, p
           f"{check.max_loss_error:.2e}, parameters {check.max_param_error:.2e}, state "
           f"{check.max_state_error:.2e}; rtol {rtol:g}, atol {atol:g}{noise})")
     return 0
+
+
+# Why correct steps part over several: the reason `_step_by_step` is asked.
+_PARTING = ("an Adam step turns a gradient element of rounding-noise size into a step of up to "
+            "lr, whichever way it rounds, and the next gradients feel those steps")
+
+
+def _step_by_step(args, step, gradient_model, target, batch, results, trail, rtol: float,
+                  atol: float) -> training.TrainingCheck | str:
+    """Each step of this build from its own parameters and state before it (the start, then
+    `trail`) against one torch.optim step from the same values: the TrainingCheck of all of
+    them, or why one differs. Errors do not compound here, so a wrong gradient or update shows
+    at the step it happens, while correct steps that part over several (`_PARTING`) pass."""
+    gradient, _ = _reference_gradient(args, step, gradient_model, target)
+    optimizer = optimizer_of(args)
+    params = step.random_params(args.seed)[:len(gradient_model.params)]
+    state = None
+    checks = []
+    for k, (result, (after_params, after_state)) in enumerate(zip(results, trail,
+                                                                  strict=True)):
+        ref = training.reference_steps(step, gradient, [batch], params, state)
+        try:
+            checks.append(training.compare_training([result.loss], after_params, after_state,
+                                                    ref, optimizer, rtol, atol))
+        except CheckError as err:
+            return f"step {k + 1} differs from torch.optim's step from the same values: {err}"
+        params, state = after_params, after_state
+    return training.TrainingCheck(
+        len(checks), max(c.max_loss_error for c in checks),
+        max(c.max_param_error for c in checks), max(c.max_state_error for c in checks),
+        sum(c.noise_elements for c in checks), rtol, atol)
 
 
 def _steps_noise_line(head: str, err, noise: dict) -> str:

@@ -340,14 +340,16 @@ def torch_gradient(path: str, gradient_model: Model, float64: bool = False):
 
 
 def reference_steps(model: Model, gradient, batches: Sequence[Sequence[np.ndarray]],
-                    params: Sequence[np.ndarray]) -> reference.OptimizerSteps:
+                    params: Sequence[np.ndarray],
+                    state: Sequence[np.ndarray] | None = None) -> reference.OptimizerSteps:
     """`len(batches)` steps of `torch.optim` (the optimizer of the step `model`) from `params`
-    and zero state, with gradients from `gradient` (`tvm_gradient`, `torch_gradient`)."""
+    and zero state (or `state`, in the step's argument order), with gradients from `gradient`
+    (`tvm_gradient`, `torch_gradient`)."""
     optimizer = Optimizer.from_dict(model.config["optimizer"])
     num_params, _ = state_layout(model)
     by_name = {p.name: i for i, p in enumerate(model.params[:num_params])}
     trainable = [by_name[n] for n in model.config["gradients"]]
-    return reference.optimizer_steps(gradient, params, trainable, optimizer, batches)
+    return reference.optimizer_steps(gradient, params, trainable, optimizer, batches, state)
 
 
 @dataclasses.dataclass

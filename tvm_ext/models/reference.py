@@ -152,14 +152,25 @@ class OptimizerSteps:
 
 
 def optimizer_steps(gradient, params: Sequence[np.ndarray], trainable: Sequence[int],
-                    optimizer, batches: Sequence) -> OptimizerSteps:
-    """`len(batches)` steps of `torch.optim` from `params` and zero state, as torch starts:
+                    optimizer, batches: Sequence,
+                    state: Sequence[np.ndarray] | None = None) -> OptimizerSteps:
+    """`len(batches)` steps of `torch.optim` from `params` and zero state, as torch starts, or
+    from `state` (in the step's argument order, its count the steps it has taken):
     `gradient(params, batch)` gives (loss, gradients of the parameters at `trainable`), the
     optimizer updates those."""
     torch = _torch()
 
     values = [_to_torch(p, copy=True) for p in params]
     opt = torch_optimizer(optimizer, [values[i] for i in trainable])
+    taken = int(np.asarray(state[-1])) if state is not None and optimizer.counts_steps else 0
+    if taken:  # torch sets its state up on the first step: from zero state it is its own
+        m = len(trainable)
+        for s, name in enumerate(optimizer.state_names):
+            for j, i in enumerate(trainable):
+                opt.state[values[i]][name] = _to_torch(state[s * m + j], copy=True)
+        if optimizer.kind in ("adam", "adamw"):
+            for i in trainable:
+                opt.state[values[i]]["step"] = torch.tensor(float(taken))
     losses = []
     noise: list = [None] * len(values)
     for batch in batches:
@@ -174,12 +185,12 @@ def optimizer_steps(gradient, params: Sequence[np.ndarray], trainable: Sequence[
             values[i].grad = _to_torch(g.astype(np.asarray(params[i]).dtype), copy=True)
         with torch.no_grad():
             opt.step()
-    state = []
+    after = []
     for name in optimizer.state_names:
-        state += [_to_numpy(opt.state[values[i]][name]) for i in trainable]
-    if optimizer.counts_steps:  # torch's SGD keeps no count: the steps taken from zero state
-        state.append(np.asarray(len(batches), dtype=np.float32))
-    return OptimizerSteps(losses, [_to_numpy(v) for v in values], state, noise)
+        after += [_to_numpy(opt.state[values[i]][name]) for i in trainable]
+    if optimizer.counts_steps:  # torch's SGD keeps no count: the steps taken
+        after.append(np.asarray(taken + len(batches), dtype=np.float32))
+    return OptimizerSteps(losses, [_to_numpy(v) for v in values], after, noise)
 
 
 def file_weight_mismatches(path: str, params: Sequence[np.ndarray],
