@@ -79,6 +79,50 @@ def test_gemms_take_low_operands_and_round_once_after_their_bias():
     assert after.config["compute_dtype"] == "bfloat16" and after.config["autocast"]
 
 
+def test_only_a_bias_joins_a_convolutions_float32_result():
+    """A per-channel bias joins the convolution's float32 result; a tensor from the weights
+    alone that is not one value per channel (RAFT adds its constant pixel grid to a predicted
+    flow) meets the rounded result, in float32: coordinates in bfloat16 would step by 1/16
+    of a pixel."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(x: R.Tensor((1, 3, 4, 4), "float32"), w: R.Tensor((2, 3, 1, 1), "float32"),
+                 b: R.Tensor((1, 2, 1, 1), "float32")):
+            R.func_attr({"num_input": 1})
+            with R.dataflow():
+                y = R.nn.conv2d(x, w)
+                z = R.add(y, b)
+                grid = R.add(R.const(0.0, "float32"), R.ones((1, 2, 4, 4), "float32"))
+                c = R.add(z, grid)
+                gv = R.nn.relu(c)
+                R.output(gv)
+            return gv
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(x: R.Tensor((1, 3, 4, 4), "float32"), w: R.Tensor((2, 3, 1, 1), "float32"),
+                 b: R.Tensor((1, 2, 1, 1), "float32")):
+            R.func_attr({"num_input": 1})
+            with R.dataflow():
+                x1 = R.astype(x, "bfloat16")
+                w1 = R.astype(w, "bfloat16")
+                y = R.nn.conv2d(x1, w1, out_dtype="float32")
+                z = R.add(y, b)
+                grid = R.add(R.const(0.0, "float32"), R.ones((1, 2, 4, 4), "float32"))
+                z1 = R.astype(z, "bfloat16")
+                z2 = R.astype(z1, "float32")
+                c = R.add(z2, grid)
+                gv = R.nn.relu(c)
+                R.output(gv)
+            return gv
+
+    after = autocast_inference(_model(Before["main"]), "bf16")
+    tvm.ir.assert_structural_equal(_main(after.mod), _model(Expected["main"]).main)
+
+
 def test_a_returned_gemm_result_is_rounded_and_weights_feed_a_gemm_cast():
     @I.ir_module
     class Before:

@@ -152,7 +152,8 @@ def test_steps_that_part_from_the_reference_pass_only_step_by_step(zoo_cache, ca
 
     from tvm_ext import driver
     from tvm_ext.cli import build_parser
-    from tvm_ext.cli.training import check_training, reference_of, run_steps
+    from tvm_ext.cli.training import check_training, match_build, reference_of, run_steps
+    from tvm_ext.errors import CheckError
     from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
 
     args = build_parser().parse_args(["mlp", "--training", "--optimizer", "adamw", "--lr",
@@ -180,3 +181,17 @@ def test_steps_that_part_from_the_reference_pass_only_step_by_step(zoo_cache, ca
     status, report, out = check(wrong)
     assert status == 1 and not report["ok"]
     assert "step 2 differs from torch.optim's step from the same values" in out.err
+
+    # Against another build (a partitioned or swapped step's check): the same judgement.
+    other = driver.TrainingSession(driver.build(step, target), step, driver.device_of(target))
+    expected = other.run([step.random_inputs(7)] * 3)
+    with pytest.raises(CheckError):
+        match_build(args, results, *trail[-1], expected, other, parted, 1e-5, 1e-5,
+                    gradient_model, batch)
+    assert match_build(args, results, *trail[-1], expected, other, parted, 1e-5, 1e-5,
+                       gradient_model, batch, target, trail).steps == 3
+    assert "each, taken from this build's own parameters and state, matches" in \
+        capsys.readouterr().out
+    with pytest.raises(CheckError, match="step 2 differs"):
+        match_build(args, results, *trail[-1], expected, other, parted, 1e-5, 1e-5,
+                    gradient_model, batch, target, wrong)

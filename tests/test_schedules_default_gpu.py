@@ -235,3 +235,21 @@ def test_a_kernel_that_launches_its_own_threads_is_left_as_written():
         assert "tirx.is_scheduled" not in (mod[name].attrs or {})
         scheduled = ApplyDefaultGPUSchedules()(mod)
     tvm.ir.assert_structural_equal(scheduled[name], mod[name])
+
+
+def test_the_cuda_target_says_its_shared_memory_per_block(cuda_target):
+    """dlight's rules read the shared memory a block may use from the target, and log a
+    warning at every kernel of a target without it (R(2+1)D's convolutions printed five)."""
+    import logging
+
+    from tvm.s_tir.dlight.analysis.common_analysis import get_max_shared_memory_per_block
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger().addHandler(handler)
+    try:
+        assert get_max_shared_memory_per_block(cuda_target) == 48 * 1024
+    finally:
+        logging.getLogger().removeHandler(handler)
+    assert not [r for r in records if "max_shared_memory_per_block" in r.getMessage()]

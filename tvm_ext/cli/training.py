@@ -126,14 +126,17 @@ def _tolerance_of(step) -> tuple[float, float]:
 
 
 def match_build(args, results, params, state, expected, build, reference, rtol, atol,
-                gradient_model, batch) -> training.TrainingCheck:
+                gradient_model, batch, target=None, trail=None) -> training.TrainingCheck:
     """`results`, `params` and `state` against the same steps of another build (`expected`,
     the run of `build`, a TrainingSession) at rtol / atol, the elements whose gradient was
     rounding noise in `reference` (`reference_of`) held to their own bound: an Adam step turns
     such a gradient (a key bias's, exactly zero through softmax) into a step of lr of either
     sign, whichever way the two builds round it. Where they still differ, the steps pass if
     they are about as close to torch.optim in float64 as torch.optim's float32 steps are
-    (`_within_float64_noise`, said). Raises CheckError."""
+    (`_within_float64_noise`), or, given `trail` (this build's values after each step) and the
+    `target`, if each step matches torch.optim's step from this build's own values
+    (`_step_by_step`: the two builds' steps parted as correct steps can); said. Raises
+    CheckError."""
     alone = OptimizerSteps([r.loss for r in expected], build.parameters(), build.state(),
                            reference[0].noise)
     try:
@@ -142,13 +145,23 @@ def match_build(args, results, params, state, expected, build, reference, rtol, 
     except CheckError as err:
         noise = _within_float64_noise(args, build.model, gradient_model, batch, results,
                                       params, state, reference[0], rtol, atol, alone)
-        if noise is None:
+        if noise is not None:
+            print(_steps_noise_line("check   note:", err, noise))
+            return training.TrainingCheck(
+                len(results), _largest_difference([[r.loss for r in results]], [alone.losses]),
+                _largest_difference(params, alone.params),
+                _largest_difference(state, alone.state), 0, rtol, atol)
+        if trail is None:
             raise
-        print(_steps_noise_line("check   note:", err, noise))
-        return training.TrainingCheck(
-            len(results), _largest_difference([[r.loss for r in results]], [alone.losses]),
-            _largest_difference(params, alone.params), _largest_difference(state, alone.state),
-            0, rtol, atol)
+        own_rtol, own_atol = _tolerance_of(build.model)
+        stepwise = _step_by_step(args, build.model, gradient_model, target, batch, results,
+                                 trail, own_rtol, own_atol)
+        if not isinstance(stepwise, training.TrainingCheck):
+            raise CheckError(f"{err}; {stepwise}") from err
+        print(f"check   note: the steps part from the other build's ({err}), but each, taken "
+              f"from this build's own parameters and state, matches the step torch.optim "
+              f"takes from them (rtol {own_rtol:g}, atol {own_atol:g}): {_PARTING}")
+        return stepwise
 
 
 def check_training(args, report, step, gradient_model, target, batch, results, params,
@@ -236,7 +249,7 @@ def _step_by_step(args, step, gradient_model, target, batch, results, trail, rto
     return training.TrainingCheck(
         len(checks), max(c.max_loss_error for c in checks),
         max(c.max_param_error for c in checks), max(c.max_state_error for c in checks),
-        sum(c.noise_elements for c in checks), rtol, atol)
+        sum(c.noise_elements for c in checks), rtol, atol, step_by_step=True)
 
 
 def _steps_noise_line(head: str, err, noise: dict) -> str:

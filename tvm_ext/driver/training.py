@@ -357,7 +357,8 @@ class TrainingCheck:
     """How far N compiled steps are from the reference: the largest absolute error of the
     losses, the parameters (elements with rounding-noise gradients aside) and the state, and
     how many parameter elements met only the bound for rounding-noise gradients (see
-    `compare_training`)."""
+    `compare_training`); `step_by_step`: each step was compared from the build's own values
+    before it, not the N steps from the start."""
 
     steps: int
     max_loss_error: float
@@ -366,6 +367,7 @@ class TrainingCheck:
     noise_elements: int
     rtol: float
     atol: float
+    step_by_step: bool = False
 
 
 def compare_training(losses: Sequence[float], params: Sequence[np.ndarray],

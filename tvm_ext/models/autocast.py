@@ -6,10 +6,10 @@ autocast dispatches them:
 
 * GEMMs and convolutions (`relax.matmul`, `relax.nn.conv*`) take their floating operands cast
   to the low dtype and accumulate in float32 (`out_dtype="float32"`); their result is rounded to
-  the low dtype once, after the bias add that follows them where there is one (an add of a
-  tensor computed from the weights alone: torch's `linear` / `addmm` / convolutions add the bias
-  inside the low-precision op). A consumer that computes in float32 anyway (a softmax of
-  attention scores) reads the float32 result before rounding.
+  the low dtype once, after the bias add that follows them where there is one (an add of one
+  value per output channel computed from the weights alone: torch's `linear` / `addmm` /
+  convolutions add the bias inside the low-precision op). A consumer that computes in float32
+  anyway (a softmax of attention scores) reads the float32 result before rounding.
 * Softmax, log-softmax, the norms, exp / log / pow / rsqrt, sums, means and the variance, the
   losses: float32 operands, float32 results.
 * Every other op runs in the dtype its operands have; an op given tensors of two float dtypes
@@ -81,10 +81,36 @@ def _ndim(expr: relax.Expr) -> int:
     return int(expr.ty.ndim)
 
 
+def _channel_axis(gemm: relax.Call) -> int:
+    """The axis of a GEMM's output channels, from the last: a matmul's last; a convolution's
+    `C` of its output layout."""
+    if gemm.op.name == "relax.matmul":
+        return -1
+    layout = str(gemm.attrs.out_layout)
+    return layout.index("C") - len(layout)
+
+
+def _is_bias(other: relax.Expr, gemm: relax.Expr, axis: int) -> bool:
+    """Whether `other`, added to the GEMM result `gemm`, is a bias: one value per output
+    channel, the same at every other position (what torch adds inside the GEMM). Anything else
+    computed from the weights alone (RAFT's constant pixel grid added to a predicted flow) is an
+    add of its own, after autocast has rounded the GEMM's result."""
+    shape = getattr(other.ty, "shape", None)
+    if not isinstance(shape, relax.ShapeExpr) or _ndim(other) > _ndim(gemm):
+        return False
+    for i, extent in enumerate(shape.values):
+        from_last = i - len(shape.values)
+        if from_last != axis and not (isinstance(extent, tvm.tirx.IntImm) and
+                                      int(extent) == 1):
+            return False
+    return True
+
+
 @relax.expr_functor.mutator
 class _Autocast(relax.expr_functor.PyExprMutator):
     """Rewrites `main` binding by binding; `pending` holds the float32 results of GEMMs (and of
-    their bias adds) that are still to be rounded to the low dtype."""
+    their bias adds) that are still to be rounded to the low dtype, each with the axis of its
+    output channels (negative, from the last)."""
 
     def __init__(self, mod: tvm.IRModule, dtype: str, num_input: int):
         super().__init__(mod)
@@ -93,7 +119,7 @@ class _Autocast(relax.expr_functor.PyExprMutator):
         self.float32_ops = _ops(_FLOAT32_OPS)
         self.add = tvm.ir.Op.get("relax.add")
         self.gemms = 0
-        self.pending: set = set()  # new vars: float32 values autocast rounds to the low dtype
+        self.pending: dict = {}  # new var -> channel axis: float32 values autocast rounds
         self.rounded: dict = {}  # pending var -> its low-dtype cast
         self.weights: set = set()  # vars (old and new) computed from the parameters alone
 
@@ -141,37 +167,39 @@ class _Autocast(relax.expr_functor.PyExprMutator):
         if all(v in self.weights for v in free):  # (constants too)
             self.weights.add(binding.var)
         value, pending = self._rewrite(value)
-        if pending and not isinstance(binding.var, relax.DataflowVar):
+        if pending is not None and not isinstance(binding.var, relax.DataflowVar):
             # A function output is what autocast returns: rounded.
             value = relax.op.astype(self.builder_.emit(value), self.dtype)
-            pending = False
+            pending = None
         value = self.builder_.normalize(value)
         new = type(binding.var)(binding.var.name, value.ty)
         self.builder_.emit_normalized(relax.VarBinding(new, value))
         self.set_var_remap(binding.var, new)
-        if pending:
-            self.pending.add(new)
+        if pending is not None:
+            self.pending[new] = pending
         if binding.var in self.weights:
             self.weights.add(new)
 
-    def _rewrite(self, value: relax.Expr) -> tuple[relax.Expr, bool]:
-        """(the autocast value of the visited binding value, whether it is pending)."""
+    def _rewrite(self, value: relax.Expr) -> tuple[relax.Expr, int | None]:
+        """(the autocast value of the visited binding value, its channel axis if it is
+        pending, else None)."""
         if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
-            return self._round_fields(value), False
+            return self._round_fields(value), None
         args = list(value.args)
         if self._is(value, self.gemm_ops) and all(_float_dtype(a) for a in args[:2]):
             self.gemms += 1
             low = [self._cast(a, self.dtype) for a in (self._round(a) for a in args[:2])]
-            return float32_out(value, *low), True
+            return float32_out(value, *low), _channel_axis(value)
         if self._is(value, [self.add]) and len(args) == 2:
             for gemm, other in ((args[0], args[1]), (args[1], args[0])):
-                if gemm in self.pending and other in self.weights and _float_dtype(other):
-                    return relax.op.add(gemm, self._cast(other, "float32")), True
+                if gemm in self.pending and other in self.weights and _float_dtype(other) \
+                        and _is_bias(other, gemm, self.pending[gemm]):
+                    return relax.op.add(gemm, self._cast(other, "float32")), self.pending[gemm]
         if self._is(value, self.float32_ops):
             args = [self._cast(a, "float32") for a in args]  # a pending value is float32
-            return relax.Call(value.op, args, value.attrs, value.ty_args), False
+            return relax.Call(value.op, args, value.attrs, value.ty_args), None
         args = [self._round_fields(a) for a in args]
-        return relax.Call(value.op, self._promoted(args), value.attrs, value.ty_args), False
+        return relax.Call(value.op, self._promoted(args), value.attrs, value.ty_args), None
 
     def _round_fields(self, expr: relax.Expr) -> relax.Expr:
         if isinstance(expr, relax.Tuple):

@@ -90,9 +90,12 @@ def ensure_cuda_compiler() -> None:
 
 def cuda_target(arch: str = DEFAULT_ARCH) -> tvm.target.Target:
     """A CUDA target with an explicit arch (auto-detection needs a GPU) and an llvm host, to
-    compile for (with the compiler `ensure_cuda_compiler` picks)."""
+    compile for (with the compiler `ensure_cuda_compiler` picks). Its shared memory per block
+    is the 48 KiB every CUDA GPU gives without opting in, as tuning assumes
+    (`schedules.tuning.tuning_target`): dlight warns at every kernel of a target without it."""
     ensure_cuda_compiler()
-    return tvm.target.Target({"kind": "cuda", "arch": arch}, host="llvm")
+    return tvm.target.Target({"kind": "cuda", "arch": arch,
+                              "max_shared_memory_per_block": 48 * 1024}, host="llvm")
 
 
 def has_gpu() -> bool:
