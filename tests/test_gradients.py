@@ -350,13 +350,20 @@ def _torch_case(torch, kind):
                 self.up = torch.nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1)
             if kind == "group_norm":
                 self.norm = torch.nn.GroupNorm(2, 8)
+            if kind.startswith("instance_norm"):  # RAFT's feature encoder: not affine
+                self.norm = torch.nn.InstanceNorm2d(8, affine=kind.endswith("affine"))
 
         def forward(self, x):
             y = self.conv(x)
             if kind == "conv_transpose2d":
                 y = self.up(y)
-            elif kind == "group_norm":
+            elif kind == "group_norm" or kind.startswith("instance_norm"):
                 y = self.norm(y)
+            elif kind == "detach":  # the gradient through one factor only
+                y = y * torch.tanh(y).detach()
+            elif kind == "grid_sample":  # RAFT's lookup: the grid computed from the features
+                grid = torch.tanh(y[:, :2].permute(0, 2, 3, 1)) * 1.1
+                y = functional.grid_sample(y, grid, align_corners=True)
             elif kind == "pixel_shuffle":
                 y = functional.pixel_shuffle(y, 2)
             elif kind == "interpolate_nearest":
@@ -386,8 +393,9 @@ def _torch_case(torch, kind):
 
 @pytest.mark.parametrize(
     "kind",
-    ["conv_transpose2d", "group_norm", "pixel_shuffle", "interpolate_nearest",
-     "interpolate_bilinear", "avg_pool2d", "max_pool2d", "sdpa"],
+    ["conv_transpose2d", "group_norm", "instance_norm", "instance_norm_affine", "grid_sample",
+     "detach", "pixel_shuffle", "interpolate_nearest", "interpolate_bilinear", "avg_pool2d",
+     "max_pool2d", "sdpa"],
 )
 def test_pt2_training_step_matches_torch_autograd(tmp_path, kind):
     torch = pytest.importorskip("torch")
@@ -660,3 +668,41 @@ def test_topk_gradient_puts_dy_where_the_values_came_from(ret_type, largest, axi
 
     _, (gx,) = _adjoint_vm(build, [x.shape, r.shape], [0])(x, r)
     np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-10)
+
+
+@pytest.mark.parametrize("method", ["bilinear", "nearest"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border"])
+@pytest.mark.parametrize("align_corners", [True, False])
+def test_grid_sample_gradient_matches_torch(method, padding_mode, align_corners):
+    """RAFT's correlation lookup: points inside, on the edges and outside the image (the
+    grid reaches past [-1, 1]), against torch.autograd for the input and the grid."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 5, 6))
+    grid = rng.uniform(-1.3, 1.3, (2, 4, 7, 2))  # torch's (N, Ho, Wo, 2)
+    grid[0, 0, :3] = [[-1.0, -1.0], [1.0, 1.0], [1.0, -1.0]]  # edges exactly
+    tx = torch.tensor(x, requires_grad=True)
+    tg = torch.tensor(grid, requires_grad=True)
+    y = torch.nn.functional.grid_sample(tx, tg, method, padding_mode, align_corners)
+    r = rng.standard_normal(tuple(y.shape))
+    (y * torch.tensor(r)).sum().backward()
+
+    def build(bb, vx, vg, vr):
+        y = bb.emit(relax.op.image.grid_sample(vx, relax.op.permute_dims(vg, [0, 3, 1, 2]),
+                                               method, "NCHW", padding_mode, align_corners))
+        return relax.op.sum(relax.op.multiply(y, vr))
+
+    loss, (gx, gg) = _adjoint_vm(build, [x.shape, grid.shape, r.shape], wrt=[0, 1])(x, grid, r)
+    assert float(loss.numpy()) == pytest.approx((y * torch.tensor(r)).sum().item())
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(gg.numpy(), tg.grad.numpy(), rtol=1e-10, atol=1e-10)
+
+
+def test_a_grid_sample_gradient_it_cannot_take_is_refused_by_name():
+    def build(bb, vx, vg):
+        y = bb.emit(relax.op.image.grid_sample(vx, vg, "bilinear", "NCHW", "reflection"))
+        return relax.op.sum(y)
+
+    with pytest.raises(Exception, match="grid_sample gradient: bilinear sampling with padding "
+                                        "mode reflection"):
+        _adjoint_vm(build, [(1, 1, 3, 3), (1, 2, 2, 2)], wrt=[0])

@@ -26,7 +26,11 @@ import tvm  # noqa: E402
 from tvm import relax  # noqa: E402
 
 from tvm_ext.models.reference import tolerance  # noqa: E402
-from tvm_ext.models.torch_import import decomposed_ops, import_exported_program  # noqa: E402
+from tvm_ext.models.torch_import import (  # noqa: E402
+    decomposed_ops,
+    import_decompositions,
+    import_exported_program,
+)
 
 F = torch.nn.functional
 
@@ -196,6 +200,8 @@ CASES = {
                                _i(0, 10, 2, 5), _f(10, 3)),
     "eq_scalar": _case("eq.Scalar", lambda x: x.masked_fill(x > 1, float("-inf")) == -np.inf,
                        _f(3, 4)),
+    # Kept through the decompositions, for a training step's gradient to stop at it.
+    "detach": _case("detach.default", lambda x: x * torch.tanh(x).detach(), _f(3, 4)),
     "expand": _case("expand.default", lambda x: x.expand(2, -1, 4) + 0, _f(1, 3, 1)),
     "full": _case("full.default", lambda x: x + torch.full((3, 4), -2.5), _f(3, 4)),
     "full_like": _case("full_like.default", lambda x: torch.full_like(x, 7) - x, _f(3, 4)),
@@ -349,7 +355,7 @@ def _export(names: list[str]):
 def _ops_by_case(program) -> dict[str, set[str]]:
     """case name -> the aten ops of its nodes after the import's decompositions."""
     ops: dict[str, set[str]] = {n: set() for n in CASES}
-    for node in program.run_decompositions().graph.nodes:
+    for node in program.run_decompositions(import_decompositions()).graph.nodes:
         stack = [path for path, _ in node.meta.get("nn_module_stack", {}).values()]
         name = stack[-1].removeprefix("cases.") if stack else None
         if node.op == "call_function" and name in ops:

@@ -432,14 +432,15 @@ def _calls_of(func: relax.Function, op_name: str) -> list[relax.Call]:
 @relax.expr_functor.mutator
 class _ForTraining(relax.expr_functor.PyExprMutator):
     """Ops that `DecomposeOpsForTraining` leaves without a gradient or decomposes wrongly,
-    written out in primitives: a batch norm in inference mode (it would get batch statistics)
-    and a group norm (it has no gradient)."""
+    written out in primitives: a batch norm in inference mode (it would get batch statistics),
+    a group norm and an instance norm (they have no gradient)."""
 
     def __init__(self, mod: tvm.IRModule):
         super().__init__(mod)
         self.mod_ = mod
         self.batch_norm_ = tvm.ir.Op.get("relax.nn.batch_norm")
         self.group_norm_ = tvm.ir.Op.get("relax.nn.group_norm")
+        self.instance_norm_ = tvm.ir.Op.get("relax.nn.instance_norm")
 
     def transform(self) -> tvm.IRModule:
         for gv, func in self.mod_.functions_items():
@@ -453,6 +454,8 @@ class _ForTraining(relax.expr_functor.PyExprMutator):
             return self._inference_batch_norm(call)
         if call.op.same_as(self.group_norm_):
             return self._group_norm(call)
+        if call.op.same_as(self.instance_norm_):
+            return self._instance_norm(call)
         return call
 
     def _per_channel(self, v: relax.Expr, ndim: int, axis: int) -> relax.Expr:
@@ -497,6 +500,18 @@ class _ForTraining(relax.expr_functor.PyExprMutator):
         normed = emit(op.multiply(op.subtract(xg, mean), op.rsqrt(op.add(var, eps))))
         out = emit(op.reshape(normed, shape))
         return self._scale_shift(out, gamma, beta, attrs, ndim, axis)
+
+    def _instance_norm(self, call: relax.Call) -> relax.Expr:
+        """Each channel of each sample normalised over `axes` (RAFT's feature encoder)."""
+        op, attrs, emit = relax.op, call.attrs, self.builder_.emit
+        x, gamma, beta = call.args
+        ndim = len(x.ty.shape)
+        axes = [int(a) % ndim for a in attrs.axes]
+        mean = emit(op.mean(x, axes, keepdims=True))
+        var = emit(op.variance(x, axes, keepdims=True))
+        eps = relax.const(float(attrs.epsilon), str(x.ty.dtype))
+        out = emit(op.multiply(op.subtract(x, mean), op.rsqrt(op.add(var, eps))))
+        return self._scale_shift(out, gamma, beta, attrs, ndim, int(attrs.channel_axis) % ndim)
 
 
 def _is_running_stat(name: str) -> bool:

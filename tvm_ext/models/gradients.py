@@ -20,6 +20,7 @@ from tvm.relax.op._op_gradient import conv2d_grad as _tvm_conv2d_grad
 from tvm.relax.op.base import register_gradient
 
 from . import max_pool_backward
+from .grid_sample_grad import grid_sample_grad
 
 _op = relax.op
 
@@ -566,6 +567,7 @@ def register_all() -> None:
         ("relax.nn.relu", _relu_grad),
         ("relax.strided_slice", _strided_slice_grad),
         ("relax.image.resize2d", _resize2d_grad),
+        ("relax.image.grid_sample", grid_sample_grad),
         ("relax.arange", _no_input_grad),
         ("relax.grad.no_grad", _no_input_grad),
     ):

@@ -331,6 +331,7 @@ def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = (),
         _drop_dtype_checks(module)
     if float64:
         module = module.double()
+        _widen_made_tensors(module)
     tensors = [_widened(_to_torch(x), float64) for x in inputs]
     in_spec = program.call_spec.in_spec
     args, kwargs = (_pytree.tree_unflatten(tensors, in_spec) if in_spec is not None
@@ -361,6 +362,20 @@ def _drop_dtype_checks(module) -> None:
     for node in checks:
         module.graph.erase_node(node)
     if checks:
+        module.recompile()
+
+
+def _widen_made_tensors(module) -> None:
+    """The float32 tensors `module`'s graph makes itself (`torch.arange(h, dtype=torch.float)`:
+    RAFT's pixel grid) made in float64, as its weights and inputs are for a float64 run: ops
+    that take two tensors of one dtype (grid_sample) would refuse the mix."""
+    torch = _torch()
+    changed = False
+    for node in module.graph.nodes:
+        if node.op == "call_function" and node.kwargs.get("dtype") is torch.float32:
+            node.kwargs = {**node.kwargs, "dtype": torch.float64}
+            changed = True
+    if changed:
         module.recompile()
 
 

@@ -81,6 +81,9 @@ _ALPHA_OPS = ("add.Tensor", "add.Scalar", "sub.Tensor", "sub.Scalar", "rsub.Tens
 # torch's grid (N, H_out, W_out, 2), where the frontend passes it to a Relax op that takes it
 # as (N, 2, H_out, W_out).
 _GRID_SAMPLE_OPS = ("grid_sampler.default", "grid_sampler_2d.default")
+# A tensor cut from the gradient (RAFT detaches its flow estimate before each lookup); the
+# frontend reads them as the tensor itself.
+_DETACH_OPS = ("detach.default", "detach_.default")
 # Ops that take a list of index tensors, one per leading axis (None: every index), where
 # PyTorch counts a negative index from the end of its axis (the frontend reads out of bounds).
 _INDEXING_OPS = ("index.Tensor", "index_put.default", "index_put_.default")
@@ -106,6 +109,8 @@ def with_torch_semantics(importer, table: dict) -> dict:
     table["div.Tensor_mode"] = lambda node: _div_mode(importer, node)
     for name in _GRID_SAMPLE_OPS:
         table[name] = lambda node: _grid_sample(importer, node)
+    for name in _DETACH_OPS:
+        table[name] = lambda node: _detach(importer, node)
     for name in _DROPOUT_OPS:
         table[name] = _applying_dropout(importer, table.get(name))
     return table
@@ -215,6 +220,12 @@ def node_arg(node, index: int, name: str, default):
     if len(node.args) > index:
         return node.args[index]
     return node.kwargs.get(name, default)
+
+
+def _detach(importer, node):
+    """`x.detach()` as `relax.grad.no_grad(x)`: the same values, no gradient through it (a
+    training step's Gradient stops there; every build legalizes it to `x`)."""
+    return importer.block_builder.emit(relax.op.grad.no_grad(importer.env[node.args[0]]))
 
 
 def _select(importer, node):

@@ -36,7 +36,7 @@ def import_exported_program(program: ExportedProgram) -> tuple[tvm.IRModule, str
     _views_to_reshapes(program)
     # As TVM's own entry point does: sparse tensors do not go through the decompositions.
     if not _has_sparse_tensors(program):
-        program = program.run_decompositions()
+        program = program.run_decompositions(import_decompositions())
     _drop_empty_cat_inputs(program)
     importer = _importer_class()()
     mod = importer.from_exported_program(program, True, True, False, None)
@@ -67,6 +67,16 @@ def reorder_outputs(mod: tvm.IRModule, order: list[int]) -> tvm.IRModule:
     return relax.transform.CanonicalizeBindings()(relax.transform.Normalize()(mod))
 
 
+def import_decompositions():
+    """torch.export's default decompositions but `detach`'s, which would become an `alias`
+    and take the cut from the gradient with it (`torch_converters._detach` keeps it)."""
+    import torch
+
+    table = torch.export.default_decompositions()
+    table.pop(torch.ops.aten.detach.default, None)
+    return table
+
+
 def decomposed_ops(program: ExportedProgram) -> set[str]:
     """The aten ops the import converts for `program` ("add.Tensor", ...): those left after
     the decompositions it runs."""
@@ -74,7 +84,7 @@ def decomposed_ops(program: ExportedProgram) -> set[str]:
 
     _views_to_reshapes(program)
     if not _has_sparse_tensors(program):
-        program = program.run_decompositions()
+        program = program.run_decompositions(import_decompositions())
     return {str(node.target).removeprefix("aten.") for node in program.graph.nodes
             if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
             and node.target.namespace == "aten"}
