@@ -144,7 +144,8 @@ def test_a_float16_model_is_checked_at_float16_tolerance(tmp_path, capsys):
     assert "check   OK: 5 steps match torch.optim" in capsys.readouterr().out
 
 
-def test_steps_that_part_from_the_reference_pass_only_step_by_step(zoo_cache, capsys):
+def test_steps_that_part_from_the_reference_pass_only_step_by_step(zoo_cache, capsys,
+                                                                   monkeypatch):
     """Correct Adam steps can part from torch.optim's over several (a rounding-noise gradient
     becomes a step of lr either way): they pass if each step, from this build's own values,
     matches torch.optim's step from them; a wrong step fails, named."""
@@ -163,7 +164,12 @@ def test_steps_that_part_from_the_reference_pass_only_step_by_step(zoo_cache, ca
     step = make_optimizer_step(gradient_model, Optimizer("adamw", lr=1e-2))
     session = driver.TrainingSession(driver.build(step, target), step, driver.device_of(target))
     batch = step.random_inputs(args.seed)
+    with monkeypatch.context() as patch:  # a model too large to keep its values every step
+        patch.setattr("tvm_ext.cli.training.TRAIL_BYTES", 1)
+        assert run_steps(session, batch, args)[1] is None
+    session = driver.TrainingSession(driver.build(step, target), step, driver.device_of(target))
     results, trail = run_steps(session, batch, args)
+    assert len(trail) == 3
     # The steps of another batch stand in for a reference the steps have parted from.
     parted = reference_of(args, step, gradient_model, target, step.random_inputs(7), 3)
 

@@ -101,14 +101,23 @@ def reference_of(args, step, gradient_model, target, batch, steps: int):
     return ref, f"torch.optim with gradients by {what}"
 
 
+# The most host memory the copies of the parameters and state after every step may take (a
+# check of a model this large keeps no trail, and has no step-by-step judge).
+TRAIL_BYTES = 2 << 30
+
+
 def run_steps(session, batch, args) -> tuple[list, list | None]:
     """--steps steps of `session` on `batch`: the results, and with --check the parameters and
-    state after each (for `check_training` to check the steps one by one), else None."""
+    state after each (for `check_training` to check the steps one by one; None without
+    --check, or where they would take more than TRAIL_BYTES)."""
     results, trail = [], [] if args.check else None
     for _ in range(args.steps):
         results.append(session.step(batch))
         if trail is not None:
             trail.append((session.parameters(), session.state()))
+            size = sum(a.nbytes for a in (*trail[0][0], *trail[0][1]))
+            if size * args.steps > TRAIL_BYTES:
+                trail = None
     return results, trail
 
 

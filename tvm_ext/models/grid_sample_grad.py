@@ -52,9 +52,10 @@ def _in_range(i: relax.Expr, dtype: str, size: int) -> relax.Expr:
 def _corner(y: relax.Expr, x: relax.Expr, weight: relax.Expr, dtype: str, h: int, w: int):
     """(flat index (int64, clamped into the image), weight, zero outside it) of one pixel."""
     valid = _op.astype(_op.logical_and(_in_range(y, dtype, h), _in_range(x, dtype, w)), dtype)
-    index = _op.add(_op.multiply(_clamp(y, dtype, h), relax.const(w, dtype)),
-                    _clamp(x, dtype, w))
-    return _op.astype(index, "int64"), _op.multiply(weight, valid), valid
+    # In int64: a float row times the width is inexact past 2^24 pixels.
+    row, col = (_op.astype(_clamp(v, dtype, n), "int64") for v, n in ((y, h), (x, w)))
+    index = _op.add(_op.multiply(row, relax.const(w, "int64")), col)
+    return index, _op.multiply(weight, valid), valid
 
 
 def grid_sample_grad(orig_var, orig_call, output_grad, ctx):
