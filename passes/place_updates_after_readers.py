@@ -20,9 +20,8 @@ import heapq
 import tvm
 from tvm import relax
 
-from tvm_ext.ir.pass_records import argument_updates
-
-_VIEWS = ("relax.reshape", "relax.memory.view", "relax.memory.ensure_zero_offset")
+from tvm_ext.ir.pass_records import argument_writers
+from tvm_ext.ir.relax_exprs import viewed
 
 
 @tvm.transform.module_pass(opt_level=0, name="PlaceUpdatesAfterReaders")
@@ -53,28 +52,9 @@ class PlaceUpdatesAfterReaders:
 
 def _updating_bindings(func: relax.Function) -> dict:
     """Binding var that makes a new value of an argument -> the arguments it updates."""
-    updates = argument_updates(func)
-    if not updates:
-        return {}
     values = {b.var: b.value for block in func.body.blocks for b in block.bindings}
-    ret = func.body.body
-    if isinstance(ret, relax.Var) and isinstance(values.get(ret), relax.Tuple):
-        ret = values[ret]
-    if not isinstance(ret, relax.Tuple):
-        return {}
-    out: dict = {}
-    for position, arg in updates.items():
-        var = ret.fields[position]
-        if isinstance(values.get(var), relax.TupleGetItem):
-            var = values[var].tuple_value
-        if var in values:
-            out.setdefault(var, []).append(func.params[arg])
-    return out
-
-
-def _op_name(value) -> str:
-    return value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) \
-        else ""
+    return {var: [func.params[arg] for arg in writes.values()]
+            for var, writes in argument_writers(func, values).items()}
 
 
 def _reordered(block, updated: dict):
@@ -83,17 +63,11 @@ def _reordered(block, updated: dict):
     bindings = list(block.bindings)
     index = {b.var: i for i, b in enumerate(bindings)}
     values = {b.var: b.value for b in bindings}
-
-    def base(var):
-        while _op_name(values.get(var)) in _VIEWS:
-            var = values[var].args[0]
-        return var
-
     reads = [list(relax.analysis.free_vars(b.value)) for b in bindings]
     readers: dict = {}  # argument -> indices of the bindings that read it (or a view of it)
     for i, used in enumerate(reads):
         for v in used:
-            readers.setdefault(base(v), set()).add(i)
+            readers.setdefault(viewed(v, values), set()).add(i)
     after: list[set[int]] = [{index[v] for v in used if v in index} for used in reads]
     late = False
     for var, args in updated.items():

@@ -23,48 +23,21 @@ from tvm import relax
 
 from tvm_ext.errors import InternalError
 from tvm_ext.ir.inplace_kernels import InPlaceError, drop_unused, inplace_kernel
-from tvm_ext.ir.pass_records import SWAP_PLAN_ATTR, argument_updates, has_record
-
-_VIEWS = ("relax.reshape", "relax.memory.view", "relax.memory.ensure_zero_offset")
-
-
-def _op_name(value) -> str:
-    return value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) \
-        else ""
+from tvm_ext.ir.pass_records import SWAP_PLAN_ATTR, argument_writers, has_record
+from tvm_ext.ir.relax_exprs import op_name, viewed
 
 
 def _bindings(func: relax.Function) -> dict:
     return {b.var: b.value for block in func.body.blocks for b in block.bindings}
 
 
-def _returned(func: relax.Function, values: dict) -> list:
-    ret = func.body.body
-    if isinstance(ret, relax.Var) and isinstance(values.get(ret), relax.Tuple):
-        ret = values[ret]
-    if not isinstance(ret, relax.Tuple):
-        raise InternalError("an optimizer step returns a tuple (loss, new values...)")
-    return list(ret.fields)
-
-
 def in_place_writes(func: relax.Function) -> dict:
     """Call binding var -> {output index: the argument Var it overwrites}, for the `call_tir`s
     that make the new values of arguments."""
-    updates = argument_updates(func)
-    if not updates:
-        return {}
     values = _bindings(func)
-    fields = _returned(func, values)
-    writes: dict = {}
-    for position, arg in updates.items():
-        var = fields[position]
-        value = values.get(var)
-        index = 0
-        if isinstance(value, relax.TupleGetItem):
-            var, index = value.tuple_value, value.index
-            value = values.get(var)
-        if _op_name(value) == "relax.call_tir":
-            writes.setdefault(var, {})[index] = func.params[arg]
-    return writes
+    return {var: {index: func.params[arg] for index, arg in writes.items()}
+            for var, writes in argument_writers(func, values).items()
+            if op_name(values[var]) == "relax.call_tir"}
 
 
 @tvm.transform.module_pass(opt_level=0, name="UpdateArgumentsInPlace")
@@ -95,13 +68,6 @@ class UpdateArgumentsInPlace:
         return drop_unused(mod, [values[v].args[0] for v in writes])
 
 
-def _viewed(var, values: dict):
-    """The variable a chain of views starts from."""
-    while _op_name(values.get(var)) in _VIEWS:
-        var = values[var].args[0]
-    return var
-
-
 def _inplace_call(bb: relax.BlockBuilder, mod: tvm.IRModule, call: relax.Call, writes: dict,
                   values: dict):
     """`call_tir_inplace` of the kernel of `call` writing each output of `writes` over its
@@ -113,7 +79,7 @@ def _inplace_call(bb: relax.BlockBuilder, mod: tvm.IRModule, call: relax.Call, w
     args = list(packed.fields) if isinstance(packed, relax.Tuple) else [packed]
     positions, new_args = {}, list(args)
     for j, arg in writes.items():
-        if any(_viewed(a, values).same_as(arg) and not a.same_as(arg) for a in args):
+        if any(viewed(a, values).same_as(arg) and not a.same_as(arg) for a in args):
             raise InternalError(f"{gv.name_hint} reads {arg.name} through a view: it cannot "
                                 "overwrite it in place")
         found = [i for i, a in enumerate(args) if a.same_as(arg)]
@@ -144,7 +110,7 @@ def _check_order(func: relax.Function, writes: dict, values: dict) -> None:
     for block in func.body.blocks:
         for b in block.bindings:
             for v in relax.analysis.free_vars(b.value):
-                base = _viewed(v, values)
+                base = viewed(v, values)
                 if base in done and not b.var.same_as(done[base]):
                     raise InternalError(f"{b.var.name} reads {base.name} after "
                                         f"{done[base].name} overwrote it in place")

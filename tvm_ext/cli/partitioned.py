@@ -28,6 +28,7 @@ from .training import (
     LOW_PRECISION_BOUND,
     check_training,
     match_build,
+    parted_line,
     print_steps,
     reference_of,
     run_steps,
@@ -280,8 +281,7 @@ def _run_training(args, report: dict, build, step, gradient_model, target, k: in
     swapped = ", every worker within the budget, host memory constant" \
         if build.swap_plan is not None else ""
     if stepwise:
-        print(f"check   OK: {len(results)} steps, each matching torch.optim's step from its own "
-              f"values, though they part from the single-device build's (the note){swapped}")
+        print(parted_line(len(results), "single-device", swapped))
     else:
         print(f"check   OK: {len(results)} steps match the single-device build ({what})"
               f"{swapped}")

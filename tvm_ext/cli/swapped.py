@@ -25,6 +25,7 @@ from .report import failed_check, replacing
 from .training import (
     check_training,
     match_build,
+    parted_line,
     print_steps,
     reference_of,
     run_steps,
@@ -264,9 +265,8 @@ def run_swapped_training(args, report, step, gradient_model, planning, executabl
     if problems:
         return failed_check(report, "the unswapped TVM build", problems)
     if stepwise:
-        print(f"check   OK: {len(results)} steps, each matching torch.optim's step from its own "
-              "values, though they part from the unswapped build's (the note), every step "
-              "within the budget, host memory constant")
+        print(parted_line(len(results), "unswapped",
+                          ", every step within the budget, host memory constant"))
     else:
         print(f"check   OK: {len(results)} steps equal the unswapped build "
               f"{_how_equal(inexact, 'exactly')} (losses, parameters, state"

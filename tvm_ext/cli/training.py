@@ -115,8 +115,8 @@ def run_steps(session, batch, args) -> tuple[list, list | None]:
         results.append(session.step(batch))
         if trail is not None:
             trail.append((session.parameters(), session.state()))
-            size = sum(a.nbytes for a in (*trail[0][0], *trail[0][1]))
-            if size * args.steps > TRAIL_BYTES:
+            if len(trail) == 1 and args.steps * sum(
+                    a.nbytes for a in (*trail[0][0], *trail[0][1])) > TRAIL_BYTES:
                 trail = None
     return results, trail
 
@@ -228,6 +228,13 @@ def check_training(args, report, step, gradient_model, target, batch, results, p
           f"{check.max_loss_error:.2e}, parameters {check.max_param_error:.2e}, state "
           f"{check.max_state_error:.2e}; rtol {rtol:g}, atol {atol:g}{noise})")
     return 0
+
+
+def parted_line(steps: int, other: str, tail: str = "") -> str:
+    """The check line of steps that match torch.optim's one by one but part from the `other`
+    build's (`match_build` printed the note)."""
+    return (f"check   OK: {steps} steps, each matching torch.optim's step from its own values, "
+            f"though they part from the {other} build's (the note){tail}")
 
 
 # Why correct steps part over several: the reason `_step_by_step` is asked.

@@ -11,9 +11,8 @@ from tvm import relax, tirx
 from ..graph import DataflowGraph, GraphBuildError, Op, Tensor
 from .kernel_cost import KernelCost, analyze_kernel, buffer_bytes, has_symbolic_buffers
 from .pass_records import STATE_ATTR, argument_updates
+from .relax_exprs import VIEW_OPS  # ops whose result shares its input's bytes
 
-# Ops whose result shares its input's bytes.
-VIEW_OPS = ("relax.reshape", "relax.memory.view", "relax.memory.ensure_zero_offset")
 _CALL_TIR = ("relax.call_tir", "relax.call_tir_inplace")
 _PACKED = ("relax.call_dps_packed", "relax.call_packed", "relax.call_pure_packed",
            "relax.call_builtin_with_ctx")

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 
 import tvm
+from tvm import relax
 
-from ..errors import InputError
+from ..errors import InputError, InternalError
 
 PARTITION_ATTR = "tvm_ext.partition"  # JSON: layouts, plan summary, fallbacks
 SWAP_PLAN_ATTR = "tvm_ext.swap_plan"  # JSON: the swap plan's summary
@@ -34,6 +35,29 @@ def argument_updates(func) -> dict[int, int]:
     if not has_record(func, UPDATES_ATTR):
         return {}
     return {k + 1: int(a) for k, a in enumerate(func.attrs[UPDATES_ATTR])}
+
+
+def argument_writers(func, values: dict) -> dict[relax.Var, dict[int, int]]:
+    """Of a function that updates arguments in place (`argument_updates`; `values`: its
+    bindings, var -> value): the binding var that makes each new value -> {its output index
+    (the field of a tuple result, else 0): the argument index it overwrites}. A returned
+    argument itself has no binding and is left out."""
+    updates = argument_updates(func)
+    if not updates:
+        return {}
+    ret = func.body.body
+    if isinstance(ret, relax.Var) and isinstance(values.get(ret), relax.Tuple):
+        ret = values[ret]
+    if not isinstance(ret, relax.Tuple):
+        raise InternalError("an optimizer step returns a tuple (loss, new values...)")
+    writers: dict = {}
+    for position, arg in updates.items():
+        var, index = ret.fields[position], 0
+        if isinstance(values.get(var), relax.TupleGetItem):
+            var, index = values[var].tuple_value, values[var].index
+        if var in values:
+            writers.setdefault(var, {})[index] = arg
+    return writers
 
 
 def partition_record(mod: tvm.IRModule, function: str = "main") -> dict:

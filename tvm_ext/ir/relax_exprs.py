@@ -6,11 +6,28 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+# Ops whose result is a view of their first operand's bytes (a reshape, once
+# RewriteDataflowReshape has run).
+VIEW_OPS = ("relax.reshape", "relax.memory.view", "relax.memory.ensure_zero_offset")
+
+
+def op_name(expr) -> str:
+    """The name of the Relax operator `expr` calls ("" when it is no operator call)."""
+    return expr.op.name if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) \
+        else ""
+
+
+def viewed(var, values: dict):
+    """The variable a chain of views (`VIEW_OPS`, bound in `values`: var -> value) of `var`
+    starts from."""
+    while op_name(values.get(var)) in VIEW_OPS:
+        var = values[var].args[0]
+    return var
+
 
 def is_op(expr, name: str) -> bool:
     """Whether `expr` is a call of the Relax operator `name` ("relax.matmul")."""
-    return isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and \
-        expr.op.name == name
+    return op_name(expr) == name
 
 
 def static_shape(expr) -> tuple[int, ...] | None:
