@@ -110,3 +110,51 @@ def test_only_tensors_that_miss_the_tolerance_are_judged_and_one_must():
     # Shapes that differ are not compared.
     assert check.noise_verdict([np.array([1.0])], torch_out[:1], torch_out[:1], exact[:1],
                                tol[:1], "x") is None
+
+
+def test_neighbours_widen_the_yardstick_only_where_needed_and_as_far_as_they_reach():
+    exact = [np.array([1.0]), np.array([5.0])]
+    torch_out = [np.array([1.0]), np.array([5.001])]  # lucky at this point: 1e-3 off
+    tol = [(1e-4, 1e-5)] * 2
+    ours = [np.array([1.0]), np.array([5.05])]
+    runs = []
+
+    def neighbours():  # float32's error at points one rounding step away: 0.01, then 0.04
+        for err in (0.01, 0.04, 0.5):
+            runs.append(err)
+            yield [np.array([1.0]), np.array([7.0 + err])], [np.array([1.0]), np.array([7.0])]
+
+    assert check.noise_verdict(ours, torch_out, torch_out, exact, tol, "x") is None
+    noise = check.noise_verdict(ours, torch_out, torch_out, exact, tol, "x", neighbours)
+    # 0.05 <= 2 x 0.04: the second neighbour decides, the third is never run.
+    assert noise == {"reference": "x", "ours": pytest.approx(0.05),
+                     "torch": pytest.approx(0.04), "neighbours": 2}
+    assert runs == [0.01, 0.04]
+    assert "one rounding step from these (2 tried)" in check.near_line(noise)
+    # Further than any neighbour's float32: still refused, after trying them all.
+    runs.clear()
+    far = [np.array([1.0]), np.array([6.5])]
+    assert check.noise_verdict(far, torch_out, torch_out, exact, tol, "x", neighbours) is None
+    assert runs == [0.01, 0.04, 0.5]
+    # Within PyTorch's own error at this point: no neighbour is run.
+    runs.clear()
+    assert check.noise_verdict([np.array([1.0]), np.array([5.0015])], exact, torch_out,
+                               exact, tol, "x", neighbours)["torch"] == pytest.approx(1e-3)
+    assert runs == []
+
+
+def test_ulp_neighbours_move_each_float32_element_one_representable_step():
+    params = [np.array([1.0, 0.0, -3.5, 1e30], np.float32), np.arange(3, dtype=np.int64),
+              np.array([2.0], np.float64)]
+    near = list(check.ulp_neighbours(params, count=3))
+    assert len(near) == 3
+    directions = set()
+    for values in near:
+        moved = values[0]
+        assert moved.dtype == np.float32
+        up = np.nextafter(params[0], np.float32(np.inf))
+        down = np.nextafter(params[0], np.float32(-np.inf))
+        assert np.all((moved == up) | (moved == down))
+        directions |= {bool(b) for b in moved == up}
+        assert values[1] is params[1] and values[2] is params[2]
+    assert directions == {True, False}

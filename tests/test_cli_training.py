@@ -201,3 +201,55 @@ def test_steps_that_part_from_the_reference_pass_only_step_by_step(zoo_cache, ca
     with pytest.raises(CheckError, match="step 2 differs"):
         match_build(args, results, *trail[-1], expected, other, parted, 1e-5, 1e-5,
                     gradient_model, batch, target, wrong)
+
+
+def test_a_step_that_misses_is_judged_by_float64_from_its_own_values(pt2_net, monkeypatch):
+    """Step by step, a step that misses torch.optim's is judged by float64 from the values
+    before it, against torch.optim's float32 there and, where that is too narrow, at
+    parameters one rounding step away; over several steps that widening is never used (a
+    neighbour's trajectory can part without bound)."""
+    import numpy as np
+
+    from tvm_ext import driver
+    from tvm_ext.cli import build_parser, check
+    from tvm_ext.cli import training as cli_training
+    from tvm_ext.models import load_model
+    from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
+
+    args = build_parser().parse_args([str(pt2_net), "--training", "--optimizer", "adamw",
+                                      "--lr", "1e-2", "--steps", "3", "--check"])
+    target = driver.resolve_target("llvm")
+    gradient_model = load_model(str(pt2_net), training=True)
+    step = make_optimizer_step(gradient_model, Optimizer("adamw", lr=1e-2))
+    session = driver.TrainingSession(driver.build(step, target), step, driver.device_of(target))
+    batch = step.random_inputs(args.seed)
+    results, trail = cli_training.run_steps(session, batch, args)
+    wrong = [(list(p), s) for p, s in trail]
+    wrong[1][0][0] = wrong[1][0][0] + np.float32(1e-3)  # the second step's first parameter
+    starts = []
+
+    def spy(params, *rest):
+        starts.append([np.array(p) for p in params])
+        yield from check.ulp_neighbours(params, *rest)
+
+    monkeypatch.setattr(cli_training, "ulp_neighbours", spy)
+    monkeypatch.setattr(check, "NOISE_FACTOR", 0.0)  # nothing is that close: refused
+    verdict = cli_training._step_by_step(args, step, gradient_model, target, batch, results,
+                                         wrong, 1e-4, 1e-5)
+    assert isinstance(verdict, str) and verdict.startswith("step 2 differs")
+    # Judged once, at step 2, from the values step 1 left.
+    assert len(starts) == 1
+    assert all(np.array_equal(a, b) for a, b in zip(starts[0], trail[0][0], strict=True))
+    monkeypatch.setattr(check, "NOISE_FACTOR", 1e30)  # everything is: the step passes
+    verdict = cli_training._step_by_step(args, step, gradient_model, target, batch, results,
+                                         wrong, 1e-4, 1e-5)
+    assert isinstance(verdict, driver.training.TrainingCheck)
+    assert verdict.steps == 3 and verdict.step_by_step
+    # Over the three steps from the start: no neighbours.
+    starts.clear()
+    monkeypatch.setattr(check, "NOISE_FACTOR", 0.0)
+    parted = cli_training.reference_of(args, step, gradient_model, target,
+                                       step.random_inputs(7), 3)[0]
+    assert cli_training._within_float64_noise(args, step, gradient_model, batch, results,
+                                              *trail[-1], parted, 1e-4, 1e-5) is None
+    assert starts == []

@@ -139,22 +139,30 @@ def _within_pytorch_noise(args, model, arguments, outputs, expected, least=None,
     n = model.num_input
     inputs, params = arguments[:n], arguments[n:]
     names = [p.name for p in model.params]
-    higher = "float32" if model.config.get("autocast") else "float64"
+    autocast = bool(model.config.get("autocast"))
+    higher = "float32" if autocast else "float64"
+
+    def run(values, float64: bool) -> list:
+        if model.training:
+            return reference.torch_training_step(
+                path, inputs[:-1], inputs[-1], values, names, model.config["gradients"],
+                model.config.get("loss", "mse"), float64=float64)
+        return reference.torch_reference(path, inputs, values, names, float64=float64)
+
+    def neighbours():
+        for values in ulp_neighbours(params):
+            yield run(values, False), run(values, True)
+
     try:
-        if model.config.get("autocast"):
-            exact = reference.torch_reference(path, inputs, params, names)
-        elif model.training:
-            exact = reference.torch_training_step(
-                path, inputs[:-1], inputs[-1], params, names, model.config["gradients"],
-                model.config.get("loss", "mse"), float64=True)
-        else:
-            exact = reference.torch_reference(path, inputs, params, names, float64=True)
+        exact = reference.torch_reference(path, inputs, params, names) if autocast else \
+            run(params, True)
     except Exception:  # no run at the higher precision: no second opinion
         return None
     tolerances = [tolerance or _output_tolerance(args, np.asarray(t).dtype, least)
                   for t in expected]
+    # An autocast model's yardstick rounds to its low dtype: a float32 step is lost in it.
     return noise_verdict(outputs, expected if against is None else against, expected, exact,
-                         tolerances, f"PyTorch {higher}")
+                         tolerances, f"PyTorch {higher}", None if autocast else neighbours)
 
 
 def _within_onnx_autocast_noise(args, model, arguments, outputs, plain, tolerance
@@ -175,41 +183,89 @@ def _within_onnx_autocast_noise(args, model, arguments, outputs, plain, toleranc
     return None if noise is None else {**noise, "yardstick": "the plain TVM build"}
 
 
-def noise_verdict(ours, against, torch_outputs, exact, tolerances, reference_name: str
-                  ) -> dict | None:
+def noise_verdict(ours, against, torch_outputs, exact, tolerances, reference_name: str,
+                  neighbours=None) -> dict | None:
     """{"reference", "ours", "torch"} where every tensor of `ours` either meets its
     (rtol, atol) against `against` (PyTorch's outputs, or another build's) or is within
     `NOISE_FACTOR` of the largest absolute error of `torch_outputs` (PyTorch's own) from
     `exact` (a higher-precision run); None otherwise, and where no tensor needed it. The
-    worst errors are those of the tensors that needed it."""
+    worst errors are those of the tensors that needed it.
+
+    `neighbours` (a callable giving (PyTorch's outputs, exact) pairs at parameters one
+    rounding step from these, `ulp_neighbours`) widens that yardstick where one point's is
+    too narrow: where a result jumps between inputs float32 cannot tell apart (bilinear
+    sampling at a near-integer coordinate), PyTorch's own error is luck of the draw, and
+    the largest over neighbouring points is what float32 can promise; then "neighbours" is
+    how many were run (`near_line` says it)."""
     if not len(ours) == len(against) == len(torch_outputs) == len(exact) == len(tolerances):
         return None
-    needed, ours_worst, torch_worst = False, 0.0, 0.0
-    for mine, other, torch_out, best, (rtol, atol) in zip(ours, against, torch_outputs, exact,
-                                                          tolerances, strict=True):
-        mine, torch_out = np.asarray(mine, "float64"), np.asarray(torch_out, "float64")
-        best, other = np.asarray(best, "float64"), np.asarray(other, "float64")
-        if not mine.shape == other.shape == torch_out.shape == best.shape:
+    mine_err, torch_err = {}, {}
+    for i, (mine, other, torch_out, best, (rtol, atol)) in enumerate(zip(
+            ours, against, torch_outputs, exact, tolerances, strict=True)):
+        mine, other = np.asarray(mine, "float64"), np.asarray(other, "float64")
+        if not mine.shape == other.shape == np.shape(torch_out) == np.shape(best):
             return None
-        if np.allclose(mine, other, rtol=rtol, atol=atol):
-            continue
-        mine_err = float(np.max(np.abs(mine - best), initial=0.0))
-        torch_err = float(np.max(np.abs(torch_out - best), initial=0.0))
-        if not mine_err <= NOISE_FACTOR * torch_err:
-            return None
-        needed = True
-        ours_worst, torch_worst = max(ours_worst, mine_err), max(torch_worst, torch_err)
-    if not needed:
+        if not np.allclose(mine, other, rtol=rtol, atol=atol):
+            mine_err[i] = _largest_error(mine, best)
+            torch_err[i] = _largest_error(torch_out, best)
+    if not mine_err:
         return None
-    return {"reference": reference_name, "ours": ours_worst, "torch": torch_worst}
+
+    def within() -> bool:
+        return all(mine_err[i] <= NOISE_FACTOR * torch_err[i] for i in mine_err)
+
+    tried = 0
+    if not within() and neighbours is not None:
+        try:
+            for near_torch, near_exact in neighbours():
+                tried += 1
+                for i in mine_err:
+                    torch_err[i] = max(torch_err[i],
+                                       _largest_error(near_torch[i], near_exact[i]))
+                if within():
+                    break
+        except Exception:  # a neighbour PyTorch cannot run widens nothing
+            pass
+    if not within():
+        return None
+    verdict = {"reference": reference_name, "ours": max(mine_err.values()),
+               "torch": max(torch_err.values())}
+    if tried:
+        verdict["neighbours"] = tried
+    return verdict
+
+
+def _largest_error(values, exact) -> float:
+    return float(np.max(np.abs(np.asarray(values, "float64") - np.asarray(exact, "float64")),
+                        initial=0.0))
+
+
+# How many parameter sets one rounding step away `noise_verdict` may try.
+NEIGHBOURS = 4
+
+
+def ulp_neighbours(params, count: int = NEIGHBOURS, seed: int = 0):
+    """`count` copies of `params`, each float32 element moved one representable value up or
+    down at random (other dtypes as they are): points float32 cannot tell from `params`."""
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        yield [np.nextafter(p, np.where(rng.random(np.shape(p)) < 0.5, np.float32(-np.inf),
+                                        np.float32(np.inf)))
+               if np.asarray(p).dtype == np.float32 else p for p in params]
 
 
 def _noise_line(what: str, err, noise: dict) -> str:
     own = "autocast" if noise["reference"].endswith("float32") else "float32"
     yardstick = noise.get("yardstick", f"PyTorch's own {own}")
     return (f"check   {what} differs ({err}), but this build is as close to "
-            f"{noise['reference']} as {yardstick} is (max abs error "
+            f"{noise['reference']} as {yardstick} is{near_line(noise)} (max abs error "
             f"{noise['ours']:.2e} against {noise['torch']:.2e})")
+
+
+def near_line(noise: dict) -> str:
+    """Where the yardstick was widened to parameters one rounding step away, the words."""
+    tried = noise.get("neighbours")
+    return f" at parameters one rounding step from these ({tried} tried)" if tried else ""
 
 
 def _model_file(model, spec: str, suffix: str) -> str | None:

@@ -14,7 +14,7 @@ from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
 from tvm_ext.models.reference import OptimizerSteps, tolerance
 from tvm_ext.units import format_size
 
-from .check import noise_verdict, torch_file
+from .check import near_line, noise_verdict, torch_file, ulp_neighbours
 
 
 def optimizer_of(args) -> Optimizer:
@@ -247,7 +247,9 @@ def _step_by_step(args, step, gradient_model, target, batch, results, trail, rto
     """Each step of this build from its own parameters and state before it (the start, then
     `trail`) against one torch.optim step from the same values: the TrainingCheck of all of
     them, or why one differs. Errors do not compound here, so a wrong gradient or update shows
-    at the step it happens, while correct steps that part over several (`_PARTING`) pass."""
+    at the step it happens, while correct steps that part over several (`_PARTING`) pass; a
+    step that misses rtol / atol passes if it is as close to the float64 step from the same
+    values as torch.optim's float32 step is (`_within_float64_noise`)."""
     gradient, _ = _reference_gradient(args, step, gradient_model, target)
     optimizer = optimizer_of(args)
     params = step.random_params(args.seed)[:len(gradient_model.params)]
@@ -260,7 +262,20 @@ def _step_by_step(args, step, gradient_model, target, batch, results, trail, rto
             checks.append(training.compare_training([result.loss], after_params, after_state,
                                                     ref, optimizer, rtol, atol))
         except CheckError as err:
-            return f"step {k + 1} differs from torch.optim's step from the same values: {err}"
+            # One step can miss rtol by rounding alone (Inception v3's moments, at a loss
+            # of 1e15): float64 decides, as for the steps from the start.
+            noise = _within_float64_noise(args, step, gradient_model, batch, [result],
+                                          after_params, after_state, ref, rtol, atol,
+                                          start=(params, state), widen=True)
+            if noise is None:
+                return (f"step {k + 1} differs from torch.optim's step from the same values: "
+                        f"{err}")
+            print(_steps_noise_line(f"check   note: step {k + 1} from its own values", err,
+                                    noise))
+            checks.append(training.TrainingCheck(
+                1, _largest_difference([[result.loss]], [ref.losses]),
+                _largest_difference(after_params, ref.params),
+                _largest_difference(after_state, ref.state), 0, rtol, atol))
         params, state = after_params, after_state
     return training.TrainingCheck(
         len(checks), max(c.max_loss_error for c in checks),
@@ -270,8 +285,8 @@ def _step_by_step(args, step, gradient_model, target, batch, results, trail, rto
 
 def _steps_noise_line(head: str, err, noise: dict) -> str:
     return (f"{head} ({err}), but these steps are as close to {noise['reference']} as "
-            f"torch.optim's in float32 are (max abs error {noise['ours']:.2e} against "
-            f"{noise['torch']:.2e})")
+            f"torch.optim's in float32 are{near_line(noise)} (max abs error "
+            f"{noise['ours']:.2e} against {noise['torch']:.2e})")
 
 
 def _largest_difference(ours, theirs) -> float:
@@ -282,22 +297,39 @@ def _largest_difference(ours, theirs) -> float:
 
 
 def _within_float64_noise(args, step, gradient_model, batch, results, params, state, ref,
-                          rtol: float, atol: float, against=None) -> dict | None:
+                          rtol: float, atol: float, against=None, start=None,
+                          widen: bool = False) -> dict | None:
     """For float32 steps of a .pt2 model that miss rtol / atol against torch.optim's (`ref`),
     or against another build's steps (`against`, an OptimizerSteps): {"reference", "ours",
     "torch"} (largest absolute errors from the same steps taken in float64, gradients by
     torch.autograd in float64) where every loss curve, parameter and state tensor that misses
     is about as close to them as torch.optim's float32 steps are (`check.noise_verdict`);
-    None otherwise."""
+    None otherwise. The steps start from the step's parameters and zero state, or from
+    `start` (parameters, state). `widen`: that yardstick may be torch.optim's at parameters
+    one rounding step away (`check.noise_verdict`'s neighbours); for one step only, as over
+    several a neighbour's steps can part from float64's without bound (VGG's loss jumps from
+    1.5 to 897 in a step) and would excuse anything."""
     path = torch_file(step, args.model)
     if path is None:
         return None
-    start = [np.asarray(p, np.float64) if np.asarray(p).dtype == np.float32 else p
-             for p in step.random_params(args.seed)[:len(gradient_model.params)]]
+    start_params, start_state = start or (
+        step.random_params(args.seed)[:len(gradient_model.params)], None)
+    batches = [batch] * len(results)
+
+    def steps_from(values, float64: bool):
+        return training.reference_steps(
+            step, training.torch_gradient(path, gradient_model, float64=float64), batches,
+            _widened(values) if float64 else values,
+            None if start_state is None else
+            _widened(start_state) if float64 else start_state)
+
+    def neighbours():
+        for values in ulp_neighbours(start_params):
+            yield (steps_tensors(steps_from(values, False)),
+                   steps_tensors(steps_from(values, True)))
+
     try:
-        exact = training.reference_steps(
-            step, training.torch_gradient(path, gradient_model, float64=True),
-            [batch] * len(results), start)
+        exact = steps_from(start_params, True)
     except Exception:  # no float64 run: no second opinion
         return None
     optimizer = optimizer_of(args)
@@ -311,12 +343,21 @@ def _within_float64_noise(args, step, gradient_model, batch, results, params, st
             p = np.where(near, r, p)
         mine_params.append(p)
 
-    def tensors(steps):
-        return [np.asarray(steps.losses), *steps.params, *steps.state]
-
     ours = [np.asarray([r.loss for r in results]), *mine_params, *state]
-    return noise_verdict(ours, tensors(compared), tensors(ref), tensors(exact),
-                         [(rtol, atol)] * len(ours), "torch.optim in float64")
+    return noise_verdict(ours, steps_tensors(compared), steps_tensors(ref),
+                         steps_tensors(exact), [(rtol, atol)] * len(ours), "torch.optim in float64",
+                         neighbours if widen else None)
+
+
+def steps_tensors(steps) -> list:
+    """The losses, parameters and state of OptimizerSteps, as `noise_verdict` compares them."""
+    return [np.asarray(steps.losses), *steps.params, *steps.state]
+
+
+def _widened(arrays) -> list:
+    """Float32 arrays as float64 (the rest as they are), for the float64 reference steps."""
+    return [np.asarray(a, np.float64) if np.asarray(a).dtype == np.float32 else a
+            for a in arrays]
 
 
 def _check_loss_curve(args, report, results, ref, what) -> int:
