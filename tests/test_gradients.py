@@ -364,6 +364,11 @@ def _torch_case(torch, kind):
             elif kind == "grid_sample":  # RAFT's lookup: the grid computed from the features
                 grid = torch.tanh(y[:, :2].permute(0, 2, 3, 1)) * 1.1
                 y = functional.grid_sample(y, grid, align_corners=True)
+            elif kind == "unfold":  # ConvBERT's span convolution: overlapping windows
+                y = functional.unfold(y, (3, 1), padding=(1, 0)).unsqueeze(-1)
+            elif kind == "index_joint":  # two index tensors beside a slice, repeats
+                rows = torch.tensor([[0, 2, 2], [5, 0, 3]])
+                y = y[:, :, rows, torch.tensor([1, 1, 4])]
             elif kind == "pixel_shuffle":
                 y = functional.pixel_shuffle(y, 2)
             elif kind == "interpolate_nearest":
@@ -394,8 +399,8 @@ def _torch_case(torch, kind):
 @pytest.mark.parametrize(
     "kind",
     ["conv_transpose2d", "group_norm", "instance_norm", "instance_norm_affine", "grid_sample",
-     "detach", "pixel_shuffle", "interpolate_nearest", "interpolate_bilinear", "avg_pool2d",
-     "max_pool2d", "sdpa"],
+     "detach", "unfold", "index_joint", "pixel_shuffle", "interpolate_nearest",
+     "interpolate_bilinear", "avg_pool2d", "max_pool2d", "sdpa"],
 )
 def test_pt2_training_step_matches_torch_autograd(tmp_path, kind):
     torch = pytest.importorskip("torch")

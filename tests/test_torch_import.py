@@ -233,6 +233,19 @@ CASES = {
                                     _i(-6, 6, 4)),
     "index_two_tensors": _case("index.Tensor", lambda x, i, j: x[i, j],
                                _f(4, 6), _i(0, 4, 3, 1), _i(-6, 6, 1, 5)),
+    # TVM types an integer range counting down as longer than it is (Funnel's positions).
+    "arange_down": _case("arange.start_step",
+                         lambda x: x + torch.arange(16, -16, -1)[:, None], _f(32, 3)),
+    "arange_down_by_three": _case("arange.start_step",
+                                  lambda x: x + torch.arange(5, -6, -3), _f(2, 4)),
+    # Slices beside index tensors (ConvBERT's unfold): the tensors pick jointly, their axes
+    # in place when adjacent, in front when apart.
+    "index_slices_beside_tensors": _case("index.Tensor", lambda x, i, j: x[:, :, i, j],
+                                         _f(2, 3, 6, 5), _i(-6, 6, 4), _i(0, 5, 4)),
+    "index_slice_between_tensors": _case("index.Tensor", lambda x, i, j: x[:, i, j, :],
+                                         _f(2, 6, 5, 3), _i(0, 6, 2, 3, 1), _i(-5, 5, 1, 1)),
+    "index_tensors_apart": _case("index.Tensor", lambda x, i, j: x[:, i, :, j],
+                                 _f(2, 6, 3, 5), _i(0, 6, 4), _i(0, 5, 4)),
     "index_bool_mask": _case("index.Tensor",
                              lambda m: m[torch.arange(4)[:, None], torch.arange(6)[None, :]],
                              _b(4, 6)),

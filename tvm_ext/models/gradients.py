@@ -100,6 +100,32 @@ def _take_grad(orig_var, orig_call, output_grad, ctx):
     return [_op.grad.take_backward(grad, x, flat, axis), _op.grad.no_grad(indices)]
 
 
+def _index_tensor_grad(orig_var, orig_call, output_grad, ctx):
+    """`index_tensor(x, [i_0 .. i_k-1])` picks x's first k axes jointly: a `take` from x with
+    those axes merged, at the flat index sum(i_j * stride_j). Its gradient is that take's, so
+    repeated indices add up as in torch.autograd (ConvBERT's `unfold` reads each position
+    several times) and the GPU gets `take_backward`'s parallel scatter-add."""
+    x, indices = orig_call.args
+    fields = list(indices.fields) if isinstance(indices, relax.Tuple) else [
+        relax.TupleGetItem(indices, j) for j in range(len(indices.ty.fields))]
+    shape = list(x.ty.shape.values)
+    picked, rest = shape[:len(fields)], shape[len(fields):]
+    flat, stride = None, 1
+    for index, extent in zip(reversed(fields), reversed(picked), strict=True):
+        term = _op.multiply(_op.astype(index, "int64"), relax.const(stride, "int64"))
+        flat = term if flat is None else _op.add(term, flat)
+        stride = stride * int(extent)
+    out_shape = list(orig_var.ty.shape.values)
+    joint = out_shape[:len(out_shape) - len(rest)]
+    count = 1
+    for d in joint:
+        count = count * d
+    flat = _op.reshape(_op.broadcast_to(flat, joint), [count])
+    merged = _op.reshape(x, [stride, *rest])
+    grad = _op.grad.take_backward(_op.reshape(output_grad, [count, *rest]), merged, flat, 0)
+    return [_op.reshape(grad, shape), _op.grad.no_grad(indices)]
+
+
 def _avg_pool2d_grad(orig_var, orig_call, output_grad, ctx):
     """TVM's gradient of `avg_pool2d`, right where a window runs past the padded input (ceil
     mode): the forward averages such a window over the part inside the padded extent, as
@@ -563,6 +589,7 @@ def register_all() -> None:
         ("relax.gather_elements", _gather_elements_grad),
         ("relax.topk", _topk_grad),
         ("relax.take", _take_grad),
+        ("relax.index_tensor", _index_tensor_grad),
         ("relax.nn.avg_pool2d", _avg_pool2d_grad),
         ("relax.nn.relu", _relu_grad),
         ("relax.strided_slice", _strided_slice_grad),

@@ -12,6 +12,9 @@ something else, as wrappers of the frontend's own converters (`with_torch_semant
 - `div` with a rounding mode computes in torch's result dtype (the frontend makes a scalar
   divisor an int32 constant whatever the dividend's dtype).
 - `alpha` of add and sub scales the second operand (the frontend ignores it).
+- `aten.index` with slices beside two or more index tensors picks with them jointly (the
+  frontend took an outer product, or broadcast the slices' ranges with them).
+- An integer `arange` counting down gets its true length (TVM types it two too long).
 - A negative index of `aten.index` / `index_put` / `select` counts from the end of its axis
   (the frontend reads out of bounds: a Falcon attention picking its key head by `[-2]`, and
   `h[:, -1]`, the last token's state, got garbage).
@@ -101,6 +104,10 @@ def with_torch_semantics(importer, table: dict) -> dict:
     for name in _ALPHA_OPS:
         if name in table:
             table[name] = _scaled_by_alpha(importer, table[name])
+    if "arange.start_step" in table:
+        table["arange.start_step"] = _counting_down(importer, table["arange.start_step"])
+    if "index.Tensor" in table:
+        table["index.Tensor"] = _picking_jointly(importer, table["index.Tensor"])
     for name in _INDEXING_OPS:
         if name in table:
             table[name] = _wrapping_negative_indices(importer, table[name])
@@ -213,6 +220,64 @@ def _wrapping_negative_indices(importer, convert: Callable) -> Callable:
         return _with_env(importer, wrapped_indices, convert, node)
 
     return wrapped
+
+
+def _counting_down(importer, convert: Callable) -> Callable:
+    """`arange(start, end, step)` of integers with a negative step as `start + step * arange(n)`:
+    TVM types `relax.op.arange` as ceil((end - start + step - 1) / step) long, right only for
+    a positive step (Funnel's `arange(16, -16, -1)`: typed 34 long, computed 32). Other
+    ranges go to `convert`."""
+
+    def converted(node):
+        start, end, step = (node_arg(node, i, name, default) for i, (name, default) in
+                            enumerate((("start", 0), ("end", None), ("step", 1))))
+        dtype = str(node.kwargs.get("dtype") or "torch.int64").removeprefix("torch.")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end, step)) \
+                or step >= 0 or dtype == "bool" or not _is_integer(dtype):
+            return convert(node)
+        count = len(range(start, end, step))
+        steps = relax.op.arange(relax.prim_value(0), relax.prim_value(count),
+                                relax.prim_value(1), dtype)
+        return importer.block_builder.emit(relax.op.add(
+            relax.op.multiply(steps, relax.const(step, dtype)), relax.const(start, dtype)))
+
+    return converted
+
+
+def _picking_jointly(importer, convert: Callable) -> Callable:
+    """`aten.index` with slices (None) beside two or more index tensors, as PyTorch reads
+    it: the index tensors broadcast together and pick jointly, and their result axes stand
+    where the first of them is if they are adjacent, in front otherwise (NumPy's rule). The
+    frontend takes them one after another (an outer product) or broadcasts the slices'
+    `arange`s with them (ConvBERT's `unfold`, `x[:, :, rows, cols]`, did not import). Other
+    index lists go to `convert`."""
+
+    def converted(node):
+        indices = list(node.args[1])
+        picked = [axis for axis, index in enumerate(indices) if index is not None]
+        if len(picked) < 2 or len(picked) == len(indices):
+            return convert(node)
+        data = importer.env[node.args[0]]
+        tensors = [importer.env[indices[axis]] for axis in picked]
+        if any(str(t.ty.dtype) == "bool" or not _is_integer(str(t.ty.dtype))
+               for t in tensors):  # a mask selects its nonzero positions: the frontend's
+            return convert(node)
+        bb = importer.block_builder
+        rest = [axis for axis in range(len(data.ty.shape)) if axis not in picked]
+        if picked + rest != list(range(len(data.ty.shape))):
+            data = bb.emit(relax.op.permute_dims(data, picked + rest))
+        # Axes: the broadcast index shape, then the rest in order.
+        result = bb.emit(relax.op.index_tensor(data, tensors))
+        adjacent = picked == list(range(picked[0], picked[-1] + 1))
+        before = sum(axis < picked[0] for axis in rest)
+        if not adjacent or not before:
+            return result
+        joint = len(result.ty.shape) - len(rest)
+        order = [*range(joint, joint + before), *range(joint),
+                 *range(joint + before, joint + len(rest))]
+        return bb.emit(relax.op.permute_dims(result, order))
+
+    return converted
 
 
 def node_arg(node, index: int, name: str, default):
