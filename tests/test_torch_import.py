@@ -96,6 +96,18 @@ def _case(op, fn, *makers):
     return Case(op, fn, _args(*makers))
 
 
+def _put_between(x, v):
+    y = x.clone()
+    y[torch.tensor([0, 2, -1]), :, torch.tensor([1, 1, 4])] = v
+    return y
+
+
+def _put_before(x, v):
+    y = x.clone()
+    y[:, torch.tensor([[0], [2]]), torch.tensor([1, 4, 5])] = v * 2
+    return y
+
+
 def _bn(x, mean, var, w, b):
     return F.batch_norm(x, mean, var.abs() + 0.5, w, b, training=False, eps=1e-5)
 
@@ -246,6 +258,10 @@ CASES = {
                                          _f(2, 6, 5, 3), _i(0, 6, 2, 3, 1), _i(-5, 5, 1, 1)),
     "index_tensors_apart": _case("index.Tensor", lambda x, i, j: x[:, i, :, j],
                                  _f(2, 6, 3, 5), _i(0, 6, 4), _i(0, 5, 4)),
+    # Writes through slices beside index tensors: the values in x[indices]'s axis order.
+    "index_put_slice_between": _case("index_put.default", _put_between,
+                                     _f(4, 5, 6), _f(3, 5)),
+    "index_put_slice_before": _case("index_put.default", _put_before, _f(2, 5, 6), _f(3)),
     "index_bool_mask": _case("index.Tensor",
                              lambda m: m[torch.arange(4)[:, None], torch.arange(6)[None, :]],
                              _b(4, 6)),

@@ -13,7 +13,9 @@ something else, as wrappers of the frontend's own converters (`with_torch_semant
   divisor an int32 constant whatever the dividend's dtype).
 - `alpha` of add and sub scales the second operand (the frontend ignores it).
 - `aten.index` with slices beside two or more index tensors picks with them jointly (the
-  frontend took an outer product, or broadcast the slices' ranges with them).
+  frontend took an outer product, or broadcast the slices' ranges with them), and
+  `index_put` through slices beside index tensors writes the values in `x[indices]`'s axis
+  order (the frontend wrote them transposed where a slice stands between two).
 - An integer `arange` counting down gets its true length (TVM types it two too long).
 - A negative index of `aten.index` / `index_put` / `select` counts from the end of its axis
   (the frontend reads out of bounds: a Falcon attention picking its key head by `[-2]`, and
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -108,6 +111,9 @@ def with_torch_semantics(importer, table: dict) -> dict:
         table["arange.start_step"] = _counting_down(importer, table["arange.start_step"])
     if "index.Tensor" in table:
         table["index.Tensor"] = _picking_jointly(importer, table["index.Tensor"])
+    for name in ("index_put.default", "index_put_.default"):
+        if name in table:
+            table[name] = _putting_jointly(importer, table[name])
     for name in _INDEXING_OPS:
         if name in table:
             table[name] = _wrapping_negative_indices(importer, table[name])
@@ -253,29 +259,91 @@ def _picking_jointly(importer, convert: Callable) -> Callable:
     index lists go to `convert`."""
 
     def converted(node):
-        indices = list(node.args[1])
-        picked = [axis for axis, index in enumerate(indices) if index is not None]
-        if len(picked) < 2 or len(picked) == len(indices):
-            return convert(node)
         data = importer.env[node.args[0]]
-        tensors = [importer.env[indices[axis]] for axis in picked]
-        if any(str(t.ty.dtype) == "bool" or not _is_integer(str(t.ty.dtype))
-               for t in tensors):  # a mask selects its nonzero positions: the frontend's
+        indices = [None if i is None else importer.env[i] for i in node.args[1]]
+        layout = _joint_layout(indices, data)
+        if layout is None or len(layout[0]) < 2:  # one index tensor: the frontend's `take`
             return convert(node)
+        picked, rest, order = layout
         bb = importer.block_builder
-        rest = [axis for axis in range(len(data.ty.shape)) if axis not in picked]
-        if picked + rest != list(range(len(data.ty.shape))):
-            data = bb.emit(relax.op.permute_dims(data, picked + rest))
-        # Axes: the broadcast index shape, then the rest in order.
-        result = bb.emit(relax.op.index_tensor(data, tensors))
-        adjacent = picked == list(range(picked[0], picked[-1] + 1))
-        before = sum(axis < picked[0] for axis in rest)
-        if not adjacent or not before:
-            return result
-        joint = len(result.ty.shape) - len(rest)
-        order = [*range(joint, joint + before), *range(joint),
-                 *range(joint + before, joint + len(rest))]
-        return bb.emit(relax.op.permute_dims(result, order))
+        moved = _permuted(bb, data, picked + rest)
+        result = bb.emit(relax.op.index_tensor(moved, [indices[a] for a in picked]))
+        return _permuted(bb, result, order)
+
+    return converted
+
+
+def _joint_layout(indices, data) -> tuple[list[int], list[int], list[int]] | None:
+    """For an index list with slices (None) and index tensors (relax vars, integer): (the
+    indexed axes, the other axes, the order that puts the axes of `index_tensor` over the
+    indexed axes moved to the front, [*joint, *others], into PyTorch's: the joint axes where
+    the first indexed axis is if the indexed axes are adjacent, in front otherwise); None
+    where there is no slice or a mask is among the indices."""
+    picked = [axis for axis, index in enumerate(indices) if index is not None]
+    if not picked or len(picked) == len(indices):
+        return None
+    if any(str(indices[a].ty.dtype) == "bool" or not _is_integer(str(indices[a].ty.dtype))
+           for a in picked):  # a mask selects its nonzero positions
+        return None
+    rest = [axis for axis in range(len(data.ty.shape)) if axis not in picked]
+    joint = max(len(indices[a].ty.shape) for a in picked)
+    before = sum(axis < picked[0] for axis in rest)
+    if picked != list(range(picked[0], picked[-1] + 1)) or not before:
+        return picked, rest, list(range(joint + len(rest)))
+    return picked, rest, [*range(joint, joint + before), *range(joint),
+                          *range(joint + before, joint + len(rest))]
+
+
+def _permuted(bb, x, order: list[int]):
+    return x if order == sorted(order) else bb.emit(relax.op.permute_dims(x, order))
+
+
+def _putting_jointly(importer, convert: Callable) -> Callable:
+    """`index_put` with slices (None) beside index tensors, as PyTorch reads it (the values
+    broadcast to what `x[indices]` would be, in its axis order; see `_picking_jointly`): the
+    frontend broadcasts the slices' `arange`s with the indices, which writes the values
+    transposed where a slice stands between two index tensors (`y[i, :, j] = v`), and the
+    functional `index_put` with a slice did not import. Other index lists go to `convert`."""
+
+    def converted(node):
+        data = importer.env[node.args[0]]
+        indices = [None if i is None else importer.env[i] for i in node_arg(node, 1, "indices",
+                                                                              [])]
+        layout = _joint_layout(indices, data)
+        values = importer.env.get(node_arg(node, 2, "values", None))
+        if layout is None or values is None or not all(
+                isinstance(d, (int, tvm.tirx.IntImm)) for d in data.ty.shape):
+            return convert(node)
+        picked, rest, order = layout
+        bb = importer.block_builder
+        joint = [int(d) for d in np.broadcast_shapes(
+            *(tuple(int(d) for d in indices[a].ty.shape) for a in picked))]
+        front = [*joint, *(int(data.ty.shape[a]) for a in rest)]  # index_tensor's axes
+        torch_shape = [front[k] for k in order]
+        values = bb.emit(relax.op.broadcast_to(
+            relax.op.astype(values, str(data.ty.dtype)), torch_shape))
+        values = _permuted(bb, values, [order.index(k) for k in range(len(order))])
+        moved = _permuted(bb, data, picked + rest)
+        # relax's index_put takes an index per axis: the others' ranges, all broadcasting
+        # to [*joint, *others].
+        ones = [1] * len(rest)
+        every = [bb.emit(relax.op.reshape(indices[a], [*indices[a].ty.shape, *ones]))
+                 for a in picked]
+        for k, axis in enumerate(rest):
+            extent = int(data.ty.shape[axis])
+            every.append(bb.emit(relax.op.reshape(
+                relax.op.arange(relax.prim_value(0), relax.prim_value(extent),
+                                relax.prim_value(1), str(indices[picked[0]].ty.dtype)),
+                [extent, *ones[k + 1:]])))
+        put = bb.emit(relax.op.index_put(moved, relax.Tuple(every), values,
+                                         bool(node_arg(node, 3, "accumulate", False))))
+        inverse = [(picked + rest).index(k) for k in range(len(picked + rest))]
+        output = _permuted(bb, put, inverse)
+        if str(node.target).startswith("aten.index_put_"):  # in place: its aliases see it
+            for env_node, expr in list(importer.env.items()):
+                if expr is data:
+                    importer.env[env_node] = output
+        return output
 
     return converted
 
