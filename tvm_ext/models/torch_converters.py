@@ -311,8 +311,9 @@ def _putting_jointly(importer, convert: Callable) -> Callable:
                                                                               [])]
         layout = _joint_layout(indices, data)
         values = importer.env.get(node_arg(node, 2, "values", None))
+        shapes = [data.ty.shape, *(i.ty.shape for i in indices if i is not None)]
         if layout is None or values is None or not all(
-                isinstance(d, (int, tvm.tirx.IntImm)) for d in data.ty.shape):
+                isinstance(d, (int, tvm.tirx.IntImm)) for shape in shapes for d in shape):
             return convert(node)
         picked, rest, order = layout
         bb = importer.block_builder
