@@ -206,8 +206,8 @@ def noise_verdict(ours, against, torch_outputs, exact, tolerances, reference_nam
         if not mine.shape == other.shape == np.shape(torch_out) == np.shape(best):
             return None
         if not np.allclose(mine, other, rtol=rtol, atol=atol):
-            mine_err[i] = _largest_error(mine, best)
-            torch_err[i] = _largest_error(torch_out, best)
+            mine_err[i] = largest_error(mine, best)
+            torch_err[i] = largest_error(torch_out, best)
     if not mine_err:
         return None
 
@@ -221,7 +221,7 @@ def noise_verdict(ours, against, torch_outputs, exact, tolerances, reference_nam
                 tried += 1
                 for i in mine_err:
                     torch_err[i] = max(torch_err[i],
-                                       _largest_error(near_torch[i], near_exact[i]))
+                                       largest_error(near_torch[i], near_exact[i]))
                 if within():
                     break
         except Exception:  # a neighbour PyTorch cannot run widens nothing
@@ -235,7 +235,8 @@ def noise_verdict(ours, against, torch_outputs, exact, tolerances, reference_nam
     return verdict
 
 
-def _largest_error(values, exact) -> float:
+def largest_error(values, exact) -> float:
+    """The largest absolute difference of two arrays, in float64."""
     return float(np.max(np.abs(np.asarray(values, "float64") - np.asarray(exact, "float64")),
                         initial=0.0))
 

@@ -14,7 +14,7 @@ from tvm_ext.models.optimizer import Optimizer, make_optimizer_step
 from tvm_ext.models.reference import OptimizerSteps, tolerance
 from tvm_ext.units import format_size
 
-from .check import near_line, noise_verdict, torch_file, ulp_neighbours
+from .check import largest_error, near_line, noise_verdict, torch_file, ulp_neighbours
 
 
 def optimizer_of(args) -> Optimizer:
@@ -156,10 +156,7 @@ def match_build(args, results, params, state, expected, build, reference, rtol, 
                                       params, state, reference[0], rtol, atol, alone)
         if noise is not None:
             print(_steps_noise_line("check   note:", err, noise))
-            return training.TrainingCheck(
-                len(results), _largest_difference([[r.loss for r in results]], [alone.losses]),
-                _largest_difference(params, alone.params),
-                _largest_difference(state, alone.state), 0, rtol, atol)
+            return _distances([r.loss for r in results], params, state, alone, rtol, atol)
         if trail is None:
             raise
         own_rtol, own_atol = _tolerance_of(build.model)
@@ -272,10 +269,8 @@ def _step_by_step(args, step, gradient_model, target, batch, results, trail, rto
                         f"{err}")
             print(_steps_noise_line(f"check   note: step {k + 1} from its own values", err,
                                     noise))
-            checks.append(training.TrainingCheck(
-                1, _largest_difference([[result.loss]], [ref.losses]),
-                _largest_difference(after_params, ref.params),
-                _largest_difference(after_state, ref.state), 0, rtol, atol))
+            checks.append(_distances([result.loss], after_params, after_state, ref, rtol,
+                                     atol))
         params, state = after_params, after_state
     return training.TrainingCheck(
         len(checks), max(c.max_loss_error for c in checks),
@@ -289,11 +284,17 @@ def _steps_noise_line(head: str, err, noise: dict) -> str:
             f"{noise['ours']:.2e} against {noise['torch']:.2e})")
 
 
-def _largest_difference(ours, theirs) -> float:
-    """The largest absolute difference between matching arrays of two lists."""
-    return max((float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)),
-                             initial=0.0)) for a, b in zip(ours, theirs, strict=True)),
-               default=0.0)
+def _distances(losses, params, state, steps: OptimizerSteps, rtol: float,
+               atol: float) -> training.TrainingCheck:
+    """The TrainingCheck of steps that passed by float64 rather than rtol / atol: their
+    largest absolute differences from `steps`."""
+    def largest(ours, theirs) -> float:
+        return max((largest_error(a, b) for a, b in zip(ours, theirs, strict=True)),
+                   default=0.0)
+
+    return training.TrainingCheck(len(losses), largest([losses], [steps.losses]),
+                                  largest(params, steps.params), largest(state, steps.state),
+                                  0, rtol, atol)
 
 
 def _within_float64_noise(args, step, gradient_model, batch, results, params, state, ref,

@@ -239,7 +239,7 @@ def _counting_down(importer, convert: Callable) -> Callable:
                             enumerate((("start", 0), ("end", None), ("step", 1))))
         dtype = str(node.kwargs.get("dtype") or "torch.int64").removeprefix("torch.")
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end, step)) \
-                or step >= 0 or dtype == "bool" or not _is_integer(dtype):
+                or step >= 0 or not _counts(dtype):
             return convert(node)
         count = len(range(start, end, step))
         steps = relax.op.arange(relax.prim_value(0), relax.prim_value(count),
@@ -282,8 +282,7 @@ def _joint_layout(indices, data) -> tuple[list[int], list[int], list[int]] | Non
     picked = [axis for axis, index in enumerate(indices) if index is not None]
     if not picked or len(picked) == len(indices):
         return None
-    if any(str(indices[a].ty.dtype) == "bool" or not _is_integer(str(indices[a].ty.dtype))
-           for a in picked):  # a mask selects its nonzero positions
+    if not all(_counts(str(indices[a].ty.dtype)) for a in picked):  # a mask: its nonzeros
         return None
     rest = [axis for axis in range(len(data.ty.shape)) if axis not in picked]
     joint = max(len(indices[a].ty.shape) for a in picked)
@@ -296,6 +295,11 @@ def _joint_layout(indices, data) -> tuple[list[int], list[int], list[int]] | Non
 
 def _permuted(bb, x, order: list[int]):
     return x if order == sorted(order) else bb.emit(relax.op.permute_dims(x, order))
+
+
+def _inverse(order: list[int]) -> list[int]:
+    """The permutation that undoes `order`."""
+    return [order.index(k) for k in range(len(order))]
 
 
 def _putting_jointly(importer, convert: Callable) -> Callable:
@@ -323,7 +327,7 @@ def _putting_jointly(importer, convert: Callable) -> Callable:
         torch_shape = [front[k] for k in order]
         values = bb.emit(relax.op.broadcast_to(
             relax.op.astype(values, str(data.ty.dtype)), torch_shape))
-        values = _permuted(bb, values, [order.index(k) for k in range(len(order))])
+        values = _permuted(bb, values, _inverse(order))
         moved = _permuted(bb, data, picked + rest)
         # relax's index_put takes an index per axis: the others' ranges, all broadcasting
         # to [*joint, *others].
@@ -338,8 +342,7 @@ def _putting_jointly(importer, convert: Callable) -> Callable:
                 [extent, *ones[k + 1:]])))
         put = bb.emit(relax.op.index_put(moved, relax.Tuple(every), values,
                                          bool(node_arg(node, 3, "accumulate", False))))
-        inverse = [(picked + rest).index(k) for k in range(len(picked + rest))]
-        output = _permuted(bb, put, inverse)
+        output = _permuted(bb, put, _inverse(picked + rest))
         if str(node.target).startswith("aten.index_put_"):  # in place: its aliases see it
             for env_node, expr in list(importer.env.items()):
                 if expr is data:
@@ -447,6 +450,12 @@ def _float_result(node) -> str | None:
 
 def _is_integer(dtype: str) -> bool:
     return dtype == "bool" or dtype.startswith(("int", "uint"))
+
+
+def _counts(dtype: str) -> bool:
+    """An integer dtype that counts (an index, a range), not bool (which `_is_integer` takes
+    in: a mask)."""
+    return dtype != "bool" and _is_integer(dtype)
 
 
 def _float32_for_reduced(node) -> str | None:
