@@ -7,6 +7,7 @@ from .drop_unread_kernel_inputs import DropUnreadKernelInputs
 from .fuse_attention import FuseAttention
 from .fuse_kernels import FuseKernels
 from .group_accumulations import GroupAccumulations
+from .order_in_float32 import OrderInFloat32
 from .partition_operators import PartitionError, PartitionOperators
 from .place_updates_after_readers import PlaceUpdatesAfterReaders
 from .return_loss_only import ReturnLossOnly
@@ -22,6 +23,7 @@ __all__ = [
     "FuseAttention",
     "FuseKernels",
     "GroupAccumulations",
+    "OrderInFloat32",
     "PartitionError",
     "PartitionOperators",
     "PlaceUpdatesAfterReaders",

@@ -366,6 +366,8 @@ def _torch_case(torch, kind):
                 y = functional.grid_sample(y, grid, align_corners=True)
             elif kind == "unfold":  # ConvBERT's span convolution: overlapping windows
                 y = functional.unfold(y, (3, 1), padding=(1, 0)).unsqueeze(-1)
+            elif kind == "tensor_unfold":  # overlapping windows along an axis
+                y = y.unfold(2, 3, 2)
             elif kind == "index_joint":  # two index tensors beside a slice, repeats
                 rows = torch.tensor([[0, 2, 2], [5, 0, 3]])
                 y = y[:, :, rows, torch.tensor([1, 1, 4])]
@@ -399,7 +401,7 @@ def _torch_case(torch, kind):
 @pytest.mark.parametrize(
     "kind",
     ["conv_transpose2d", "group_norm", "instance_norm", "instance_norm_affine", "grid_sample",
-     "detach", "unfold", "index_joint", "pixel_shuffle", "interpolate_nearest",
+     "detach", "unfold", "tensor_unfold", "index_joint", "pixel_shuffle", "interpolate_nearest",
      "interpolate_bilinear", "avg_pool2d", "max_pool2d", "sdpa"],
 )
 def test_pt2_training_step_matches_torch_autograd(tmp_path, kind):

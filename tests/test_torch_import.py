@@ -108,6 +108,12 @@ def _put_before(x, v):
     return y
 
 
+def _put_mixed(x, v):
+    y = x.clone()
+    y[torch.tensor([0, 2, -1], dtype=torch.int32), :, torch.tensor([1, 1, 4])] = v
+    return y
+
+
 def _bn(x, mean, var, w, b):
     return F.batch_norm(x, mean, var.abs() + 0.5, w, b, training=False, eps=1e-5)
 
@@ -189,6 +195,11 @@ CASES = {
     # A mixture of experts' routing: top-k of the router's weights, tokens sorted by expert,
     # scattered back by a permutation into a buffer made by `empty_like`.
     "topk": _case("topk.default", lambda x: torch.topk(x, 3, dim=-1), _f(4, 7)),
+    # DeepSeek-V3's group routing asks for an unsorted top-k; only the chosen set is specified.
+    "topk_unsorted": _case("topk.default", lambda x: torch.zeros_like(x).scatter(
+        -1, torch.topk(x, 3, -1, True, False)[1], 1.0), _f(4, 7)),
+    "topk_unsorted_values": _case("topk.default", lambda x: torch.topk(
+        x, 2, 0, False, False)[0].sum(0), _f(5, 3)),
     "sort": _case("sort.default", lambda x: torch.sort(x, dim=0), _f(9, 3)),
     "sort_ids": _case("sort.default", lambda e: torch.sort(e * 16 + torch.arange(12))[1] * 1,
                       _i(0, 4, 12)),
@@ -259,8 +270,13 @@ CASES = {
     "index_tensors_apart": _case("index.Tensor", lambda x, i, j: x[:, i, :, j],
                                  _f(2, 6, 3, 5), _i(0, 6, 4), _i(0, 5, 4)),
     # Writes through slices beside index tensors: the values in x[indices]'s axis order.
+    # PatchTST's patches: windows along an axis, overlapping or not.
+    "unfold_patches": _case("unfold.default", lambda x: x.unfold(-2, 4, 4), _f(2, 12, 3)),
+    "unfold_overlapping": _case("unfold.default", lambda x: x.unfold(1, 3, 2), _f(2, 8, 4)),
+    "unfold_first_axis": _case("unfold.default", lambda x: x.unfold(0, 2, 1) * 1, _f(3, 5)),
     "index_put_slice_between": _case("index_put.default", _put_between,
                                      _f(4, 5, 6), _f(3, 5)),
+    "index_put_int32_beside_int64": _case("index_put.default", _put_mixed, _f(4, 3, 6), _f(3)),
     "index_put_slice_before": _case("index_put.default", _put_before, _f(2, 5, 6), _f(3)),
     "index_bool_mask": _case("index.Tensor",
                              lambda m: m[torch.arange(4)[:, None], torch.arange(6)[None, :]],

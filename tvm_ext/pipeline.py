@@ -2,7 +2,8 @@
 
 Phases, in order (each a list of passes, so a caller can rebuild the pipeline from parts):
 
-1. `library_dispatch_passes`  target-specific library dispatch (sort, sampling); on GPU
+1. `library_dispatch_passes`  target-specific library dispatch (sort, sampling; bfloat16
+                              sorts and argmax on float32 values: OrderInFloat32); on GPU
                               targets FuseAttention (tvm_ext.passes): each attention one
                               fused kernel and its backward two (not with a partition,
                               whose analysis reads the unfused operators; an attention
@@ -68,6 +69,7 @@ from tvm_ext.passes import (
     DropUnreadKernelInputs,
     FuseAttention,
     FuseKernels,
+    OrderInFloat32,
     PartitionOperators,
     PlaceUpdatesAfterReaders,
     ReturnLossOnly,
@@ -97,7 +99,8 @@ def library_dispatch_passes(target: tvm.target.Target, fused_attention: bool = T
     it."""
     fuse = [FuseAttention(target, recompute_for_backward=budgeted)] \
         if fused_attention and is_gpu(target) else []
-    return [*fuse, relax.backend.DispatchSampling(), relax.backend.DispatchSortScan()]
+    return [*fuse, relax.backend.DispatchSampling(), OrderInFloat32(),
+            relax.backend.DispatchSortScan()]
 
 
 def legalize_passes(target: tvm.target.Target) -> list:

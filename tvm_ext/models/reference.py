@@ -327,6 +327,7 @@ def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = (),
         fed[n].requires_grad_()
     with pt2_files.quiet_torch():
         module, inputs = _with_seeded_dropouts(program, list(inputs))
+    _views_as_reshapes(module)
     if autocast or float64:
         _drop_dtype_checks(module)
     if float64:
@@ -350,6 +351,20 @@ def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = (),
 def _widened(tensor, float64: bool):
     """`tensor` in float64 where `float64` and it is float32; else itself."""
     return tensor.double() if float64 and tensor.dtype == _torch().float32 else tensor
+
+
+def _views_as_reshapes(module) -> None:
+    """Each `view` of `module`'s graph as a `reshape`: the export traced strides of a run
+    without gradients, and with them some ops return other strides (`sdpa`'s output, which
+    Data2VecVision's `view` then cannot take); a reshape is that view wherever one exists."""
+    torch = _torch()
+    changed = False
+    for node in module.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.view.default:
+            node.target = torch.ops.aten.reshape.default
+            changed = True
+    if changed:
+        module.recompile()
 
 
 def _drop_dtype_checks(module) -> None:

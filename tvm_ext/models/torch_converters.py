@@ -120,6 +120,8 @@ def with_torch_semantics(importer, table: dict) -> dict:
     table["embedding.default"] = lambda node: _embedding(importer, node)
     table["select.int"] = lambda node: _select(importer, node)
     table["div.Tensor_mode"] = lambda node: _div_mode(importer, node)
+    table["topk.default"] = lambda node: _topk(importer, node)
+    table["unfold.default"] = lambda node: _unfold(importer, node)
     for name in _GRID_SAMPLE_OPS:
         table[name] = lambda node: _grid_sample(importer, node)
     for name in _DETACH_OPS:
@@ -377,6 +379,42 @@ def _select(importer, node):
                              f"extent {extent}")
         index += int(extent)
     return importer.block_builder.emit(relax.op.take(x, relax.const(index, "int64"), dim))
+
+
+def _topk(importer, node):
+    """`torch.topk` in sorted order whatever `sorted` asks: an unsorted topk's order is
+    unspecified, and the sorted one is one of its orders (the frontend refused `sorted=False`)."""
+    x = importer.env[node.args[0]]
+    k = int(node_arg(node, 1, "k", 1))
+    dim = int(node_arg(node, 2, "dim", -1))
+    largest = bool(node_arg(node, 3, "largest", True))
+    return importer.block_builder.emit(
+        relax.op.topk(x, k=k, axis=dim, largest=largest, ret_type="both", dtype="int64"))
+
+
+def _unfold(importer, node):
+    """`x.unfold(dim, size, step)`: the windows `x[..., i * step : i * step + size, ...]` along
+    `dim`, counted at `dim`, each window's elements on a new last axis; one `take` of an
+    (n, size) index table, so the gradient is take's (overlapping windows add up)."""
+    bb, op = importer.block_builder, relax.op
+    x = importer.env[node.args[0]]
+    rank = len(x.ty.shape)
+    dim, size, step = (int(a) for a in node.args[1:4])
+    dim %= max(rank, 1)
+    extent = x.ty.shape[dim] if rank else 1
+    if not isinstance(extent, (int, tvm.tirx.IntImm)):
+        raise ValueError(f"{node.target}: windows along axis {dim}, of symbolic extent {extent}")
+    if size > int(extent) or step <= 0:
+        raise ValueError(f"{node.target}: windows of {size} every {step} along an axis of "
+                         f"{int(extent)}")
+    count = (int(extent) - size) // step + 1
+    starts = op.multiply(op.arange(0, count, 1, "int64"), relax.const(step, "int64"))
+    table = op.add(op.expand_dims(starts, 1), op.arange(0, size, 1, "int64"))
+    if rank == 0:
+        return bb.emit(op.reshape(x, (1,)))
+    picked = bb.emit(op.take(x, bb.emit(table), dim))  # (..., count, size, ...)
+    order = [a for a in range(rank + 1) if a != dim + 1] + [dim + 1]
+    return _permuted(bb, picked, order)
 
 
 def _div_mode(importer, node):
