@@ -61,6 +61,17 @@ def _bind(value, body_of):
     return tirx.Let(var, value, body_of(var))
 
 
+def _is_nan(v):
+    """isnan(v) from its bits (exponent all ones, mantissa not zero). TVM's vectoriser rebuilds
+    a call it cannot vectorise (`tirx.isnan`) even where nothing in it changed, then visits the
+    enclosing expression a second time, and a `Let` met twice stops it ("Let cannot bind the
+    same var to two different values": a GELU gradient of a value the vector loop does not
+    index, FocalNet's); integer ops on the bits vectorise."""
+    bits = tirx.reinterpret("int32", v)
+    return tirx.bitwise_and(bits, tirx.const(0x7FFFFFFF, "int32")) > tirx.const(0x7F800000,
+                                                                              "int32")
+
+
 def _pow2(n_int):
     """2 ** n for an int32 n in [-150, 128], as two normal factors."""
     half = tirx.shift_right(n_int, tirx.const(1, "int32"))
@@ -88,7 +99,7 @@ def _exp(x):
         value = _bind(clamped, reduced)
         value = tirx.Select(v > _c(_EXP_MAX), _c(float("inf")), value)
         value = tirx.Select(v < _c(_EXP_MIN), _c(0.0), value)
-        return tirx.Select(tirx.isnan(v), v, value)
+        return tirx.Select(_is_nan(v), v, value)
 
     return _bind(x, body)
 
@@ -103,7 +114,7 @@ def _rational(x, bound: float, p, q):
             return _bind(c * c, squared)
 
         value = _bind(tirx.max(tirx.min(v, _c(bound)), _c(-bound)), inner)
-        return tirx.Select(tirx.isnan(v), v, value)
+        return tirx.Select(_is_nan(v), v, value)
 
     return _bind(x, body)
 

@@ -258,24 +258,60 @@ def test_clip_gradient_passes_strictly_inside_the_bounds():
     assert float(loss.numpy()) == pytest.approx(float((np.clip(x, 0, 6) * r).sum()))
 
 
-def test_pad_gradient_is_dy_without_the_padding():
-    """A constant pad is linear: the gradient of sum(pad(x) * r) is r at x's place; other
-    modes are refused by name."""
+@pytest.mark.parametrize("widths", [
+    [0, 0, 1, 0, 1, 2, 0, 3],
+    [0, 0, 1, -1, 0, 0, -2, 1],  # RWKV's time shift (one step in, one cut), a cut and a pad
+])
+def test_pad_gradient_is_dy_at_x_s_place(widths):
+    """A constant pad is linear: the gradient of sum(pad(x) * r) is r at x's place (zero where
+    a negative width cut x off), as torch.autograd's; other modes are refused by name."""
+    torch = pytest.importorskip("torch")
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((2, 3, 4, 5))
-    widths = [0, 0, 1, 0, 1, 2, 0, 3]
-    padded = np.pad(x, [(0, 0), (1, 0), (1, 2), (0, 3)])
-    r = rng.standard_normal(padded.shape)
+    x = torch.from_numpy(rng.standard_normal((2, 3, 4, 5))).requires_grad_()
+    # Relax pads (before, after) from the first axis on; torch from the last axis back.
+    torch_widths = [w for b, a in reversed(list(zip(widths[0::2], widths[1::2], strict=True)))
+                    for w in (b, a)]
+    padded = torch.nn.functional.pad(x, torch_widths)
+    r = torch.from_numpy(rng.standard_normal(padded.shape))
+    (expected,) = torch.autograd.grad((padded * r).sum(), x)
 
     def build(bb, vx, vr):
         return relax.op.sum(relax.op.multiply(bb.emit(relax.op.nn.pad(vx, widths)), vr))
 
-    loss, (grad,) = _adjoint_vm(build, [x.shape, r.shape], wrt=[0])(x, r)
-    np.testing.assert_array_equal(grad.numpy(), r[:, 1:4, 1:5, 0:5])
+    loss, (grad,) = _adjoint_vm(build, [x.shape, r.shape], wrt=[0])(x.detach().numpy(),
+                                                                     r.numpy())
+    np.testing.assert_array_equal(grad.numpy(), expected.numpy())
     assert float(loss.numpy()) == pytest.approx(float((padded * r).sum()))
-    with pytest.raises(Exception, match="constant, non-negative padding"):
+    with pytest.raises(Exception, match="only constant padding"):
         _adjoint_vm(lambda bb, vx: relax.op.sum(bb.emit(relax.op.nn.pad(vx, widths, "reflect"))),
                     [x.shape], wrt=[0])
+
+
+def test_leakyrelu_gradient_is_alpha_at_and_below_zero():
+    x = np.array([[-2.0, -0.0, 0.0, 1e-3, 3.0]])
+    r = np.array([[1.0, 2.0, 3.0, 4.0, 5.0]])
+
+    def build(bb, vx, vr):
+        return relax.op.sum(relax.op.multiply(bb.emit(relax.op.nn.leakyrelu(vx, 0.2)), vr))
+
+    _, (grad,) = _adjoint_vm(build, [x.shape, r.shape], wrt=[0])(x, r)
+    np.testing.assert_allclose(grad.numpy(), [[0.2, 0.4, 0.6, 4.0, 5.0]])
+
+
+def test_masks_and_rounding_pass_no_gradient():
+    """floor, sign and bitwise / logical ops on the way from x to the loss add nothing to x's
+    gradient (PyTorch's are zeros); x's other use still does."""
+    x = np.array([[-1.5, 0.25, 2.0]])
+
+    def build(bb, vx):
+        keep = bb.emit(relax.op.bitwise_not(relax.op.less(vx, relax.const(0.0, "float64"))))
+        step = bb.emit(relax.op.add(relax.op.floor(vx), relax.op.sign(vx)))
+        kept = relax.op.where(keep, relax.op.multiply(vx, step), relax.const(0.0, "float64"))
+        return relax.op.sum(relax.op.add(bb.emit(kept), vx))
+
+    _, (grad,) = _adjoint_vm(build, [x.shape], wrt=[0])(x)
+    step = np.floor(x) + np.sign(x)
+    np.testing.assert_allclose(grad.numpy(), np.where(x >= 0, step, 0.0) + 1.0)
 
 
 @pytest.mark.parametrize("shape, repeats", [

@@ -323,3 +323,24 @@ def test_optimizer_step_keeps_each_update_in_its_arguments_layout(zoo_cache):
     tensors[update.id] = dataclasses.replace(tensors[update.id], layout=other)
     with pytest.raises(PassError, match="unlike the argument"):
         PartitionOperators(2, plan=dataclasses.replace(plan, tensors=tensors))(fused)
+
+
+def test_an_op_reading_more_tensors_than_numpy_has_axes_is_planned():
+    """RWKV stacks its 75 per-step states: one kernel reading 75 tensors, each too small to
+    split (a single layout), whose dense cost table would need 76 axes."""
+    count = 70
+    bb = relax.BlockBuilder()
+    parts = [relax.Var(f"s{i}", relax.TensorType((1, 1), "float32")) for i in range(count)]
+    with bb.function("main", parts):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.concat(parts, axis=0))
+        bb.emit_func_output(out)
+    after = PartitionOperators(2)(_fused(bb.get()))
+    record = partition_record(after)
+    assert len(record["arguments"]) == count
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((1, 1)).astype("float32") for _ in range(count)]
+    with distributed.Session(2) as sess:
+        module = sess.load_module(tvm.compile(after, LLVM))
+        result = distributed.run_partitioned(sess, module, args, record)
+    np.testing.assert_allclose(result.outputs[0], np.concatenate(args), rtol=0, atol=0)

@@ -95,6 +95,12 @@ CASES = {
     "silu_tanh_sigmoid": (lambda a: R.multiply(R.nn.silu(a), R.tanh(R.sigmoid(a))),
                           [(64, 128)]),
     "argmax": (lambda a: R.argmax(a, axis=-1), [(64, 128)]),
+    # exp / erf of a value the vector loop does not index, then scaled: TVM's vectoriser met
+    # the polynomials' Let bindings twice and stopped (FocalNet's GELU gradient).
+    "broadcast_exp_scaled": (lambda a: R.broadcast_to(R.multiply(R.exp(a), relax.const(2.0, F32)),
+                                                      (2, 8, 4, 16)), [(2, 8, 1, 1)]),
+    "broadcast_erf_scaled": (lambda a: R.broadcast_to(R.multiply(R.erf(a), relax.const(0.5, F32)),
+                                                      (2, 8, 4, 16)), [(2, 8, 1, 1)]),
     "cumsum": (lambda a: R.cumsum(a, axis=1), [(16, 64)]),
 }
 

@@ -1,9 +1,11 @@
 """Gradients that TVM's `relax.transform.Gradient` lacks (`topk`: a mixture of experts'
 routing weights; `flip`: a bidirectional RNN; `conv3d`: video models; `adaptive_avg_pool2d`:
-VGG's head; `slice_scatter`: Swin's window mask), cannot take (a `concat` of one tensor), or
-computes otherwise than PyTorch (`take` of indices not one-dimensional, `avg_pool2d` windows
-past the padded input, ReLU at zero, `where` over broadcast branches, a dilated `conv2d`'s
-data gradient), registered on `import tvm_ext` over TVM's own.
+VGG's head; `slice_scatter`: Swin's window mask; `leakyrelu`: Swin2SR; none through masks,
+rounding and indices: RecurrentGemma's `bitwise_not`), cannot take (a `concat` of one tensor,
+a `pad` with negative widths: RWKV's time shift), or computes otherwise than PyTorch (`take`
+of indices not one-dimensional, `avg_pool2d` windows past the padded input, ReLU at zero,
+`where` over broadcast branches, a dilated `conv2d`'s data gradient), registered on `import
+tvm_ext` over TVM's own.
 
 Each is written from primitives that have gradients and legalizations of their own, and is
 checked against finite differences or torch.autograd in tests/test_gradients.py.
@@ -23,6 +25,15 @@ from . import max_pool_backward
 from .grid_sample_grad import grid_sample_grad
 
 _op = relax.op
+
+
+# Ops whose result is constant between jumps or not a float (masks, indices): no gradient
+# flows through them, as in PyTorch (its floor / round / sign gradients are zeros).
+_PIECEWISE_CONSTANT = (
+    "bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor", "logical_not", "logical_and",
+    "logical_or", "logical_xor", "left_shift", "right_shift", "isnan", "isinf", "isfinite",
+    "floor", "ceil", "round", "sign", "trunc", "argmax", "argmin", "argsort", "one_hot",
+)
 
 
 def _const(value: float, like: relax.Expr) -> relax.Constant:
@@ -170,6 +181,14 @@ def _relu_grad(orig_var, orig_call, output_grad, ctx):
     return [_op.where(_op.greater(x, zero), output_grad, zero)]
 
 
+def _leakyrelu_grad(orig_var, orig_call, output_grad, ctx):
+    """dy where x > 0, alpha * dy elsewhere (x == 0 included, as PyTorch's)."""
+    x = orig_call.args[0]
+    alpha = _const(float(orig_call.attrs.alpha), x)
+    return [_op.where(_op.greater(x, _const(0.0, x)), output_grad,
+                      _op.multiply(output_grad, alpha))]
+
+
 def _no_input_grad(orig_var, orig_call, output_grad, ctx):
     """No gradient for any argument. For ops with no tensor input (arange): Gradient still
     visits them when their result meets a parameter, e.g. rotary position tables. For
@@ -232,18 +251,21 @@ def _clip_grad(orig_var, orig_call, output_grad, ctx):
 
 
 def _pad_grad(orig_var, orig_call, output_grad, ctx):
-    """A constant pad's gradient is dy without the padding: its slice at x's place."""
+    """A constant pad's gradient is dy at x's place: dy cut where x was padded, zeros where a
+    negative width cut x (RWKV's time shift pads one step before and cuts one after)."""
     x = orig_call.args[0]
     mode = str(orig_call.attrs.pad_mode)
     widths = [int(w) for w in orig_call.attrs.pad_width]
-    if mode != "constant" or min(widths) < 0:
-        raise ValueError(f"nn.pad gradient: only constant, non-negative padding is supported "
-                         f"(got {mode!r} with widths {widths})")
+    if mode != "constant":
+        raise ValueError(f"nn.pad gradient: only constant padding is supported (got {mode!r} "
+                         f"with widths {widths})")
     shape = _dims(x)
-    axes = list(range(len(shape)))
-    begins = widths[0::2]
-    ends = [b + s for b, s in zip(begins, shape, strict=True)]
-    return [_op.strided_slice(output_grad, axes, begins, ends)]
+    befores, afters = widths[0::2], widths[1::2]
+    begins = [max(b, 0) for b in befores]
+    ends = [b + s + a - max(a, 0) for b, s, a in zip(befores, shape, afters, strict=True)]
+    grad = _op.strided_slice(output_grad, list(range(len(shape))), begins, ends)
+    cut = [w for b, a in zip(befores, afters, strict=True) for w in (max(-b, 0), max(-a, 0))]
+    return [_op.nn.pad(grad, cut) if any(cut) else grad]
 
 
 def _tile_grad(orig_var, orig_call, output_grad, ctx):
@@ -592,11 +614,13 @@ def register_all() -> None:
         ("relax.index_tensor", _index_tensor_grad),
         ("relax.nn.avg_pool2d", _avg_pool2d_grad),
         ("relax.nn.relu", _relu_grad),
+        ("relax.nn.leakyrelu", _leakyrelu_grad),
         ("relax.strided_slice", _strided_slice_grad),
         ("relax.image.resize2d", _resize2d_grad),
         ("relax.image.grid_sample", grid_sample_grad),
         ("relax.arange", _no_input_grad),
         ("relax.grad.no_grad", _no_input_grad),
+        *((f"relax.{name}", _no_input_grad) for name in _PIECEWISE_CONSTANT),
     ):
         register_gradient(op_name, fn, level=11)
     max_pool_backward.register()

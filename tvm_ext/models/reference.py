@@ -95,10 +95,23 @@ def torch_training_step(
     """`[loss, *grads]`: the loss of the first output against `labels` and its gradients with
     respect to the parameters named in `gradients`, in that order (`float64`: as
     `torch_reference`'s)."""
+    args = (path, inputs, labels, params, param_names, gradients, loss, float64)
+    try:
+        return _training_step(*args, functional=False)
+    except RuntimeError as err:
+        # A program exported without gradients may write into a tensor autograd saved (RWKV's
+        # state, updated in place along the sequence); its functional form computes the same.
+        if "modified by an inplace operation" not in str(err):
+            raise
+        return _training_step(*args, functional=True)
+
+
+def _training_step(path, inputs, labels, params, param_names, gradients, loss, float64,
+                   functional: bool) -> list[np.ndarray]:
     torch = _torch()
 
     outputs, weights = _run(path, inputs, params, param_names, requires_grad=gradients,
-                            float64=float64)
+                            float64=float64, functional=functional)
     out, target = outputs[0], _widened(_to_torch(labels), float64)
     if loss == "mse":  # in float32 for reduced-precision outputs, as the compiled step
         if out.dtype in (torch.float16, torch.bfloat16):
@@ -311,14 +324,20 @@ def _load_version(path: str, _mtime_ns: int, _size: int):
 
 
 def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = (),
-         autocast: bool = False, float64: bool = False):
+         autocast: bool = False, float64: bool = False, functional: bool = False):
     """(tensor outputs flattened, {param name: tensor fed}) of one eager call (`autocast`:
     one under `torch.autocast`, without the export's dtype checks; `float64`: float32 widened
-    to float64, likewise)."""
+    to float64, likewise; `functional`: the program through torch.export's decompositions,
+    which leave no in-place write)."""
     torch = _torch()
     from torch.utils import _pytree
 
     program = _load(path)
+    if functional:
+        tied = program.tvm_ext_tied
+        with pt2_files.quiet_torch():
+            program = program.run_decompositions()
+        program.tvm_ext_tied = tied
     names = list(param_names) or [f"param{i}" for i in range(len(params))]
     targets = _parameter_targets(program, list(param_names), len(params))
     fed = {n: _widened(_to_torch(p, copy=True), float64)
@@ -328,6 +347,8 @@ def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = (),
     with pt2_files.quiet_torch():
         module, inputs = _with_seeded_dropouts(program, list(inputs))
     _views_as_reshapes(module)
+    if functional:
+        _copies_differentiable(module)
     if autocast or float64:
         _drop_dtype_checks(module)
     if float64:
@@ -362,6 +383,23 @@ def _views_as_reshapes(module) -> None:
     for node in module.graph.nodes:
         if node.op == "call_function" and node.target is torch.ops.aten.view.default:
             node.target = torch.ops.aten.reshape.default
+            changed = True
+    if changed:
+        module.recompile()
+
+
+def _copy(dst, src, non_blocking=False):
+    """`aten.copy(dst, src)` (the functional form of `dst.copy_(src)`: src in dst's shape and
+    dtype) written with ops autograd differentiates; aten's has no derivative."""
+    return src.to(dst.dtype).expand(dst.shape).clone()
+
+
+def _copies_differentiable(module) -> None:
+    torch = _torch()
+    changed = False
+    for node in module.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.copy.default:
+            node.target = _copy
             changed = True
     if changed:
         module.recompile()

@@ -407,11 +407,11 @@ def _unfold(importer, node):
     if size > int(extent) or step <= 0:
         raise ValueError(f"{node.target}: windows of {size} every {step} along an axis of "
                          f"{int(extent)}")
+    if rank == 0:  # one window of the one element
+        return bb.emit(op.reshape(x, (1,)))
     count = (int(extent) - size) // step + 1
     starts = op.multiply(op.arange(0, count, 1, "int64"), relax.const(step, "int64"))
     table = op.add(op.expand_dims(starts, 1), op.arange(0, size, 1, "int64"))
-    if rank == 0:
-        return bb.emit(op.reshape(x, (1,)))
     picked = bb.emit(op.take(x, bb.emit(table), dim))  # (..., count, size, ...)
     order = [a for a in range(rank + 1) if a != dim + 1] + [dim + 1]
     return _permuted(bb, picked, order)

@@ -43,6 +43,10 @@ from .model import PartitionModel
 # otherwise its strategy becomes a variable with one pairwise factor per tensor (a star), so
 # that a fused kernel with many tensors never needs the product of all their domains.
 DENSE_TABLE = 65536
+# ... and has at most this many tensor axes: numpy arrays have at most 64 axes (32 before
+# numpy 2), and a kernel can read more tensors than that whose domains are single layouts
+# (RWKV's kernels over its per-step states read 75 and 90).
+DENSE_TABLE_AXES = 31
 
 
 class State:
@@ -259,7 +263,8 @@ class Searcher:
                 for i, full in enumerate(full_strategies):
                     col[i] += model.edge_time(e, op_id, layout, full)
         table = None
-        if n_s * int(np.prod([len(domains[v]) for v in scope])) <= DENSE_TABLE:
+        if len(scope) <= DENSE_TABLE_AXES and \
+                n_s * int(np.prod([len(domains[v]) for v in scope])) <= DENSE_TABLE:
             total = c.reshape([n_s] + [1] * len(scope))
             for j, m in enumerate(mats):
                 shape = [n_s] + [1] * len(scope)

@@ -1,6 +1,7 @@
 """PyTorch's run of an exported program (the `--check` reference) with gradients, where the
-export traced strides without them: a `view` the export kept can then meet a tensor it cannot
-view (`reference._views_as_reshapes`)."""
+program was exported without them: a `view` the export kept can meet a tensor it cannot view
+(`reference._views_as_reshapes`), and an in-place write can overwrite what autograd saved
+(the program's functional form is run then)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,41 @@ def test_a_training_reference_runs_a_view_the_no_grad_export_kept(tmp_path):
     assert float(loss) == pytest.approx(float(value), rel=1e-6)
     for got, exp in zip(grads, want, strict=True):
         np.testing.assert_allclose(got, exp.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_a_training_reference_runs_a_program_that_writes_what_autograd_saved(tmp_path):
+    """RWKV's exported state update, in small: a tensor saved for the backward pass written
+    in place afterwards. Autograd refuses the program as exported; its functional form gives
+    the gradient of the data flow, which is what the compiled step computes."""
+    torch = pytest.importorskip("torch")
+
+    class Cached(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1 = torch.nn.Parameter(torch.randn(4, 4))
+            self.w2 = torch.nn.Parameter(torch.randn(4))
+
+        def forward(self, x):
+            s = x @ self.w1
+            y = s * self.w2  # saves s for w2's gradient
+            s[:, :2] = x[:, 2:]  # the state written after its use (a copy_ into a slice)
+            return y + s
+
+    torch.manual_seed(0)
+    net, x = Cached().eval(), torch.randn(3, 4)
+    with torch.no_grad():
+        program = torch.export.export(net, (x,))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        program.module()(x).sum().backward()
+    path = str(tmp_path / "cached.pt2")
+    torch.export.save(program, path)
+    params = [p.detach().numpy() for p in net.parameters()]
+    names = ["p_w1", "p_w2"]
+    labels = np.zeros((3, 4), "float32")
+    loss, g1, g2 = reference.torch_training_step(path, [x.numpy()], labels, params, names, names)
+    s = x @ net.w1
+    value = ((s * net.w2 + torch.cat([x[:, 2:], s[:, 2:]], 1)) ** 2).mean()
+    want = torch.autograd.grad(value, [net.w1, net.w2])
+    assert float(loss) == pytest.approx(float(value), rel=1e-6)
+    np.testing.assert_allclose(g1, want[0].detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(g2, want[1].detach().numpy(), rtol=1e-5, atol=1e-6)
