@@ -4,8 +4,9 @@ out where the fusion cannot take what it folded.
 Input: a module after `LegalizeOps` and `AnnotateTIROpPattern`. FoldConstant runs the kernels
 whose arguments are all constants at compile time; on a GRU's training step (the gates of
 its zero initial state) what it leaves makes TVM's FuseTIR fail an internal check ("buffer_idx
-== buffers.size()") in some runs and not others (TVM's fusion order varies between runs). Folding only saves work, so the module is then fused as it stood before
-it: the same values, with those constant kernels run at run time.
+== buffers.size()") in some runs and not others (TVM's fusion order varies between runs).
+Folding only saves work, so the module is then fused as it stood before it: the same values,
+with those constant kernels run at run time.
 """
 
 from __future__ import annotations
