@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tvm
 from gpu_emulation import on_cpu, run_kernel
+from one_op import one_op_module
 from tvm import relax, tirx
 
 from tvm_ext import pipeline as P
@@ -14,13 +15,7 @@ from tvm_ext.schedules.thread_work import serial_iterations
 
 
 def _kernel(build, shape, target) -> tirx.PrimFunc:
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(shape, "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            out = bb.emit_output(build(x))
-        bb.emit_func_output(out)
-    mod = P.fuse(bb.get(), target)
+    mod = P.fuse(one_op_module(build, shape), target)
     (func,) = [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
     return func
 

@@ -379,13 +379,7 @@ def _views_as_reshapes(module) -> None:
     without gradients, and with them some ops return other strides (`sdpa`'s output, which
     Data2VecVision's `view` then cannot take); a reshape is that view wherever one exists."""
     torch = _torch()
-    changed = False
-    for node in module.graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.aten.view.default:
-            node.target = torch.ops.aten.reshape.default
-            changed = True
-    if changed:
-        module.recompile()
+    _retarget(module, torch.ops.aten.view.default, torch.ops.aten.reshape.default)
 
 
 def _copy(dst, src, non_blocking=False):
@@ -395,13 +389,15 @@ def _copy(dst, src, non_blocking=False):
 
 
 def _copies_differentiable(module) -> None:
-    torch = _torch()
-    changed = False
-    for node in module.graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.aten.copy.default:
-            node.target = _copy
-            changed = True
-    if changed:
+    _retarget(module, _torch().ops.aten.copy.default, _copy)
+
+
+def _retarget(module, old, new) -> None:
+    """Every call of `old` in `module`'s graph a call of `new`, with the same arguments."""
+    nodes = [n for n in module.graph.nodes if n.op == "call_function" and n.target is old]
+    for node in nodes:
+        node.target = new
+    if nodes:
         module.recompile()
 
 
