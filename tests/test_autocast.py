@@ -232,6 +232,17 @@ def test_a_swapped_bf16_inference_equals_the_unswapped_build(tmp_path):
     assert data["model_summary"]["config"]["compute_dtype"] == "bfloat16"
 
 
+def _bf16_torch_check(torch, program, tmp_path, name: str) -> dict:
+    """The report's PyTorch entry of `compile.py FILE --dtype bf16 --run --check` on the
+    exported `program`, saved as `name`; the run must pass."""
+    path = str(tmp_path / name)
+    torch.export.save(program, path)
+    report = tmp_path / "report.json"
+    assert cli.main([path, "--dtype", "bf16", "--run", "--check", "--report",
+                     str(report)]) == 0
+    return json.loads(report.read_text())["check"]["torch"]
+
+
 def test_pytorch_under_autocast_runs_exported_casts_and_is_compared_by_value(tmp_path):
     """An RMSNorm's `x.to(torch.float32)` exports with a check that its input is float32,
     which autocast makes bfloat16 (Olmo2, Gemma2 failed there): the reference runs without
@@ -255,16 +266,64 @@ def test_pytorch_under_autocast_runs_exported_casts_and_is_compared_by_value(tmp
     x = torch.randn(4, 16)
     program = torch.export.export(Net().eval(), (x,))
     assert any("_assert_tensor_metadata" in str(n.target) for n in program.graph.nodes)
-    path = str(tmp_path / "net.pt2")
-    torch.export.save(program, path)
-    report = tmp_path / "report.json"
-    assert cli.main([path, "--dtype", "bf16", "--run", "--check", "--report",
-                     str(report)]) == 0
-    torch_check = json.loads(report.read_text())["check"]["torch"]
+    torch_check = _bf16_torch_check(torch, program, tmp_path, "net.pt2")
     assert torch_check["ok"]
     assert torch_check["dtype_notes"] == [
         "output 0 is float32 here, bfloat16 from PyTorch (its CPU autocast keeps some ops, "
         "layer norms, in the low dtype)"]
+
+
+def test_pytorch_under_autocast_fills_with_its_low_dtypes_own_extreme(tmp_path):
+    """SEW-D masks attention scores with `torch.finfo(scores.dtype).min`: exported, that is
+    float32's, which autocast's bfloat16 scores cannot hold (PyTorch refuses the fill); run
+    eagerly, the model fills with bfloat16's. The reference clamps a fill to its tensor's
+    range, as the eager model computes it."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = torch.nn.Linear(16, 16)
+            self.k = torch.nn.Linear(16, 16)
+
+        def forward(self, x, mask):
+            scores = self.q(x) @ self.k(x).transpose(-1, -2)
+            low = torch.tensor(torch.finfo(scores.dtype).min)
+            return torch.softmax(scores.masked_fill(~mask, low), -1)
+
+    net = Net().eval()
+    x, mask = torch.randn(2, 8, 16), torch.rand(2, 8, 8) > 0.3
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        net(x, mask)  # the eager model runs under autocast
+    program = torch.export.export(net, (x, mask))
+    assert _bf16_torch_check(torch, program, tmp_path, "fill.pt2")["ok"]
+
+
+def test_a_model_pytorchs_autocast_cannot_run_is_checked_against_float32_and_said(tmp_path):
+    """BigBird scatters a product (bfloat16 under autocast) into a float32 tensor, which
+    PyTorch's own autocast refuses, eager or exported: the check compares with PyTorch's
+    float32 run at bfloat16's tolerance instead, and says so."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            rows = torch.tensor([[2, 0, 3, 1]]).expand(16, 4).t()
+            return torch.zeros(4, 16).scatter(0, rows, self.fc(x))
+
+    net, x = Net().eval(), torch.randn(4, 16)
+    with pytest.raises(RuntimeError, match="scatter"), torch.autocast("cpu",
+                                                                      dtype=torch.bfloat16):
+        net(x)
+    torch_check = _bf16_torch_check(torch, torch.export.export(net, (x,)), tmp_path,
+                                    "scatter.pt2")
+    assert torch_check["ok"] and "scatter" in torch_check["autocast_error"]
+    assert torch_check["reference"] == "PyTorch eager in float32 (scatter.pt2)"
 
 
 def _cancelling_net(torch, tmp_path) -> str:

@@ -402,6 +402,9 @@ def _torch_case(torch, kind):
                 y = functional.grid_sample(y, grid, align_corners=True)
             elif kind == "unfold":  # ConvBERT's span convolution: overlapping windows
                 y = functional.unfold(y, (3, 1), padding=(1, 0)).unsqueeze(-1)
+            elif kind == "fold":  # MobileViTV2's folding: col2im, an accumulating index_put
+                y = functional.fold(functional.unfold(y, 2, stride=2), (6, 6), 2, stride=2)
+                y = torch.cat([y, functional.fold(y.flatten(2)[:, :, :25], (6, 6), 2)], 1)
             elif kind == "tensor_unfold":  # overlapping windows along an axis
                 y = y.unfold(2, 3, 2)
             elif kind == "index_joint":  # two index tensors beside a slice, repeats
@@ -437,8 +440,8 @@ def _torch_case(torch, kind):
 @pytest.mark.parametrize(
     "kind",
     ["conv_transpose2d", "group_norm", "instance_norm", "instance_norm_affine", "grid_sample",
-     "detach", "unfold", "tensor_unfold", "index_joint", "pixel_shuffle", "interpolate_nearest",
-     "interpolate_bilinear", "avg_pool2d", "max_pool2d", "sdpa"],
+     "detach", "unfold", "fold", "tensor_unfold", "index_joint", "pixel_shuffle",
+     "interpolate_nearest", "interpolate_bilinear", "avg_pool2d", "max_pool2d", "sdpa"],
 )
 def test_pt2_training_step_matches_torch_autograd(tmp_path, kind):
     torch = pytest.importorskip("torch")
@@ -596,6 +599,29 @@ def test_gather_elements_gradient_accumulates_repeated_indices():
 
     _, (gx,) = _adjoint_vm(build, [(3, 4), (3, 5)], [0])(x, r)
     np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-10)
+
+
+@pytest.mark.parametrize("accumulate", [True, False])
+@pytest.mark.parametrize("values_shape", [(2, 3), (3,), (1, 1)])
+def test_index_put_gradient_matches_torch(accumulate, values_shape):
+    """Index tensors of different ranks broadcast jointly, with a repeated place; the values
+    broadcast against the picked shape (their gradient sums over those axes)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x, v, r = (rng.standard_normal(s) for s in ((4, 6, 5), values_shape, (4, 6, 5)))
+    index = (np.array([[1], [3]]), np.array([0, 4, 0]), np.array([[2, 2, 2]]))
+    tx, tv = torch.tensor(x, requires_grad=True), torch.tensor(v, requires_grad=True)
+    out = tx.index_put(tuple(torch.tensor(i) for i in index), tv, accumulate=accumulate)
+    (out * torch.tensor(r)).sum().backward()
+
+    def build(bb, vx, vv, vr):
+        put = relax.op.index_put(vx, relax.Tuple([relax.const(i) for i in index]), vv,
+                                 accumulate=accumulate)
+        return relax.op.sum(relax.op.multiply(put, vr))
+
+    _, (gx, gv) = _adjoint_vm(build, [x.shape, v.shape, r.shape], [0, 1])(x, v, r)
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-10)
+    np.testing.assert_allclose(gv.numpy(), tv.grad.numpy(), rtol=1e-10)
 
 
 @pytest.mark.parametrize("idx, axis", [

@@ -114,6 +114,18 @@ def _put_mixed(x, v):
     return y
 
 
+def _put_trailing(x, v):
+    y = x.clone()
+    y[torch.tensor([[1], [3]]), torch.tensor([0, 4, 0])] = v
+    return y
+
+
+def _put_broadcast(x, v):
+    y = x.clone()
+    y[torch.tensor([[1], [3]]), torch.tensor([0, 4, 0]), torch.tensor([[2, 2, -1]])] = v
+    return y
+
+
 def _bn(x, mean, var, w, b):
     return F.batch_norm(x, mean, var.abs() + 0.5, w, b, training=False, eps=1e-5)
 
@@ -278,6 +290,11 @@ CASES = {
                                      _f(4, 5, 6), _f(3, 5)),
     "index_put_int32_beside_int64": _case("index_put.default", _put_mixed, _f(4, 3, 6), _f(3)),
     "index_put_slice_before": _case("index_put.default", _put_before, _f(2, 5, 6), _f(3)),
+    # Fewer indices than axes (the rest sliced whole), and values broadcast to the indices'
+    # joint shape (relax's index_put reads values of that shape only).
+    "index_put_trailing_axes": _case("index_put.default", _put_trailing, _f(4, 6, 5), _f(1, 5)),
+    "index_put_values_broadcast": _case("index_put.default", _put_broadcast, _f(4, 6, 5),
+                                        _f(3)),
     "index_bool_mask": _case("index.Tensor",
                              lambda m: m[torch.arange(4)[:, None], torch.arange(6)[None, :]],
                              _b(4, 6)),

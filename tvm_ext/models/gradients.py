@@ -1,8 +1,9 @@
 """Gradients that TVM's `relax.transform.Gradient` lacks (`topk`: a mixture of experts'
 routing weights; `flip`: a bidirectional RNN; `conv3d`: video models; `adaptive_avg_pool2d`:
-VGG's head; `slice_scatter`: Swin's window mask; `leakyrelu`: Swin2SR; none through masks,
-rounding and indices: RecurrentGemma's `bitwise_not`), cannot take (a `concat` of one tensor,
-a `pad` with negative widths: RWKV's time shift), or computes otherwise than PyTorch (`take`
+VGG's head; `slice_scatter`: Swin's window mask; `leakyrelu`: Swin2SR; `index_put`:
+MobileViTV2's `F.fold`; none through masks, rounding and indices: RecurrentGemma's
+`bitwise_not`), cannot take (a `concat` of one tensor, a `pad` with negative widths: RWKV's
+time shift), or computes otherwise than PyTorch (`take`
 of indices not one-dimensional, `avg_pool2d` windows past the padded input, ReLU at zero,
 `where` over broadcast branches, a dilated `conv2d`'s data gradient), registered on `import
 tvm_ext` over TVM's own.
@@ -135,6 +136,20 @@ def _index_tensor_grad(orig_var, orig_call, output_grad, ctx):
     merged = _op.reshape(x, [stride, *rest])
     grad = _op.grad.take_backward(_op.reshape(output_grad, [count, *rest]), merged, flat, 0)
     return [_op.reshape(grad, shape), _op.grad.no_grad(indices)]
+
+
+def _index_put_grad(orig_var, orig_call, output_grad, ctx):
+    """`index_put(x, [i_0 .. i_k-1], v, accumulate)` (torch's `col2im`, `F.fold`, decomposes to
+    one with accumulate): v's gradient is dy picked at the indices, summed over the axes v was
+    broadcast along (every write's, as torch.autograd gives it, duplicates included); x's is
+    dy where `accumulate` adds, and dy with the written places zeroed where it replaces."""
+    _, indices, values = orig_call.args
+    picked = _op.index_tensor(output_grad, indices)
+    values_grad = _op.collapse_sum_to(picked, values.ty.shape)
+    # Zeros of the indices' joint shape: relax's index_put reads broadcast values out of bounds.
+    data_grad = output_grad if orig_call.attrs.accumulate else _op.index_put(
+        output_grad, indices, _op.zeros_like(picked), accumulate=False)
+    return [data_grad, _op.grad.no_grad(indices), values_grad]
 
 
 def _avg_pool2d_grad(orig_var, orig_call, output_grad, ctx):
@@ -612,6 +627,7 @@ def register_all() -> None:
         ("relax.topk", _topk_grad),
         ("relax.take", _take_grad),
         ("relax.index_tensor", _index_tensor_grad),
+        ("relax.index_put", _index_put_grad),
         ("relax.nn.avg_pool2d", _avg_pool2d_grad),
         ("relax.nn.relu", _relu_grad),
         ("relax.nn.leakyrelu", _leakyrelu_grad),

@@ -351,6 +351,8 @@ def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = (),
         _copies_differentiable(module)
     if autocast or float64:
         _drop_dtype_checks(module)
+    if autocast:
+        _fills_within_range(module)
     if float64:
         module = module.double()
         _widen_made_tensors(module)
@@ -412,6 +414,31 @@ def _drop_dtype_checks(module) -> None:
         module.graph.erase_node(node)
     if checks:
         module.recompile()
+
+
+def _fill_within_range(fill):
+    """`fill` (a masked_fill) with its value clamped to the range of the filled tensor's dtype."""
+
+    def clamped(x, mask, value):
+        torch = _torch()
+        if x.dtype.is_floating_point:
+            info = torch.finfo(x.dtype)
+            value = value.clamp(info.min, info.max) if isinstance(value, torch.Tensor) \
+                else min(max(value, info.min), info.max)
+        return fill(x, mask, value)
+
+    return clamped
+
+
+def _fills_within_range(module) -> None:
+    """Each masked_fill of `module`'s graph with its value clamped to the filled tensor's
+    range: the export wrote `torch.finfo(x.dtype).min` as float32's (SEW-D's attention mask),
+    which autocast's bfloat16 scores cannot hold (PyTorch refuses the fill); run eagerly, the
+    model takes bfloat16's own."""
+    aten = _torch().ops.aten
+    for fill in (aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.masked_fill_.Scalar,
+                 aten.masked_fill_.Tensor):
+        _retarget(module, fill, _fill_within_range(fill))
 
 
 def _widen_made_tensors(module) -> None:

@@ -15,7 +15,9 @@ something else, as wrappers of the frontend's own converters (`with_torch_semant
 - `aten.index` with slices beside two or more index tensors picks with them jointly (the
   frontend took an outer product, or broadcast the slices' ranges with them), and
   `index_put` through slices beside index tensors writes the values in `x[indices]`'s axis
-  order (the frontend wrote them transposed where a slice stands between two).
+  order (the frontend wrote them transposed where a slice stands between two); values that
+  broadcast against the indices are broadcast (relax's index_put reads them out of bounds),
+  and fewer indices than axes slice the rest whole (the frontend refused them).
 - An integer `arange` counting down gets its true length (TVM types it two too long).
 - A negative index of `aten.index` / `index_put` / `select` counts from the end of its axis
   (the frontend reads out of bounds: a Falcon attention picking its key head by `[-2]`, and
@@ -315,14 +317,27 @@ def _putting_jointly(importer, convert: Callable) -> Callable:
         data = importer.env[node.args[0]]
         indices = [None if i is None else importer.env[i] for i in node_arg(node, 1, "indices",
                                                                               [])]
-        layout = _joint_layout(indices, data)
+        # Axes past the last index are sliced whole (`y[i, j] = v` of a 3-D y).
+        indices += [None] * (len(data.ty.shape) - len(indices))
         values = importer.env.get(node_arg(node, 2, "values", None))
         shapes = [data.ty.shape, *(i.ty.shape for i in indices if i is not None)]
-        if layout is None or values is None or not all(
+        if values is None or not all(
                 isinstance(d, (int, tvm.tirx.IntImm)) for shape in shapes for d in shape):
             return convert(node)
-        picked, rest, order = layout
+        accumulate = bool(node_arg(node, 3, "accumulate", False))
         bb = importer.block_builder
+        if all(i is not None and _counts(str(i.ty.dtype)) for i in indices):
+            # relax's index_put reads values of the indices' joint shape only (broadcast
+            # values are read out of bounds), so they are broadcast here.
+            joint = np.broadcast_shapes(*(tuple(int(d) for d in i.ty.shape) for i in indices))
+            values = bb.emit(relax.op.broadcast_to(
+                relax.op.astype(values, str(data.ty.dtype)), [int(d) for d in joint]))
+            return _put_in_place(importer, node, data, bb.emit(relax.op.index_put(
+                data, relax.Tuple(indices), values, accumulate)))
+        layout = _joint_layout(indices, data)
+        if layout is None:
+            return convert(node)
+        picked, rest, order = layout
         joint = [int(d) for d in np.broadcast_shapes(
             *(tuple(int(d) for d in indices[a].ty.shape) for a in picked))]
         front = [*joint, *(int(data.ty.shape[a]) for a in rest)]  # index_tensor's axes
@@ -342,16 +357,20 @@ def _putting_jointly(importer, convert: Callable) -> Callable:
                 relax.op.arange(relax.prim_value(0), relax.prim_value(extent),
                                 relax.prim_value(1), str(indices[picked[0]].ty.dtype)),
                 [extent, *ones[k + 1:]])))
-        put = bb.emit(relax.op.index_put(moved, relax.Tuple(every), values,
-                                         bool(node_arg(node, 3, "accumulate", False))))
-        output = _permuted(bb, put, _inverse(picked + rest))
-        if str(node.target).startswith("aten.index_put_"):  # in place: its aliases see it
-            for env_node, expr in list(importer.env.items()):
-                if expr is data:
-                    importer.env[env_node] = output
-        return output
+        put = bb.emit(relax.op.index_put(moved, relax.Tuple(every), values, accumulate))
+        return _put_in_place(importer, node, data, _permuted(bb, put, _inverse(picked + rest)))
 
     return converted
+
+
+def _put_in_place(importer, node, data, output):
+    """`output`, the result of an index_put into `data`; for the in-place `index_put_` its
+    aliases see it too."""
+    if str(node.target).startswith("aten.index_put_"):
+        for env_node, expr in list(importer.env.items()):
+            if expr is data:
+                importer.env[env_node] = output
+    return output
 
 
 def node_arg(node, index: int, name: str, default):
