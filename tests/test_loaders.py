@@ -196,6 +196,57 @@ def test_onnx_clip_is_a_relax_op_so_the_training_step_and_autocast_build(tmp_pat
     assert main([path, "--dtype", "bf16", "--run"]) == 0
 
 
+def test_onnx_constant_pad_and_tile_are_relax_ops_so_the_training_step_builds(tmp_path):
+    """TVM's ONNX frontend writes Pad and Tile as hand-made kernels, which Gradient cannot
+    differentiate (SEW-D's and SwiftFormer's training steps were refused): a constant pad and
+    a tile by constant repeats are Relax ops, match ONNX Runtime and train; a reflecting pad
+    stays the frontend's kernel."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tvm_ext.cli import main
+
+    def constant(name, value, dtype):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(
+            np.array(value, dtype), name))
+
+    nodes = [constant("pads", [0, 1, 0, 2], "int64"), constant("half", 0.5, "float32"),
+             constant("reps", [2, 1], "int64"), constant("mirror", [0, 1, 0, 1], "int64"),
+             helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Pad", ["h", "pads", "half"], ["p"], mode="constant"),
+             helper.make_node("Tile", ["p", "reps"], ["t"]),
+             helper.make_node("Pad", ["t", "mirror"], ["y"], mode="reflect")]
+    graph = helper.make_graph(
+        nodes, "pad_tile", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 11])],
+        [numpy_helper.from_array(
+            np.random.default_rng(0).standard_normal((8, 6)).astype("float32"), "w")])
+    path = str(tmp_path / "pad_tile.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    script = load_model(path).mod["main"].script()
+    assert "R.nn.pad(" in script and "R.tile(" in script
+    assert script.count("call_tir") == 1  # the reflecting pad
+    assert main([path, "--check"]) == 0
+    # The reflecting pad has no gradient: the step differentiates the rest up to it.
+    without_mirror = [n for n in nodes if n.output[0] not in ("y", "mirror")]
+    graph = helper.make_graph(
+        without_mirror, "pad_tile", list(graph.input),
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [8, 9])], list(graph.initializer))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    assert main([path, "--training", "--run", "--check"]) == 0
+    # Pad before opset 11 takes its widths and value as attributes.
+    graph = helper.make_graph(
+        [nodes[4], helper.make_node("Pad", ["h"], ["y"], pads=[1, 0, 0, 2], value=-1.5)],
+        "pad2", list(graph.input), [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                                   [5, 8])],
+        list(graph.initializer))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)]), path)
+    assert "R.nn.pad(" in load_model(path).mod["main"].script()
+    assert main([path, "--check"]) == 0
+    assert main([path, "--training", "--run", "--check"]) == 0
+
+
 def test_a_kernel_without_a_gradient_is_named_when_the_training_step_is_built():
     from tvm import relax, topi
 

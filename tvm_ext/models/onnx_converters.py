@@ -6,6 +6,10 @@ are Relax ops, with gradients of their own.
   float clip between constant scalars is `relax.op.clip` (PyTorch's gradient, see
   `gradients.py`); tensor bounds, and integers, are `relax.op.maximum` / `minimum`, NaN bounds
   unbounded as the frontend has them.
+- `Pad` in constant mode (SEW-D): the frontend emits `topi.nn.pad`; here `relax.op.nn.pad`
+  (its gradient is `gradients.py`'s). The other modes stay the frontend's.
+- `Tile` with constant repeats (SwiftFormer): the frontend emits `topi.tile`;
+  here `relax.op.tile`. Repeats computed at run time stay the frontend's.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
+import tvm
 from tvm import relax
 
 from ..ir.relax_exprs import scalar
@@ -24,10 +29,11 @@ def onnx_converters():
     from tvm.relax.frontend.onnx import onnx_frontend as frontend
 
     original = frontend._get_convert_map
-    clip = _clip_converter(frontend)
+    ours = {"Clip": _clip_converter(frontend), "Pad": _pad_converter(frontend),
+            "Tile": _tile_converter(frontend)}
 
     def convert_map():
-        return {**original(), "Clip": clip}
+        return {**original(), **ours}
 
     frontend._get_convert_map = convert_map
     try:
@@ -62,3 +68,46 @@ def _clip_converter(frontend):
             return out
 
     return Clip
+
+
+def _pad_converter(frontend):
+    class Pad(frontend.Pad):
+        @classmethod
+        def _impl_v2(cls, bb, inputs, attr, params):
+            if attr.get("mode", b"constant").decode("utf-8") != "constant":
+                return super()._impl_v2(bb, inputs, attr, params)
+            pads = [int(p) for p in attr["pads"]]
+            half = len(pads) // 2
+            return _constant_pad(bb, inputs[0], pads[:half], pads[half:],
+                                 float(attr.get("value", 0.0)))
+
+        @classmethod
+        def _lower_pad(cls, bb, inputs, attr, params, allowed_modes):
+            if attr.get("mode", b"constant").decode("utf-8") != "constant":
+                return super()._lower_pad(bb, inputs, attr, params, allowed_modes)
+            before, after, value = cls._parse_pads_and_axes(inputs, params)
+            return _constant_pad(bb, inputs[0], before, after, float(value))
+
+    return Pad
+
+
+def _constant_pad(bb, x, before, after, value: float):
+    """`x` padded by `before` / `after` per axis (ONNX's order) with `value`: relax's `nn.pad`
+    takes the widths interleaved, (before, after) per axis."""
+    widths = [int(w) for pair in zip(before, after, strict=True) for w in pair]
+    return bb.emit(relax.op.nn.pad(x, widths, "constant", value))
+
+
+def _tile_converter(frontend):
+    from tvm.relax.frontend.onnx.onnx_frontend import get_constant
+
+    class Tile(frontend.Tile):
+        @classmethod
+        def _impl_v13(cls, bb, inputs, attr, params):
+            repeats = get_constant(inputs[1], params)
+            if not isinstance(repeats, tvm.ir.GenericConst):
+                return super()._impl_v13(bb, inputs, attr, params)
+            return bb.emit(relax.op.tile(inputs[0], [int(r) for r in
+                                                     repeats.value.numpy().tolist()]))
+
+    return Tile
