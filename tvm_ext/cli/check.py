@@ -76,8 +76,7 @@ def check_against_reference(args, report: dict, model, target, device, arguments
         return max(status, torch_status)
     return max(status, compare_with_torch(
         args, report, outputs, expected, least,
-        (lambda: _within_pytorch_noise(args, model, arguments, outputs, expected, least))
-        if _noise_measurable(report) else None))
+        lambda: _within_pytorch_noise(args, model, arguments, outputs, expected, least)))
 
 
 def _noise_measurable(report: dict) -> bool:
@@ -397,13 +396,10 @@ def check_against_torch(args, report: dict, model, arguments, outputs) -> int:
     """--check of a .pt2 model against PyTorch eager alone (see `torch_expected`). Returns the
     exit status; 0 where there is nothing to compare with."""
     status, expected = torch_expected(args, report, model, arguments)
-    if expected is None:
-        return status
-    noise = (lambda: _within_pytorch_noise(args, model, arguments, outputs, expected,
-                                           autocast_tolerance(model))) \
-        if _noise_measurable(report) else None
-    return compare_with_torch(args, report, outputs, expected, autocast_tolerance(model),
-                              noise)
+    return status if expected is None else compare_with_torch(
+        args, report, outputs, expected, autocast_tolerance(model),
+        lambda: _within_pytorch_noise(args, model, arguments, outputs, expected,
+                                      autocast_tolerance(model)))
 
 
 def compare_with_torch(args, report: dict, outputs, expected: list, least=None,
@@ -445,7 +441,7 @@ def compare_with_torch(args, report: dict, outputs, expected: list, least=None,
                     from None
             max_abs, max_rel = max(max_abs, one.max_abs_error), max(max_rel, one.max_rel_error)
     except CheckError as err:
-        judged = None if noise is None or stale else noise()
+        judged = None if noise is None or stale or not _noise_measurable(report) else noise()
         if judged is not None:
             entry.update(ok=True, noise=judged, error=str(err), tolerances=tolerances)
             print(_noise_line(what, err, judged))

@@ -74,7 +74,7 @@ def _pad_converter(frontend):
     class Pad(frontend.Pad):
         @classmethod
         def _impl_v2(cls, bb, inputs, attr, params):
-            if attr.get("mode", b"constant").decode("utf-8") != "constant":
+            if not _constant_mode(attr):
                 return super()._impl_v2(bb, inputs, attr, params)
             pads = [int(p) for p in attr["pads"]]
             half = len(pads) // 2
@@ -83,12 +83,16 @@ def _pad_converter(frontend):
 
         @classmethod
         def _lower_pad(cls, bb, inputs, attr, params, allowed_modes):
-            if attr.get("mode", b"constant").decode("utf-8") != "constant":
+            if not _constant_mode(attr):
                 return super()._lower_pad(bb, inputs, attr, params, allowed_modes)
             before, after, value = cls._parse_pads_and_axes(inputs, params)
             return _constant_pad(bb, inputs[0], before, after, float(value))
 
     return Pad
+
+
+def _constant_mode(attr) -> bool:
+    return attr.get("mode", b"constant").decode("utf-8") == "constant"
 
 
 def _constant_pad(bb, x, before, after, value: float):

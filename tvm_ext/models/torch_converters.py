@@ -311,7 +311,9 @@ def _putting_jointly(importer, convert: Callable) -> Callable:
     broadcast to what `x[indices]` would be, in its axis order; see `_picking_jointly`): the
     frontend broadcasts the slices' `arange`s with the indices, which writes the values
     transposed where a slice stands between two index tensors (`y[i, :, j] = v`), and the
-    functional `index_put` with a slice did not import. Other index lists go to `convert`."""
+    functional `index_put` with a slice did not import. Index lists with every axis indexed
+    take the same path (their values broadcast); masks and shapes not known at compile time
+    go to `convert`."""
 
     def converted(node):
         data = importer.env[node.args[0]]
@@ -324,20 +326,18 @@ def _putting_jointly(importer, convert: Callable) -> Callable:
         if values is None or not all(
                 isinstance(d, (int, tvm.tirx.IntImm)) for shape in shapes for d in shape):
             return convert(node)
-        accumulate = bool(node_arg(node, 3, "accumulate", False))
-        bb = importer.block_builder
         if all(i is not None and _counts(str(i.ty.dtype)) for i in indices):
-            # relax's index_put reads values of the indices' joint shape only (broadcast
-            # values are read out of bounds), so they are broadcast here.
-            joint = np.broadcast_shapes(*(tuple(int(d) for d in i.ty.shape) for i in indices))
-            values = bb.emit(relax.op.broadcast_to(
-                relax.op.astype(values, str(data.ty.dtype)), [int(d) for d in joint]))
-            return _put_in_place(importer, node, data, bb.emit(relax.op.index_put(
-                data, relax.Tuple(indices), values, accumulate)))
-        layout = _joint_layout(indices, data)
+            # Every axis indexed: no slice to place, but relax's index_put still reads the
+            # values at the indices' joint shape (broadcast values out of bounds), so they
+            # are broadcast below as in the sliced case.
+            layout = (list(range(len(indices))), [],
+                      list(range(max(len(i.ty.shape) for i in indices))))
+        else:
+            layout = _joint_layout(indices, data)
         if layout is None:
             return convert(node)
         picked, rest, order = layout
+        bb = importer.block_builder
         joint = [int(d) for d in np.broadcast_shapes(
             *(tuple(int(d) for d in indices[a].ty.shape) for a in picked))]
         front = [*joint, *(int(data.ty.shape[a]) for a in rest)]  # index_tensor's axes
@@ -350,14 +350,15 @@ def _putting_jointly(importer, convert: Callable) -> Callable:
         # to [*joint, *others].
         ones = [1] * len(rest)
         every = [bb.emit(relax.op.reshape(indices[a], [*indices[a].ty.shape, *ones]))
-                 for a in picked]
+                 if ones else indices[a] for a in picked]
         for k, axis in enumerate(rest):
             extent = int(data.ty.shape[axis])
             every.append(bb.emit(relax.op.reshape(
                 relax.op.arange(relax.prim_value(0), relax.prim_value(extent),
                                 relax.prim_value(1), str(indices[picked[0]].ty.dtype)),
                 [extent, *ones[k + 1:]])))
-        put = bb.emit(relax.op.index_put(moved, relax.Tuple(every), values, accumulate))
+        put = bb.emit(relax.op.index_put(moved, relax.Tuple(every), values,
+                                         bool(node_arg(node, 3, "accumulate", False))))
         return _put_in_place(importer, node, data, _permuted(bb, put, _inverse(picked + rest)))
 
     return converted
