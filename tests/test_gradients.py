@@ -699,6 +699,33 @@ def test_avg_pool2d_gradient_matches_torch(size, kernel, stride, padding, ceil_m
     np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("size, kernel, stride, padding, ceil_mode, count_include_pad", [
+    (9, 3, 2, 1, False, True),
+    (8, 3, 3, 1, True, True),     # the last window runs past the padded input
+    (7, 2, 2, 1, True, False),
+])
+def test_avg_pool1d_gradient_matches_torch(size, kernel, stride, padding, ceil_mode,
+                                           count_include_pad):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, size))
+    tx = torch.tensor(x, requires_grad=True)
+    y = torch.nn.functional.avg_pool1d(tx, kernel, stride, padding, ceil_mode=ceil_mode,
+                                       count_include_pad=count_include_pad)
+    r = rng.standard_normal(tuple(y.shape))
+    (y * torch.tensor(r)).sum().backward()
+
+    def build(bb, vx, vr):
+        pooled = relax.op.nn.avg_pool1d(vx, kernel, stride, padding, ceil_mode=ceil_mode,
+                                        count_include_pad=count_include_pad)
+        return relax.op.sum(relax.op.multiply(pooled, vr))
+
+    loss, (gx,) = _adjoint_vm(build, [x.shape, r.shape], [0])(x, r)
+    assert float(loss.numpy()) == pytest.approx(float((y.detach() * torch.tensor(r)).sum()),
+                                                rel=1e-10)
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
 def test_relu_gradient_at_zero_is_pytorchs():
     """ReLU passes no gradient where its input is exactly 0, as PyTorch's; TVM's passes it
     (RegNet's first layer: a 1x1 convolution of an all-zero map plus a zero bias)."""

@@ -1,9 +1,9 @@
 """Gradients that TVM's `relax.transform.Gradient` lacks (`topk`: a mixture of experts'
 routing weights; `flip`: a bidirectional RNN; `conv3d`: video models; `adaptive_avg_pool2d`:
 VGG's head; `slice_scatter`: Swin's window mask; `leakyrelu`: Swin2SR; `index_put`:
-MobileViTV2's `F.fold`; none through masks, rounding and indices: RecurrentGemma's
-`bitwise_not`), cannot take (a `concat` of one tensor, a `pad` with negative widths: RWKV's
-time shift), or computes otherwise than PyTorch (`take`
+MobileViTV2's `F.fold`; `avg_pool1d`: SEW-D through ONNX; none through masks, rounding
+and indices: RecurrentGemma's `bitwise_not`), cannot take (a `concat` of one tensor, a `pad`
+with negative widths: RWKV's time shift), or computes otherwise than PyTorch (`take`
 of indices not one-dimensional, `avg_pool2d` windows past the padded input, ReLU at zero,
 `where` over broadcast branches, a dilated `conv2d`'s data gradient), registered on `import
 tvm_ext` over TVM's own.
@@ -184,6 +184,24 @@ def _avg_pool2d_grad(orig_var, orig_call, output_grad, ctx):
     dtype = str(orig_call.args[0].ty.dtype)
     scale = relax.const((kh * kw / area).reshape(shape).astype(dtype), dtype)
     return avg_pool2d_grad(orig_var, orig_call, _op.multiply(output_grad, scale), ctx)
+
+
+def _avg_pool1d_grad(orig_var, orig_call, output_grad, ctx):
+    """`avg_pool1d` is `avg_pool2d` over a map of height 1 (SEW-D through ONNX): its gradient
+    is that pool's, ceil-mode windows included, with the unit axis added and taken away."""
+    a = orig_call.attrs
+    layout = str(a.layout)
+    if layout not in ("NCW", "NWC"):
+        raise ValueError(f"avg_pool1d gradient: layout {layout} is not NCW or NWC")
+    axis = layout.index("W")
+    x4 = ctx.normalize(_op.expand_dims(orig_call.args[0], axis))
+    left, right = (int(v) for v in a.padding)
+    pooled = ctx.normalize(_op.nn.avg_pool2d(
+        x4, (1, int(a.pool_size[0])), (1, int(a.strides[0])), (0, left, 0, right),
+        (1, int(a.dilation[0])), bool(a.ceil_mode), bool(a.count_include_pad),
+        layout[:axis] + "HW" + layout[axis + 1:]))
+    (dx4,) = _avg_pool2d_grad(pooled, pooled, _op.expand_dims(output_grad, axis), ctx)
+    return [_op.squeeze(dx4, [axis])]
 
 
 def _relu_grad(orig_var, orig_call, output_grad, ctx):
@@ -629,6 +647,7 @@ def register_all() -> None:
         ("relax.index_tensor", _index_tensor_grad),
         ("relax.index_put", _index_put_grad),
         ("relax.nn.avg_pool2d", _avg_pool2d_grad),
+        ("relax.nn.avg_pool1d", _avg_pool1d_grad),
         ("relax.nn.relu", _relu_grad),
         ("relax.nn.leakyrelu", _leakyrelu_grad),
         ("relax.strided_slice", _strided_slice_grad),
