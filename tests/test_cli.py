@@ -392,6 +392,9 @@ def test_output_path_errors_before_compiling(option, tmp_path, capsys):
     assert "compile" not in captured.out and "model" not in captured.out
     assert main(["mlp", option, str(tmp_path / "missing" / "m.so")]) == 2
     assert f"directory {tmp_path / 'missing'} does not exist" in capsys.readouterr().err
+    assert main(["mlp", option, "/proc/m.so"]) == 2  # a directory no file can be made in
+    captured = capsys.readouterr()
+    assert f"{option} /proc/m.so" in captured.err and "compile" not in captured.out
 
 
 def test_output_path_clashes(tmp_path, capsys):
@@ -456,6 +459,8 @@ def get_model(width=3):
     (["{tmp}/bad.py"], "bad.py raised ValueError: width 3 is odd at {tmp}/bad.py:3 in helper"),
     (["mlp", "--tune-db", "{tmp}/bad.py"], "--tune-db {tmp}/bad.py is a file"),
     (["mlp", "--dump-dir", "{tmp}/bad.py"], "--dump-dir {tmp}/bad.py is a file"),
+    (["mlp", "--tune-db", "/proc/db/x"], "--tune-db /proc/db/x: cannot create files in /proc"),
+    (["mlp", "--dump-dir", "/proc/ir"], "--dump-dir /proc/ir: cannot create files in /proc"),
     (["mlp", "--device-memory", "-5%"], "'-5%': a percentage must be in (0, 100]"),
     (["mlp", "--device-memory", "-.5GB"], "cannot read '-.5GB' as a size"),
 ])

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import traceback
 
 
@@ -368,6 +369,34 @@ def output_path_problem(args) -> str | None:
             return f"{option} {path}: directory {parent} does not exist"
         if not os.access(parent, os.W_OK | os.X_OK):
             return f"{option} {path}: directory {parent} is not writable"
+        problem = _cannot_create_in(parent)
+        if problem:
+            return f"{option} {path}: cannot create a file in {parent} ({problem})"
+    return None
+
+
+def directory_problem(option: str, path: str, what: str) -> str | None:
+    """Why `path` cannot serve as the directory `option` writes into (None if it can): it is a
+    file, or no file can be made in it or, where it does not exist yet, in the nearest
+    directory above it that does."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{option} {path} is a file; it takes a directory ({what})"
+    existing = os.path.abspath(path)
+    while not os.path.isdir(existing):
+        existing = os.path.dirname(existing)
+    problem = _cannot_create_in(existing)
+    return f"{option} {path}: cannot create files in {existing} ({problem})" if problem else None
+
+
+def _cannot_create_in(directory: str) -> str | None:
+    """Why no file can be made in `directory`, found by making one: `os.access` says yes to
+    root for a read-only mount and for /proc, where the write after compiling would fail."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".tvm_ext_probe.", dir=directory)
+    except OSError as e:
+        return e.strerror or str(e)
+    os.close(fd)
+    os.remove(probe)
     return None
 
 

@@ -7,6 +7,7 @@ import sys
 
 from .args import (
     build_parser,
+    directory_problem,
     output_path_problem,
     refuse_idle_options,
     values_that_look_negative,
@@ -37,13 +38,10 @@ def main(argv: list[str] | None = None) -> int:
                                                        else argv))
     refuse_idle_options(parser, args)
     problem = output_path_problem(args)
-    if problem is None and args.tune_db and os.path.exists(args.tune_db) \
-            and not os.path.isdir(args.tune_db):
-        problem = f"--tune-db {args.tune_db} is a file; it takes a directory (MetaSchedule's " \
-                  "work dir)"
-    if problem is None and args.dump_dir and os.path.exists(args.dump_dir) \
-            and not os.path.isdir(args.dump_dir):
-        problem = f"--dump-dir {args.dump_dir} is a file; it takes a directory"
+    if problem is None and args.tune_db:
+        problem = directory_problem("--tune-db", args.tune_db, "MetaSchedule's work dir")
+    if problem is None and args.dump_dir:
+        problem = directory_problem("--dump-dir", args.dump_dir, "the IR after each pass")
     if problem is None and args.devices is not None and args.devices < 1:
         problem = f"--devices takes a number of devices >= 1, got {args.devices}"
     if problem is None:
