@@ -380,6 +380,50 @@ def test_pt2_bfloat16_check_against_torch(tmp_path, capsys):
     assert "1 outputs match PyTorch eager (bf16.pt2)" in out and "bfloat16 rtol 0.05" in out
 
 
+def _zero_score_picker(torch):
+    """topk over scores of a zero weight (as Doge's at its initialisation): every score ties."""
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.score = torch.nn.Parameter(torch.zeros(16))
+
+        def forward(self, x):
+            picked = torch.topk(self.score * x, 4, dim=-1, sorted=False).indices
+            return torch.gather(x, -1, picked).sum(-1)
+    return Net()
+
+
+def test_a_check_failed_by_a_selection_among_ties_says_so(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    x = torch.arange(32, dtype=torch.float32).reshape(2, 16)
+    path = tmp_path / "ties.pt2"
+    torch.export.save(torch.export.export(_zero_score_picker(torch).eval(), (x,)), str(path))
+    report = tmp_path / "r.json"
+    assert main([str(path), "--check", "--report", str(report)]) == 1
+    err = capsys.readouterr().err
+    assert "PyTorch chose among tied values in topk (node topk): 2 of 2 rows" in err
+    ties = json.loads(report.read_text())["check"]["torch"]["tied_selections"]
+    assert ties == {"topk": {"op": "topk", "tied_rows": 2, "rows": 2}}
+
+
+@pytest.mark.parametrize("op, args, kwargs, expected", [
+    ("topk", ([[3.0, 2.0, 2.0, 1.0]], 2), {}, (1, 1)),   # which 2 is the second: a tie
+    ("topk", ([[3.0, 2.0, 2.0, 1.0]], 1), {}, (0, 1)),
+    ("topk", ([[1.0, 2.0], [2.0, 2.0]], 1, 0, False), {}, (1, 2)),  # smallest along dim 0
+    ("argmax", ([[1.0, 5.0, 5.0], [1.0, 2.0, 3.0]], 1), {}, (1, 2)),
+    ("argmin", ([[1.0, 0.0], [0.0, 2.0]],), {}, (1, 1)),  # over the flattened tensor
+    ("sort", ([[1.0, 2.0, 1.0], [1.0, 2.0, 3.0]],), {}, (1, 2)),
+])
+def test_tied_rows_reads_the_deciding_values(op, args, kwargs, expected):
+    torch = pytest.importorskip("torch")
+    from tvm_ext.models import selection_ties
+
+    kind = {"topk": "k", "argmax": "one", "argmin": "one", "sort": "all"}[op]
+    args = (torch.tensor(args[0]), *args[1:])
+    assert selection_ties.tied_rows(op, kind, args, kwargs) == expected
+
+
 # --------------------------------------------------------------------------------------------
 # Output paths: checked before compiling, replaced atomically, stale sidecars removed
 # --------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import numpy as np
 
 from tvm_ext import driver
 from tvm_ext.errors import CheckError, install_hint
-from tvm_ext.models import reference
+from tvm_ext.models import reference, selection_ties
 from tvm_ext.models.onnx_reference import onnx_reference
 from tvm_ext.models.reference import tolerance
 
@@ -74,9 +74,12 @@ def check_against_reference(args, report: dict, model, target, device, arguments
         status = 0
     if expected is None:
         return max(status, torch_status)
-    return max(status, compare_with_torch(
+    torch_status = compare_with_torch(
         args, report, outputs, expected, least,
-        lambda: _within_pytorch_noise(args, model, arguments, outputs, expected, least)))
+        lambda: _within_pytorch_noise(args, model, arguments, outputs, expected, least))
+    if torch_status:
+        say_tied_selections(args, report, model, arguments)
+    return max(status, torch_status)
 
 
 def _noise_measurable(report: dict) -> bool:
@@ -396,10 +399,41 @@ def check_against_torch(args, report: dict, model, arguments, outputs) -> int:
     """--check of a .pt2 model against PyTorch eager alone (see `torch_expected`). Returns the
     exit status; 0 where there is nothing to compare with."""
     status, expected = torch_expected(args, report, model, arguments)
-    return status if expected is None else compare_with_torch(
+    if expected is None:
+        return status
+    status = compare_with_torch(
         args, report, outputs, expected, autocast_tolerance(model),
         lambda: _within_pytorch_noise(args, model, arguments, outputs, expected,
                                       autocast_tolerance(model)))
+    if status:
+        say_tied_selections(args, report, model, arguments)
+    return status
+
+
+def say_tied_selections(args, report: dict, model, arguments) -> None:
+    """After a failed comparison with PyTorch: the selections (topk, sort, argmax ...) PyTorch
+    made among tied values, which TVM may break otherwise, said and kept in the report. The
+    check still fails: a tie explains a difference, it does not prove that nothing else
+    does."""
+    path = torch_file(model, args.model)
+    if path is None:
+        return
+    n = model.num_input
+    inputs = arguments[:n - 1] if model.training else arguments[:n]  # the labels last
+    try:
+        found = reference.tied_selections(path, inputs, arguments[n:],
+                                          [p.name for p in model.params])
+    except Exception:  # a diagnosis that cannot run leaves the failure as it is
+        return
+    if not found:
+        return
+    report["check"]["torch"]["tied_selections"] = {
+        node: {"op": op, "tied_rows": tied, "rows": rows}
+        for node, (op, tied, rows) in found.items()}
+    print(f"check   note: PyTorch chose among tied values in {selection_ties.describe(found)}; "
+          "where values tie, PyTorch and TVM may choose different ones and their outputs then "
+          "differ without a fault in either (a model at its initialisation may tie, e.g. "
+          "scores made from weights set to zero)", file=sys.stderr)
 
 
 def compare_with_torch(args, report: dict, outputs, expected: list, least=None,

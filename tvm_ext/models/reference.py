@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import require
-from . import dropout, pt2_files
+from . import dropout, pt2_files, selection_ties
 
 TOLERANCES = {
     "float64": (1e-7, 1e-9),
@@ -323,12 +323,24 @@ def _load_version(path: str, _mtime_ns: int, _size: int):
     return pt2_files.load_program(path)
 
 
+def tied_selections(path: str, inputs: Sequence[np.ndarray], params: Sequence[np.ndarray],
+                    param_names: Sequence[str]) -> dict:
+    """{node: (op, tied rows, rows)} of the program's selections (topk, sort, argmax ...) that
+    chose among tied values in one eager call on `inputs` (see `selection_ties.py`)."""
+    found: dict = {}
+    with _torch().no_grad():
+        _run(path, inputs, params, param_names, watch=found)
+    return found
+
+
 def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = (),
-         autocast: bool = False, float64: bool = False, functional: bool = False):
+         autocast: bool = False, float64: bool = False, functional: bool = False,
+         watch: dict | None = None):
     """(tensor outputs flattened, {param name: tensor fed}) of one eager call (`autocast`:
     one under `torch.autocast`, without the export's dtype checks; `float64`: float32 widened
     to float64, likewise; `functional`: the program through torch.export's decompositions,
-    which leave no in-place write)."""
+    which leave no in-place write; `watch`: a dict each selection that chose among ties is
+    written into)."""
     torch = _torch()
     from torch.utils import _pytree
 
@@ -347,6 +359,8 @@ def _run(path, inputs, params, param_names, requires_grad: Sequence[str] = (),
     with pt2_files.quiet_torch():
         module, inputs = _with_seeded_dropouts(program, list(inputs))
     _views_as_reshapes(module)
+    if watch is not None:
+        selection_ties.watch(module, watch)
     if functional:
         _copies_differentiable(module)
     if autocast or float64:
