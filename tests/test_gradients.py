@@ -726,6 +726,43 @@ def test_avg_pool1d_gradient_matches_torch(size, kernel, stride, padding, ceil_m
     np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("op, axis, keepdims", [
+    ("max", [1], False), ("min", [0, 2], True), ("max", None, False),
+])
+def test_max_and_min_over_axes_share_the_gradient_among_ties_as_torch(op, axis, keepdims):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 3, (3, 4, 2)).astype(np.float64)  # small integers: many ties
+    tx = torch.tensor(x, requires_grad=True)
+    reduce = getattr(torch, f"a{op}")
+    y = reduce(tx, dim=tuple(axis) if axis else tuple(range(3)), keepdim=keepdims)
+    r = rng.standard_normal(tuple(y.shape))
+    (y * torch.tensor(r)).sum().backward()
+
+    def build(bb, vx, vr):
+        return relax.op.sum(relax.op.multiply(getattr(relax.op, op)(vx, axis, keepdims), vr))
+
+    loss, (gx,) = _adjoint_vm(build, [x.shape, r.shape], [0])(x, r)
+    assert float(loss.numpy()) == pytest.approx(float((y.detach() * torch.tensor(r)).sum()))
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_stack_gradient_gives_each_tensor_its_slice(axis):
+    rng = np.random.default_rng(0)
+    a, b, c = (rng.standard_normal((2, 3)) for _ in range(3))
+    r = rng.standard_normal(np.stack([a, b, c], axis).shape)
+
+    def build(bb, va, vb, vc, vr):
+        stacked = relax.op.stack([va, relax.op.multiply(vb, vb), vc], axis)
+        return relax.op.sum(relax.op.multiply(stacked, vr))
+
+    _, grads = _adjoint_vm(build, [a.shape, b.shape, c.shape, r.shape], [0, 1, 2])(a, b, c, r)
+    parts = np.moveaxis(r, axis, 0)
+    for got, want in zip(grads, [parts[0], 2 * b * parts[1], parts[2]], strict=True):
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
+
+
 def test_relu_gradient_at_zero_is_pytorchs():
     """ReLU passes no gradient where its input is exactly 0, as PyTorch's; TVM's passes it
     (RegNet's first layer: a 1x1 convolution of an all-zero map plus a zero bias)."""

@@ -247,6 +247,37 @@ def test_onnx_constant_pad_and_tile_are_relax_ops_so_the_training_step_builds(tm
     assert main([path, "--training", "--run", "--check"]) == 0
 
 
+def test_onnx_unsorted_topk_and_a_reduce_max_import_and_train(tmp_path):
+    """TVM's ONNX frontend refused TopK with sorted=0 (Doge's dynamic mask): imported as the
+    sorted one, one of the orders an unsorted top-k may return; ReduceMax had no gradient."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tvm_ext.cli import main
+
+    def constant(name, value):
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(
+            np.array(value, "int64"), name))
+
+    nodes = [constant("k", [3]), constant("axes", [1]),
+             helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("TopK", ["h", "k"], ["v", "i"], axis=1, sorted=0),
+             # The values summed: their order, unspecified, does not matter.
+             helper.make_node("ReduceSum", ["v", "axes"], ["s"], keepdims=0),
+             helper.make_node("ReduceMax", ["h"], ["m"], axes=[1], keepdims=0),
+             helper.make_node("Add", ["s", "m"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "topk", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        [numpy_helper.from_array(
+            np.random.default_rng(0).standard_normal((8, 6)).astype("float32"), "w")])
+    path = str(tmp_path / "topk.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    assert main([path, "--check"]) == 0
+    assert main([path, "--training", "--run", "--check"]) == 0
+
+
 def test_a_kernel_without_a_gradient_is_named_when_the_training_step_is_built():
     from tvm import relax, topi
 

@@ -1,7 +1,8 @@
 """Gradients that TVM's `relax.transform.Gradient` lacks (`topk`: a mixture of experts'
 routing weights; `flip`: a bidirectional RNN; `conv3d`: video models; `adaptive_avg_pool2d`:
 VGG's head; `slice_scatter`: Swin's window mask; `leakyrelu`: Swin2SR; `index_put`:
-MobileViTV2's `F.fold`; `avg_pool1d`: SEW-D through ONNX; none through masks, rounding
+MobileViTV2's `F.fold`; `avg_pool1d`: SEW-D through ONNX; `max` / `min` over axes and
+`stack`: XGLM through ONNX; none through masks, rounding
 and indices: RecurrentGemma's `bitwise_not`), cannot take (a `concat` of one tensor, a `pad`
 with negative widths: RWKV's time shift), or computes otherwise than PyTorch (`take`
 of indices not one-dimensional, `avg_pool2d` windows past the padded input, ReLU at zero,
@@ -202,6 +203,20 @@ def _avg_pool1d_grad(orig_var, orig_call, output_grad, ctx):
         layout[:axis] + "HW" + layout[axis + 1:]))
     (dx4,) = _avg_pool2d_grad(pooled, pooled, _op.expand_dims(output_grad, axis), ctx)
     return [_op.squeeze(dx4, [axis])]
+
+
+def _extreme_grad(orig_var, orig_call, output_grad, ctx):
+    """`max` / `min` over axes (an ONNX ReduceMax, torch's `amax`): dy shared evenly among the
+    elements that attain the extreme, as PyTorch's `amax` / `amin` gradient shares it."""
+    x = orig_call.args[0]
+    dims = _dims(x)
+    axes = range(len(dims)) if orig_call.attrs.axis is None else \
+        [int(a) % len(dims) for a in orig_call.attrs.axis]
+    kept = [1 if i in axes else d for i, d in enumerate(dims)]
+    y, dy = _op.reshape(orig_var, kept), _op.reshape(output_grad, kept)
+    attains = _op.astype(_op.equal(x, y), str(x.ty.dtype))
+    share = _op.divide(dy, _op.sum(attains, list(axes), keepdims=True))
+    return [_op.multiply(attains, share)]
 
 
 def _relu_grad(orig_var, orig_call, output_grad, ctx):
@@ -499,6 +514,16 @@ def _concat_grad(orig_var, orig_call, output_grad, ctx):
     return _tvm_concat_grad(orig_var, orig_call, output_grad, ctx)
 
 
+def _stack_grad(orig_var, orig_call, output_grad, ctx):
+    """y = stack((x1, x2, ...), axis): dxi is dy's slice i along `axis`, that axis taken away
+    (XGLM through ONNX)."""
+    axis = int(orig_call.attrs.axis) % len(_dims(orig_var))
+    count = len(orig_call.args[0].ty.fields)
+    return [relax.Tuple([
+        _op.squeeze(_op.strided_slice(output_grad, axes=[axis], begin=[i], end=[i + 1]), [axis])
+        for i in range(count)])]
+
+
 def _slice_scatter_grad(orig_var, orig_call, output_grad, ctx):
     """y = x with y[start:end:step] (along `axis`) = src: dx is dy with that slice zeroed, dsrc
     that slice of dy (Swin's shifted-window mask is built this way, from constants; the
@@ -634,6 +659,7 @@ def register_all() -> None:
         ("relax.nn.adaptive_avg_pool2d", _adaptive_avg_pool2d_grad),
         ("relax.slice_scatter", _slice_scatter_grad),
         ("relax.concat", _concat_grad),
+        ("relax.stack", _stack_grad),
         ("relax.nn.conv1d_transpose", _conv1d_transpose_grad),
         ("relax.nn.conv2d_transpose", _conv2d_transpose_grad),
         ("relax.squeeze", _squeeze_grad),
@@ -648,6 +674,8 @@ def register_all() -> None:
         ("relax.index_put", _index_put_grad),
         ("relax.nn.avg_pool2d", _avg_pool2d_grad),
         ("relax.nn.avg_pool1d", _avg_pool1d_grad),
+        ("relax.max", _extreme_grad),
+        ("relax.min", _extreme_grad),
         ("relax.nn.relu", _relu_grad),
         ("relax.nn.leakyrelu", _leakyrelu_grad),
         ("relax.strided_slice", _strided_slice_grad),

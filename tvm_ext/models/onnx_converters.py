@@ -10,6 +10,10 @@ are Relax ops, with gradients of their own.
   (its gradient is `gradients.py`'s). The other modes stay the frontend's.
 - `Tile` with constant repeats (SwiftFormer): the frontend emits `topi.tile`;
   here `relax.op.tile`. Repeats computed at run time stay the frontend's.
+
+And `TopK` with `sorted=0` (Doge's dynamic mask), which the frontend refuses: an unsorted
+top-k returns its k values in an unspecified order, of which the sorted one is one (as
+`torch_converters` reads `topk(..., sorted=False)`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ def onnx_converters():
 
     original = frontend._get_convert_map
     ours = {"Clip": _clip_converter(frontend), "Pad": _pad_converter(frontend),
-            "Tile": _tile_converter(frontend)}
+            "Tile": _tile_converter(frontend), "TopK": _topk_converter(frontend)}
 
     def convert_map():
         return {**original(), **ours}
@@ -115,3 +119,12 @@ def _tile_converter(frontend):
                                                      repeats.value.numpy().tolist()]))
 
     return Tile
+
+
+def _topk_converter(frontend):
+    class TopK(frontend.TopK):
+        @classmethod
+        def _impl_v11(cls, bb, inputs, attr, params):
+            return super()._impl_v11(bb, inputs, {**attr, "sorted": 1}, params)
+
+    return TopK
