@@ -2,12 +2,11 @@
 routing weights; `flip`: a bidirectional RNN; `conv3d`: video models; `adaptive_avg_pool2d`:
 VGG's head; `slice_scatter`: Swin's window mask; `leakyrelu`: Swin2SR; `index_put`:
 MobileViTV2's `F.fold`; `avg_pool1d`: SEW-D through ONNX; `max` / `min` over axes and
-`stack`: XGLM through ONNX; none through masks, rounding
-and indices: RecurrentGemma's `bitwise_not`), cannot take (a `concat` of one tensor, a `pad`
-with negative widths: RWKV's time shift), or computes otherwise than PyTorch (`take`
-of indices not one-dimensional, `avg_pool2d` windows past the padded input, ReLU at zero,
-`where` over broadcast branches, a dilated `conv2d`'s data gradient), registered on `import
-tvm_ext` over TVM's own.
+`stack`: XGLM through ONNX; none through masks, rounding and indices: RecurrentGemma's
+`bitwise_not`), cannot take (a `concat` of one tensor, a `pad` with negative widths: RWKV's
+time shift), or computes otherwise than PyTorch (`take` of indices not one-dimensional,
+`avg_pool2d` windows past the padded input, ReLU at zero, `where` over broadcast branches, a
+dilated `conv2d`'s data gradient), registered on `import tvm_ext` over TVM's own.
 
 Each is written from primitives that have gradients and legalizations of their own, and is
 checked against finite differences or torch.autograd in tests/test_gradients.py.
