@@ -679,24 +679,8 @@ def test_avg_pool2d_gradient_matches_torch(size, kernel, stride, padding, ceil_m
                                            count_include_pad):
     """A window that runs past the padded input is averaged over what it covers there (as
     PyTorch does), and so is its gradient; TVM's own divides that one by the whole window."""
-    torch = pytest.importorskip("torch")
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((2, 3, size, size))
-    tx = torch.tensor(x, requires_grad=True)
-    y = torch.nn.functional.avg_pool2d(tx, kernel, stride, padding, ceil_mode=ceil_mode,
-                                       count_include_pad=count_include_pad)
-    r = rng.standard_normal(tuple(y.shape))
-    (y * torch.tensor(r)).sum().backward()
-
-    def build(bb, vx, vr):
-        pooled = relax.op.nn.avg_pool2d(vx, kernel, stride, padding, ceil_mode=ceil_mode,
-                                        count_include_pad=count_include_pad)
-        return relax.op.sum(relax.op.multiply(pooled, vr))
-
-    loss, (gx,) = _adjoint_vm(build, [x.shape, r.shape], [0])(x, r)
-    assert float(loss.numpy()) == pytest.approx(float((y.detach() * torch.tensor(r)).sum()),
-                                                rel=1e-10)
-    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-10, atol=1e-12)
+    _avg_pool_gradient_matches_torch("avg_pool2d", (2, 3, size, size), kernel, stride, padding,
+                                     ceil_mode, count_include_pad)
 
 
 @pytest.mark.parametrize("size, kernel, stride, padding, ceil_mode, count_include_pad", [
@@ -706,18 +690,26 @@ def test_avg_pool2d_gradient_matches_torch(size, kernel, stride, padding, ceil_m
 ])
 def test_avg_pool1d_gradient_matches_torch(size, kernel, stride, padding, ceil_mode,
                                            count_include_pad):
+    _avg_pool_gradient_matches_torch("avg_pool1d", (2, 3, size), kernel, stride, padding,
+                                     ceil_mode, count_include_pad)
+
+
+def _avg_pool_gradient_matches_torch(op, shape, kernel, stride, padding, ceil_mode,
+                                     count_include_pad):
+    """The loss and input gradient of `op` (`avg_pool1d` / `avg_pool2d`) against
+    torch.autograd's in float64."""
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((2, 3, size))
+    x = rng.standard_normal(shape)
     tx = torch.tensor(x, requires_grad=True)
-    y = torch.nn.functional.avg_pool1d(tx, kernel, stride, padding, ceil_mode=ceil_mode,
-                                       count_include_pad=count_include_pad)
+    y = getattr(torch.nn.functional, op)(tx, kernel, stride, padding, ceil_mode=ceil_mode,
+                                         count_include_pad=count_include_pad)
     r = rng.standard_normal(tuple(y.shape))
     (y * torch.tensor(r)).sum().backward()
 
     def build(bb, vx, vr):
-        pooled = relax.op.nn.avg_pool1d(vx, kernel, stride, padding, ceil_mode=ceil_mode,
-                                        count_include_pad=count_include_pad)
+        pooled = getattr(relax.op.nn, op)(vx, kernel, stride, padding, ceil_mode=ceil_mode,
+                                          count_include_pad=count_include_pad)
         return relax.op.sum(relax.op.multiply(pooled, vr))
 
     loss, (gx,) = _adjoint_vm(build, [x.shape, r.shape], [0])(x, r)
