@@ -9,6 +9,10 @@ threads, one thread per iteration of the fused nest, when its iterations can run
 - a nest whose only statement stores a value that reads no buffer the nest writes, at indices
   that are a bijection of the loop variables (`detect_iter_map`), or a constant anywhere: no
   two iterations touch the same element, or they write the same value;
+- a nest of loops all marked `parallel` whose only statement stores a value that reads no
+  buffer the nest writes, at any indices: the kernel's author declared its iterations free
+  of order (TVM legalizes `index_put` into such a scatter, as PyTorch leaves which of two
+  writes to one element wins undefined, and its CPU build runs those loops in parallel);
 - a nest whose only statement adds a value to an element of a buffer it reads nowhere else
   (`B[I] = B[I] + e`): an accumulation, whose iterations commute up to float rounding. On
   CUDA the add becomes `atomicAdd` (so the sum's rounding order varies from run to run, as
@@ -78,7 +82,8 @@ def _flatten(stmt, allocs: list) -> list | None:
 def _parallel_nest(stmt, target) -> tirx.Stmt | None:
     loops = []
     while isinstance(stmt, tirx.For):
-        if stmt.kind != tirx.ForKind.SERIAL or not isinstance(stmt.extent, tirx.IntImm) \
+        if stmt.kind not in (tirx.ForKind.SERIAL, tirx.ForKind.PARALLEL) \
+                or not isinstance(stmt.extent, tirx.IntImm) \
                 or not isinstance(stmt.min, tirx.IntImm) or int(stmt.min.value) != 0:
             return None
         loops.append(stmt)
@@ -86,7 +91,8 @@ def _parallel_nest(stmt, target) -> tirx.Stmt | None:
     if not isinstance(stmt, tirx.BufferStore):
         return None
     stmt = _simplified(stmt, loops)
-    body = _independent_store(stmt, loops) or _atomic_accumulate(stmt, target)
+    body = _independent_store(stmt, loops) or _declared_parallel(stmt, loops) or \
+        _atomic_accumulate(stmt, target)
     if body is None:
         return None
     return _over_threads(body, _contiguous_last(stmt, loops))
@@ -133,6 +139,15 @@ def _independent_store(store: tirx.BufferStore, loops: list) -> tirx.Stmt | None
     mapped = tvm.sym.detect_iter_map(list(store.indices), iters,
                                      check_level=IterMapLevel.Bijective)
     return store if len(mapped.indices) else None
+
+
+def _declared_parallel(store: tirx.BufferStore, loops: list) -> tirx.Stmt | None:
+    """The store itself when every loop is marked parallel and its value reads nothing the
+    nest writes (see the module docstring)."""
+    if loops and all(lp.kind == tirx.ForKind.PARALLEL for lp in loops) \
+            and not _loads(store.value, store.buffer):
+        return store
+    return None
 
 
 def _atomic_accumulate(store: tirx.BufferStore, target) -> tirx.Stmt | None:

@@ -60,6 +60,14 @@ def test_bfloat16_orders_are_those_of_their_values_in_the_pipeline():
         np.testing.assert_array_equal(g.astype(e.dtype), e)
 
 
+def test_the_reference_build_of_check_orders_bfloat16_by_its_values():
+    # --check compares with a plain tvm.compile: without the pass there it has no reference
+    # for a bfloat16 argmin (a VQ-VAE under --dtype bf16), or a misordered one for a sort.
+    got = _run(driver.build_reference(_model(_orders("bfloat16")), tvm.target.Target("llvm")))
+    for g, e in zip(got, _expected(_DATA), strict=True):
+        np.testing.assert_array_equal(g.astype(e.dtype), e)
+
+
 def test_the_pass_leaves_other_dtypes_and_is_what_tvm_needs():
     mod = _orders("float16")
     tvm.ir.assert_structural_equal(OrderInFloat32()(mod), mod)

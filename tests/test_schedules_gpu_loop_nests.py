@@ -87,7 +87,43 @@ def _fill(A: T.Buffer((8, 64), "float32"), B: T.Buffer((8, 64), "float32")):
             B[i // 64, i % 64] = A[i // 64, i % 64] * T.float32(2)
 
 
-@pytest.mark.parametrize("func", [_recurrence, _overlapping], ids=["recurrence", "overlap"])
+@T.prim_func(s_tir=True)
+def _parallel_recurrence(A: T.Buffer((64,), "float32"), B: T.Buffer((64,), "float32")):
+    with T.sblock("root"):
+        for i in T.parallel(63):
+            B[i + 1] = B[i] + A[i]
+
+
+def test_an_index_put_scatter_runs_one_element_a_thread(cuda_target):
+    """TVM legalizes index_put into a copy and a scatter at data-dependent indices, both loops
+    marked parallel (UNet1D's down- and upsampling build their kernels' weight so: a zero
+    tensor with the kernel written along its diagonal); they ran on one GPU thread."""
+    c, k = 32, 8
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((c, c, k), "float32"))
+    i = relax.Var("i", relax.TensorType((c, 1), "int64"))
+    j = relax.Var("j", relax.TensorType((k,), "int64"))
+    v = relax.Var("v", relax.TensorType((c, k), "float32"))  # as broadcast by the importer
+    with bb.function("main", [x, i, j, v]):
+        bb.emit_func_output(bb.emit(relax.op.index_put(x, relax.Tuple([i, i, j]), v)))
+    func = relax.transform.LegalizeOps()(bb.get())["index_put"]
+    assert serial_iterations(func).iterations >= c * c * k
+    scheduled = parallel_loop_nests(func, cuda_target)
+    assert serial_iterations(scheduled).iterations == 1
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal((c, c, k)).astype("float32")
+    rows = np.arange(c, dtype="int64")[:, None]
+    cols = np.arange(k, dtype="int64")
+    values = rng.standard_normal((c, k)).astype("float32")
+    out = run_kernel(on_cpu(scheduled), [data, rows, rows, cols, values,
+                                         np.full_like(data, np.nan)])[-1]
+    want = data.copy()
+    want[rows, rows, cols] = values
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("func", [_recurrence, _overlapping, _parallel_recurrence],
+                         ids=["recurrence", "overlap", "parallel recurrence"])
 def test_nests_whose_iterations_depend_on_each_other_are_refused(func, cuda_target):
     assert parallel_loop_nests(func, cuda_target) is None
 
