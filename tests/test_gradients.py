@@ -755,6 +755,63 @@ def test_stack_gradient_gives_each_tensor_its_slice(axis):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
 
 
+@pytest.mark.parametrize("equation, shapes", [
+    ("bclhn,bcshn->bclsh", [(2, 2, 3, 2, 4), (2, 2, 3, 2, 4)]),  # Mamba2's chunked scan
+    ("ij,jk", [(3, 4), (4, 5)]),  # implicit output
+    ("...ij,...jk->...ik", [(2, 1, 3, 4), (3, 4, 2)]),  # ellipsis, broadcast over a dim of 1
+    ("ij,j->i", [(3, 4), (1,)]),  # a letter broadcast from 1
+    ("abc,c->a", [(2, 3, 4), (4,)]),  # b summed in the first operand alone
+    ("i,i,i->", [(5,), (5,), (5,)]),
+])
+def test_einsum_gradient_matches_torch(equation, shapes):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(s) for s in shapes]
+    ts = [torch.tensor(x, requires_grad=True) for x in xs]
+    y = torch.einsum(equation, *ts)
+    r = rng.standard_normal(tuple(y.shape))
+    (y * torch.tensor(r)).sum().backward()
+
+    def build(bb, *vs):
+        return relax.op.sum(relax.op.multiply(relax.op.einsum(list(vs[:-1]), equation),
+                                              vs[-1]))
+
+    loss, grads = _adjoint_vm(build, [*shapes, r.shape], list(range(len(xs))))(*xs, r)
+    assert float(loss.numpy()) == pytest.approx(float((y.detach() * torch.tensor(r)).sum()))
+    for got, t in zip(grads, ts, strict=True):
+        np.testing.assert_allclose(got.numpy(), t.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_an_einsum_gradient_over_a_diagonal_is_refused_by_name():
+    with pytest.raises(ValueError, match="repeat an index"):
+        _adjoint_vm(lambda bb, v, r: relax.op.sum(relax.op.multiply(
+            relax.op.einsum([v], "ii->i"), r)), [(3, 3), (3,)], [0])
+
+
+@pytest.mark.parametrize("reduction", ["update", "add"])
+def test_scatter_nd_gradient_matches_torch_index_put(reduction):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((5, 4, 3))
+    rows = np.array([[4, 1], [0, 2], [2, 3]])  # (row, col) pairs: ScatterND's last dim
+    u = rng.standard_normal((3, 3))
+    tx, tu = (torch.tensor(a, requires_grad=True) for a in (x, u))
+    y = torch.index_put(tx, (torch.tensor(rows[:, 0]), torch.tensor(rows[:, 1])), tu,
+                        accumulate=reduction == "add")
+    r = rng.standard_normal(tuple(y.shape))
+    (y * torch.tensor(r)).sum().backward()
+
+    def build(bb, vx, vu, vr):
+        idx = relax.const(rows, "int64")
+        return relax.op.sum(relax.op.multiply(relax.op.scatter_nd(vx, idx, vu, reduction),
+                                              vr))
+
+    loss, (gx, gu) = _adjoint_vm(build, [x.shape, u.shape, r.shape], [0, 1])(x, u, r)
+    assert float(loss.numpy()) == pytest.approx(float((y.detach() * torch.tensor(r)).sum()))
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(gu.numpy(), tu.grad.numpy(), rtol=1e-12)
+
+
 def test_relu_gradient_at_zero_is_pytorchs():
     """ReLU passes no gradient where its input is exactly 0, as PyTorch's; TVM's passes it
     (RegNet's first layer: a 1x1 convolution of an all-zero map plus a zero bias)."""

@@ -122,6 +122,36 @@ def test_an_onnx_file_with_shape_computed_pads_imports_after_onnxsim(tmp_path, m
         load_model(path)
 
 
+def test_an_onnx_file_with_shape_computed_slices_imports_after_onnxsim(tmp_path, monkeypatch,
+                                                                      capsys):
+    """GEGLU's `chunk(2, dim=-1)` (diffusers' UNets, ControlNet) exports as slices at bounds
+    computed from `Shape`: TVM's frontend imports them as slices of a shape known only at
+    run time, which the pipeline could not fuse (a traceback); onnxsim folds them."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxsim")
+    from tvm_ext.cli import main
+    from tvm_ext.models import onnx_files
+
+    class GEGLU(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 8)
+
+        def forward(self, x):
+            h, gate = self.proj(x).chunk(2, dim=-1)
+            return h * torch.nn.functional.gelu(gate)
+
+    path = str(tmp_path / "geglu.onnx")
+    torch.onnx.export(GEGLU(), (torch.randn(2, 3, 4),), path, dynamo=False)
+    assert main([path, "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "has a shape known only at run time" in out
+    assert "imported after onnxsim folded" in out
+    monkeypatch.setattr(onnx_files, "simplified", lambda proto: None)
+    with pytest.raises(ModelLoadError, match="has a shape known only at run time"):
+        load_model(path)
+
+
 def _scatter_onnx(path: str) -> None:
     """ScatterND into a weight named as torch's TorchScript exporter (and onnxsim, folding a
     constant) names values."""
@@ -275,6 +305,42 @@ def test_onnx_unsorted_topk_and_a_reduce_max_import_and_train(tmp_path):
     path = str(tmp_path / "topk.onnx")
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
     assert main([path, "--check"]) == 0
+    assert main([path, "--training", "--run", "--check"]) == 0
+
+
+def test_onnx_negative_perms_a_folded_expand_shape_and_einsum_import_and_train(tmp_path,
+                                                                               capsys):
+    """Zamba2 through torch's TorchScript exporter: a Transpose perm counting from the end
+    (ONNX Runtime refuses it), an Expand to a shape onnxsim left in an initializer (the
+    frontend read it as a run-time shape: every shape after it unknown, its Einsum failed),
+    and Einsum, which had no gradient."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tvm_ext.cli import main
+
+    rng = np.random.default_rng(0)
+
+    def weight(name, shape):
+        return numpy_helper.from_array(rng.standard_normal(shape).astype("float32"), name)
+
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Transpose", ["h"], ["t"], perm=[0, -1, -2]),
+             helper.make_node("ReduceMean", ["x"], ["r"], axes=[1], keepdims=1),
+             helper.make_node("Transpose", ["r"], ["rt"], perm=[0, 2, 1]),
+             helper.make_node("Expand", ["rt", "shape"], ["e"]),
+             helper.make_node("Mul", ["t", "e"], ["m"]),
+             helper.make_node("Einsum", ["m", "w2"], ["y"], equation="bij,jk->bik")]
+    graph = helper.make_graph(
+        nodes, "zamba", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 5])],
+        [weight("w", (4, 4)), weight("w2", (3, 5)),
+         numpy_helper.from_array(np.array([2, 4, 3], "int64"), "shape")])
+    path = str(tmp_path / "zamba.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    assert main([path, "--check"]) == 0
+    assert "1 Transpose perms count dims from the end" in capsys.readouterr().out
     assert main([path, "--training", "--run", "--check"]) == 0
 
 

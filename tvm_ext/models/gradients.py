@@ -1,12 +1,13 @@
-"""Gradients that TVM's `relax.transform.Gradient` lacks (`topk`: a mixture of experts'
-routing weights; `flip`: a bidirectional RNN; `conv3d`: video models; `adaptive_avg_pool2d`:
-VGG's head; `slice_scatter`: Swin's window mask; `leakyrelu`: Swin2SR; `index_put`:
-MobileViTV2's `F.fold`; `avg_pool1d`: SEW-D through ONNX; `max` / `min` over axes and
-`stack`: XGLM through ONNX; none through masks, rounding and indices: RecurrentGemma's
-`bitwise_not`), cannot take (a `concat` of one tensor, a `pad` with negative widths: RWKV's
-time shift), or computes otherwise than PyTorch (`take` of indices not one-dimensional,
-`avg_pool2d` windows past the padded input, ReLU at zero, `where` over broadcast branches, a
-dilated `conv2d`'s data gradient), registered on `import tvm_ext` over TVM's own.
+"""Gradients that TVM's `relax.transform.Gradient` lacks (`topk`: a mixture of experts' routing
+weights; `flip`: a bidirectional RNN; `conv3d`: video models; `adaptive_avg_pool2d`: VGG's
+head; `slice_scatter`: Swin's window mask; `leakyrelu`: Swin2SR; `index_put`: MobileViTV2's
+`F.fold`; `avg_pool1d`: SEW-D through ONNX; `max` / `min` over axes and `stack`: XGLM through
+ONNX; `einsum`: Zamba2 through ONNX; `scatter_nd`: UNet1D and Wan through ONNX; none through
+masks, rounding and indices: RecurrentGemma's `bitwise_not`), cannot take (a `concat` of one
+tensor, a `pad` with negative widths: RWKV's time shift), or computes otherwise than PyTorch
+(`take` of indices not one-dimensional, `avg_pool2d` windows past the padded input, ReLU at
+zero, `where` over broadcast branches, a dilated `conv2d`'s data gradient), registered on
+`import tvm_ext` over TVM's own.
 
 Each is written from primitives that have gradients and legalizations of their own, and is
 checked against finite differences or torch.autograd in tests/test_gradients.py.
@@ -523,6 +524,92 @@ def _stack_grad(orig_var, orig_call, output_grad, ctx):
         for i in range(count)])]
 
 
+def _einsum_grad(orig_var, orig_call, output_grad, ctx):
+    """y = einsum(eq, x1, ..., xn): dxi is the einsum of dy with the other operands, written to
+    xi's subscripts; where xi's dim is 1 against a larger size of its letter elsewhere (a
+    broadcast), dxi sums over it. An index found in xi alone (summed there only) is no letter
+    of that einsum: dxi is it broadcast along that index."""
+    tup = orig_call.args[0]
+    shapes = [tuple(int(v) for v in f.shape.values) for f in tup.ty.fields]
+    terms, out = _einsum_terms(str(orig_call.attrs.subscripts), [len(d) for d in shapes])
+    for term in terms:
+        if len(set(term)) != len(term):
+            raise ValueError(f"einsum gradient: operand subscripts {term!r} repeat an index "
+                             "(a diagonal)")
+    sizes = _letter_sizes(terms, shapes)
+    operands = [tup.fields[i] if isinstance(tup, relax.Tuple) else relax.TupleGetItem(tup, i)
+                for i in range(len(terms))]
+    grads = []
+    for i, (term, dims) in enumerate(zip(terms, shapes, strict=True)):
+        others = [k for k in range(len(terms)) if k != i]
+        known = set(out).union(*(terms[k] for k in others))
+        made = "".join(c for c in term if c in known)
+        eq = ",".join([*(terms[k] for k in others), out]) + "->" + made
+        g = _op.einsum([*(operands[k] for k in others), output_grad], eq)
+        full = [sizes[c] for c in term]
+        seen = _letter_sizes([*(terms[k] for k in others), out],
+                             [*(shapes[k] for k in others), _dims(orig_var)])
+        got = [seen.get(c, 1) for c in term]
+        if made != term:  # indices summed in xi alone: a dim of 1 for each
+            g = _op.reshape(g, got)
+        if got != full:  # broadcast back along them (and letters the others have at 1)
+            g = _op.broadcast_to(g, full)
+        ones = [a for a, (d, f) in enumerate(zip(dims, full, strict=True)) if d != f]
+        if ones:
+            g = _op.sum(g, axis=ones, keepdims=True)
+        grads.append(g)
+    return [relax.Tuple(grads)]
+
+
+def _letter_sizes(terms: list[str], shapes: list[tuple[int, ...]]) -> dict[str, int]:
+    """Each index's size: the largest of its dims (a dim of 1 broadcasts)."""
+    sizes: dict[str, int] = {}
+    for term, dims in zip(terms, shapes, strict=True):
+        for letter, d in zip(term, dims, strict=True):
+            sizes[letter] = max(sizes.get(letter, 1), d)
+    return sizes
+
+
+def _einsum_terms(equation: str, ranks: list[int]) -> tuple[list[str], str]:
+    """The operands' subscripts and the output's of an einsum `equation`, each index one
+    letter: an ellipsis spelled out in letters the equation does not use (right-aligned, as
+    it broadcasts), and an implicit output (no `->`) made as numpy makes it."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ranks):
+        raise ValueError(f"einsum {equation!r}: {len(terms)} operand subscripts for "
+                         f"{len(ranks)} operands")
+    spare = [c for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq]
+    widths = [r - (len(t) - 3) if "..." in t else 0 for t, r in zip(terms, ranks, strict=True)]
+    width = max(widths, default=0)
+    ellipsis = "".join(spare[:width])
+    terms = [t.replace("...", ellipsis[width - w:]) for t, w in zip(terms, widths, strict=True)]
+    if arrow:
+        out = rhs.replace("...", ellipsis)
+    else:
+        letters = "".join(terms)
+        out = ellipsis + "".join(sorted(c for c in set(letters) - set(ellipsis)
+                                        if letters.count(c) == 1))
+    return terms, out
+
+
+def _scatter_nd_grad(orig_var, orig_call, output_grad, ctx):
+    """y = scatter_nd(x, idx, u) (ONNX's ScatterND): du is dy gathered at idx; dx is dy with
+    the scattered elements zeroed ("update": they no longer depend on x) or dy itself ("add"),
+    as torch's index_put / index_put(accumulate=True) differentiate."""
+    _, indices, updates = orig_call.args
+    reduction = str(orig_call.attrs.reduction)
+    if reduction == "update":
+        dx = _op.scatter_nd(output_grad, indices, _op.zeros_like(updates), "update")
+    elif reduction == "add":
+        dx = output_grad
+    else:
+        raise ValueError(f"scatter_nd gradient: reduction {reduction!r} is not 'update' or "
+                         "'add'")
+    return [dx, _op.grad.no_grad(indices), _op.gather_nd(output_grad, indices)]
+
+
 def _slice_scatter_grad(orig_var, orig_call, output_grad, ctx):
     """y = x with y[start:end:step] (along `axis`) = src: dx is dy with that slice zeroed, dsrc
     that slice of dy (Swin's shifted-window mask is built this way, from constants; the
@@ -659,6 +746,8 @@ def register_all() -> None:
         ("relax.slice_scatter", _slice_scatter_grad),
         ("relax.concat", _concat_grad),
         ("relax.stack", _stack_grad),
+        ("relax.einsum", _einsum_grad),
+        ("relax.scatter_nd", _scatter_nd_grad),
         ("relax.nn.conv1d_transpose", _conv1d_transpose_grad),
         ("relax.nn.conv2d_transpose", _conv2d_transpose_grad),
         ("relax.squeeze", _squeeze_grad),

@@ -124,17 +124,25 @@ def _load_onnx(path: str, **_) -> Model:
         raise ModelLoadError(f"{path} does not parse as a .onnx model: "
                              f"{type(err).__name__}: {err}") from err
     proto, weight_names = onnx_files.with_identifier_names(proto)
+    proto, negative_perms = onnx_files.with_perms_in_range(proto)
     config: dict = {"onnx_weight_names": weight_names} if weight_names else {}
+    notes = [f"{negative_perms} Transpose perms count dims from the end, which ONNX Runtime "
+             "and ONNX's shape inference refuse: read as counted from the start (as torch's "
+             "permute reads them), here and for --check"] if negative_perms else []
     def frontend(proto):
         with onnx_converters():
             return from_onnx(proto, keep_params_in_input=True)
 
     try:
         mod = frontend(proto)
+        unknown = _unknown_shapes(mod)
+        if unknown:
+            raise ModelLoadError(f"{unknown} has a shape known only at run time")
     except Exception as err:
-        # Exporters compute reshapes and pads from `Shape` ops (torch's TorchScript exporter
-        # does for BART, Swin, MobileNetV1): at static shapes they are constants, which
-        # onnxsim folds where TVM's frontend would need them folded already.
+        # Exporters compute reshapes, pads and slices from `Shape` ops (torch's TorchScript
+        # exporter does for BART, Swin, MobileNetV1, GEGLU's chunk): at static shapes they are
+        # constants, which onnxsim folds where TVM's frontend would need them folded already
+        # (or imports them as shapes known at run time only, which no planner can size).
         simplified = onnx_files.simplified(proto)
         if simplified is None:
             raise _cannot_import(path, err) from err
@@ -142,11 +150,37 @@ def _load_onnx(path: str, **_) -> Model:
             mod = frontend(simplified)
         except Exception:
             raise _cannot_import(path, err) from err
-        config["import_note"] = (
+        if _unknown_shapes(mod):
+            raise _cannot_import(path, err) from err
+        notes.append(
             f"the TVM frontend cannot import the file as written ({type(err).__name__}: "
             f"{str(err).splitlines()[0][:160]}); imported after onnxsim folded its constant "
             "subgraphs (batch norms left unfused)")
+    if notes:
+        config["import_note"] = "; ".join(notes)
     return _with_weights(os.path.basename(path), mod, path, config)
+
+
+def _unknown_shapes(mod: tvm.IRModule) -> str | None:
+    """The name of the first value of `mod`'s Relax functions whose tensor shape is not all
+    constants where their parameters' are, or None (a model with inputs of symbolic shape is
+    refused by name later)."""
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr) \
+                or not all(_static(p.ty) for p in func.params):
+            continue
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                if not _static(binding.var.ty):
+                    return binding.var.name
+    return None
+
+
+def _static(ty) -> bool:
+    """A type that is not a tensor, or a tensor of constant shape."""
+    return not isinstance(ty, relax.TensorType) or (
+        isinstance(ty.shape, relax.ShapeExpr)
+        and all(isinstance(d, tvm.tirx.IntImm) for d in ty.shape.values))
 
 
 def _load_py(path: str, **kwargs) -> Model:

@@ -8,10 +8,15 @@ are Relax ops, with gradients of their own.
   unbounded as the frontend has them.
 - `Pad` in constant mode (SEW-D): the frontend emits `topi.nn.pad`; here `relax.op.nn.pad`
   (its gradient is `gradients.py`'s). The other modes stay the frontend's.
+- `Einsum` (Zamba2's Mamba2 layers): the frontend emits `topi.einsum`; here
+  `relax.op.einsum`.
 - `Tile` with constant repeats (SwiftFormer): the frontend emits `topi.tile`;
   here `relax.op.tile`. Repeats computed at run time stay the frontend's.
 
-And `TopK` with `sorted=0` (Doge's dynamic mask), which the frontend refuses: an unsorted
+And `Expand` to a shape held in a weight (a value onnxsim folded: Zamba2's Mamba2 layers),
+which the frontend reads as a shape known only at run time, so that every shape after it is
+unknown and the first `Einsum` on it fails: here the weight's value, as for a constant.
+`TopK` with `sorted=0` (Doge's dynamic mask), which the frontend refuses: an unsorted
 top-k returns its k values in an unspecified order, of which the sorted one is one (as
 `torch_converters` reads `topk(..., sorted=False)`).
 """
@@ -34,7 +39,8 @@ def onnx_converters():
 
     original = frontend._get_convert_map
     ours = {"Clip": _clip_converter(frontend), "Pad": _pad_converter(frontend),
-            "Tile": _tile_converter(frontend), "TopK": _topk_converter(frontend)}
+            "Tile": _tile_converter(frontend), "TopK": _topk_converter(frontend),
+            "Expand": _expand_converter(frontend), "Einsum": _einsum_converter(frontend)}
 
     def convert_map():
         return {**original(), **ours}
@@ -119,6 +125,29 @@ def _tile_converter(frontend):
                                                      repeats.value.numpy().tolist()]))
 
     return Tile
+
+
+def _expand_converter(frontend):
+    from tvm.relax.frontend.onnx.onnx_frontend import get_constant
+
+    class Expand(frontend.Expand):
+        @classmethod
+        def _impl_v13(cls, bb, inputs, attr, params):
+            return super()._impl_v13(bb, [inputs[0], get_constant(inputs[1], params)], attr,
+                                     params)
+
+    return Expand
+
+
+def _einsum_converter(frontend):
+    class Einsum(frontend.Einsum):
+        @classmethod
+        def _impl_v12(cls, bb, inputs, attr, params):
+            equation = attr["equation"]
+            equation = equation.decode() if isinstance(equation, bytes) else equation
+            return bb.emit(relax.op.einsum(list(inputs), equation))
+
+    return Einsum
 
 
 def _topk_converter(frontend):

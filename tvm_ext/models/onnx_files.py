@@ -8,6 +8,9 @@
   which nvcc rejects. Graph inputs (the frontend renames them) and outputs keep their names;
   `with_identifier_names` returns the new names of the weights, so that ONNX Runtime can be
   fed the file's.
+- `with_perms_in_range`: a `Transpose` whose `perm` counts dims from the end (torch's
+  TorchScript exporter writes `permute(0, -2, -1, 1)` as given: Zamba2) has it counted from
+  the start: ONNX Runtime refuses the file as written and ONNX's shape inference stops at it.
 - `simplified`: constant subgraphs folded by onnxsim, for a file TVM's frontend cannot import
   as written (see `loaders._load_onnx`).
 """
@@ -50,6 +53,29 @@ def with_identifier_names(proto) -> tuple[object, dict[str, str]]:
         info.name = renamed.get(info.name, info.name)
     initializers = {i.name for i in graph.initializer}
     return proto, {new: old for old, new in renamed.items() if new in initializers}
+
+
+def with_perms_in_range(proto) -> tuple[object, int]:
+    """`proto` (modified in place) with every `Transpose` perm in [0, rank) (a negative entry
+    p read as rank + p, as torch's permute reads it), and how many perms were changed."""
+    changed = 0
+    for node in _nodes(proto.graph):
+        if node.op_type != "Transpose":
+            continue
+        for attr in node.attribute:
+            if attr.name == "perm" and any(p < 0 for p in attr.ints):
+                attr.ints[:] = [p % len(attr.ints) for p in attr.ints]
+                changed += 1
+    return proto, changed
+
+
+def _nodes(graph):
+    """Every node of `graph` and of the graphs in its nodes' attributes (control flow)."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == attr.GRAPH else list(attr.graphs):
+                yield from _nodes(sub)
 
 
 def _is_identifier(name: str) -> bool:

@@ -23,7 +23,9 @@ def onnx_reference(path: str, inputs: Sequence[np.ndarray], params: Sequence[np.
     import onnxruntime as ort
     from onnx import numpy_helper
 
-    proto = onnx.load(path)
+    from .onnx_files import with_perms_in_range
+
+    proto, _ = with_perms_in_range(onnx.load(path))  # as the import reads them
     given = dict(zip(param_names, params, strict=True))
     initializers = set()
     for init in proto.graph.initializer:
