@@ -157,6 +157,24 @@ def test_compare_training_catches_a_wrong_step(zoo_cache, target):
                                   session.state(), ref, opt)
 
 
+def test_compare_training_refuses_a_loss_that_is_not_finite(zoo_cache, target):
+    """A NaN step equals a NaN reference (both read the same gradient), which is no evidence:
+    the check fails and says why."""
+    grad_step = zoo_cache("mlp", True)
+    opt = Optimizer("sgd", lr=0.1)
+    step = make_optimizer_step(grad_step, opt)
+    batches = [step.random_inputs(0)] * 2
+    session, results = _train(step, target, batches)
+    ref = training.reference_steps(step, training.tvm_gradient(grad_step, target), batches,
+                                   grad_step.random_params(0))
+    losses = [r.loss for r in results]
+    training.compare_training(losses, session.parameters(), session.state(), ref, opt)
+    ref.losses[1] = float("nan")
+    with pytest.raises(CheckError, match="not finite from step 2 on"):
+        training.compare_training([losses[0], float("nan")], session.parameters(),
+                                  session.state(), ref, opt)
+
+
 @pytest.fixture(scope="module")
 def corpus_resnet(tmp_path_factory):
     corpus = pytest.importorskip("corpus")

@@ -379,6 +379,14 @@ def compare_training(losses: Sequence[float], params: Sequence[np.ndarray],
     (`reference.NOISE_FLOOR`) into a step of up to lr whatever its size, so such elements
     are held to |error| <= 2 N lr + atol instead (their number is reported)."""
     n = len(ref.losses)
+    bad = [k + 1 for k, v in enumerate(losses) if not np.isfinite(v)]
+    if bad:  # the reference is likely non-finite too: equal, but no evidence the step is right
+        raise CheckError(f"the loss is not finite from step {bad[0]} on ({losses[bad[0] - 1]}): "
+                         "a check of non-finite steps proves nothing")
+    for i, p in enumerate(params):
+        if not np.all(np.isfinite(p)):
+            raise CheckError(f"parameter {i} is not finite after {n} steps: a check of "
+                             "non-finite steps proves nothing")
     loss = compare([np.asarray(losses, np.float64)], [np.asarray(ref.losses, np.float64)],
                    rtol, atol, names=["the losses"])
     adam = optimizer.kind in ("adam", "adamw")
