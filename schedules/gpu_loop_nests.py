@@ -10,9 +10,10 @@ threads, one thread per iteration of the fused nest, when its iterations can run
   that are a bijection of the loop variables (`detect_iter_map`), or a constant anywhere: no
   two iterations touch the same element, or they write the same value;
 - a nest of loops all marked `parallel` whose only statement stores a value that reads no
-  buffer the nest writes, at any indices: the kernel's author declared its iterations free
-  of order (TVM legalizes `index_put` into such a scatter, as PyTorch leaves which of two
-  writes to one element wins undefined, and its CPU build runs those loops in parallel);
+  buffer the nest writes, at any indices that read none either: the kernel's author
+  declared its iterations free of order (TVM legalizes `index_put` into such a scatter, as
+  PyTorch leaves which of two writes to one element wins undefined, and its CPU build runs
+  those loops in parallel);
 - a nest whose only statement adds a value to an element of a buffer it reads nowhere else
   (`B[I] = B[I] + e`): an accumulation, whose iterations commute up to float rounding. On
   CUDA the add becomes `atomicAdd` (so the sum's rounding order varies from run to run, as
@@ -142,10 +143,10 @@ def _independent_store(store: tirx.BufferStore, loops: list) -> tirx.Stmt | None
 
 
 def _declared_parallel(store: tirx.BufferStore, loops: list) -> tirx.Stmt | None:
-    """The store itself when every loop is marked parallel and its value reads nothing the
-    nest writes (see the module docstring)."""
+    """The store itself when every loop is marked parallel and neither its value nor its
+    indices read what the nest writes (see the module docstring)."""
     if loops and all(lp.kind == tirx.ForKind.PARALLEL for lp in loops) \
-            and not _loads(store.value, store.buffer):
+            and not any(_loads(e, store.buffer) for e in [store.value, *store.indices]):
         return store
     return None
 

@@ -122,8 +122,17 @@ def test_an_index_put_scatter_runs_one_element_a_thread(cuda_target):
     np.testing.assert_array_equal(out, want)
 
 
-@pytest.mark.parametrize("func", [_recurrence, _overlapping, _parallel_recurrence],
-                         ids=["recurrence", "overlap", "parallel recurrence"])
+@T.prim_func(s_tir=True)
+def _parallel_chase(A: T.Buffer((64,), "int32"), B: T.Buffer((64,), "int32")):
+    with T.sblock("root"):
+        for i in T.parallel(64):
+            B[B[i] % 64] = A[i]
+
+
+@pytest.mark.parametrize("func", [_recurrence, _overlapping, _parallel_recurrence,
+                                  _parallel_chase],
+                         ids=["recurrence", "overlap", "parallel recurrence",
+                              "parallel store at indices it writes"])
 def test_nests_whose_iterations_depend_on_each_other_are_refused(func, cuda_target):
     assert parallel_loop_nests(func, cuda_target) is None
 
