@@ -92,16 +92,8 @@ def test_onnx_check_runs_onnx_runtime_on_the_same_inputs_and_weights(torch_mlp, 
         in capsys.readouterr().out
 
 
-def test_an_onnx_file_with_shape_computed_pads_imports_after_onnxsim(tmp_path, monkeypatch,
-                                                                    capsys):
-    """torch's TorchScript exporter writes every `F.pad` as pads computed by ONNX ops, which
-    TVM's frontend refuses ("Dynamic pads"); at static shapes onnxsim folds them."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("onnxsim")
-    from tvm_ext.cli import main
-    from tvm_ext.models import onnx_files
-
-    class Net(torch.nn.Module):
+def _padded(torch):
+    class Pad(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.fc = torch.nn.Linear(6, 4)
@@ -110,28 +102,10 @@ def test_an_onnx_file_with_shape_computed_pads_imports_after_onnxsim(tmp_path, m
             pad = 6 - x.size(-1)
             return self.fc(torch.nn.functional.pad(x, (pad // 2, pad - pad // 2)))
 
-    path = str(tmp_path / "pad.onnx")
-    torch.onnx.export(Net(), (torch.randn(2, 3, 3),), path, dynamo=False)
-    assert main([path, "--check"]) == 0
-    out = capsys.readouterr().out
-    assert "Dynamic pads" in out and "imported after onnxsim folded" in out
-    assert "1 outputs match ONNX Runtime (pad.onnx)" in out
-    monkeypatch.setattr(onnx_files, "simplified", lambda proto: None)
-    with pytest.raises(ModelLoadError, match="the TVM frontend cannot import this model: "
-                                             "ValueError: Dynamic pads"):
-        load_model(path)
+    return Pad(), torch.randn(2, 3, 3)
 
 
-def test_an_onnx_file_with_shape_computed_slices_imports_after_onnxsim(tmp_path, monkeypatch,
-                                                                      capsys):
-    """GEGLU's `chunk(2, dim=-1)` (diffusers' UNets, ControlNet) exports as slices at bounds
-    computed from `Shape`: TVM's frontend imports them as slices of a shape known only at
-    run time, which the pipeline could not fuse (a traceback); onnxsim folds them."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("onnxsim")
-    from tvm_ext.cli import main
-    from tvm_ext.models import onnx_files
-
+def _geglu(torch):
     class GEGLU(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -141,14 +115,38 @@ def test_an_onnx_file_with_shape_computed_slices_imports_after_onnxsim(tmp_path,
             h, gate = self.proj(x).chunk(2, dim=-1)
             return h * torch.nn.functional.gelu(gate)
 
-    path = str(tmp_path / "geglu.onnx")
-    torch.onnx.export(GEGLU(), (torch.randn(2, 3, 4),), path, dynamo=False)
+    return GEGLU(), torch.randn(2, 3, 4)
+
+
+@pytest.mark.parametrize("name, make, cause, refusal", [
+    # torch's TorchScript exporter writes every `F.pad` as pads computed by ONNX ops, which
+    # TVM's frontend refuses.
+    ("pad", _padded, "Dynamic pads",
+     "the TVM frontend cannot import this model: ValueError: Dynamic pads"),
+    # GEGLU's `chunk(2, dim=-1)` (diffusers' UNets, ControlNet) exports as slices at bounds
+    # computed from `Shape`: the frontend imports them as slices of a shape known only at run
+    # time, which the pipeline could not fuse (a traceback).
+    ("geglu", _geglu, "has a shape known only at run time",
+     "has a shape known only at run time"),
+])
+def test_an_onnx_file_with_shape_computed_ops_imports_after_onnxsim(
+        tmp_path, monkeypatch, capsys, name, make, cause, refusal):
+    """At static shapes the computed pads and slice bounds are constants, which onnxsim
+    folds; without onnxsim the file is refused with the frontend's reason."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxsim")
+    from tvm_ext.cli import main
+    from tvm_ext.models import onnx_files
+
+    net, x = make(torch)
+    path = str(tmp_path / f"{name}.onnx")
+    torch.onnx.export(net, (x,), path, dynamo=False)
     assert main([path, "--check"]) == 0
     out = capsys.readouterr().out
-    assert "has a shape known only at run time" in out
-    assert "imported after onnxsim folded" in out
+    assert cause in out and "imported after onnxsim folded" in out
+    assert f"1 outputs match ONNX Runtime ({name}.onnx)" in out
     monkeypatch.setattr(onnx_files, "simplified", lambda proto: None)
-    with pytest.raises(ModelLoadError, match="has a shape known only at run time"):
+    with pytest.raises(ModelLoadError, match=refusal):
         load_model(path)
 
 
