@@ -1,5 +1,6 @@
 """tvm_ext.passes: Relax passes, one per file, each consuming a plan made by a planner."""
 
+from .bfloat16_in_float32 import Bfloat16InFloat32
 from .broadcast_constants import BroadcastConstants
 from .capture_kernel_graphs import CaptureKernelGraphs
 from .dispatch_library import DispatchLibraryKernels
@@ -7,7 +8,6 @@ from .drop_unread_kernel_inputs import DropUnreadKernelInputs
 from .fuse_attention import FuseAttention
 from .fuse_kernels import FuseKernels
 from .group_accumulations import GroupAccumulations
-from .order_in_float32 import OrderInFloat32
 from .partition_operators import PartitionError, PartitionOperators
 from .place_updates_after_readers import PlaceUpdatesAfterReaders
 from .return_loss_only import ReturnLossOnly
@@ -16,6 +16,7 @@ from .swap_offload import SwapOffload, SwapOffloadError
 from .update_arguments_in_place import UpdateArgumentsInPlace
 
 __all__ = [
+    "Bfloat16InFloat32",
     "BroadcastConstants",
     "CaptureKernelGraphs",
     "DispatchLibraryKernels",
@@ -23,7 +24,6 @@ __all__ = [
     "FuseAttention",
     "FuseKernels",
     "GroupAccumulations",
-    "OrderInFloat32",
     "PartitionError",
     "PartitionOperators",
     "PlaceUpdatesAfterReaders",

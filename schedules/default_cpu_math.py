@@ -11,6 +11,8 @@ BLAS. `vector_math` rewrites them into polynomials that vectorise:
 - `tanh`: the [-9, 9] rational approximation of Eigen and TVM's `fast_tanh`.
 - `erf`: the [-4, 4] rational approximation of Eigen and TVM's `fast_erf`.
 - `sigmoid`: 1 / (1 + exp(-x)) with the `exp` above; `pow(x, 2 | 3 | 4)`: products.
+- `isnan` (float16, float32, float64): a test of the bits, which the vectoriser can vectorise
+  (see `_is_nan`).
 
 Kernels holding bfloat16 values keep their libm calls: TVM's bfloat16 legalisation
 (BF16ComputeLegalize, in the TIR pipeline) miscompiles the `Let` bindings these polynomials use
@@ -61,15 +63,23 @@ def _bind(value, body_of):
     return tirx.Let(var, value, body_of(var))
 
 
+# Per float type: the integer of its width, the mask of its magnitude bits and the bits of
+# infinity (exponent all ones, mantissa zero); a magnitude above infinity's is a NaN.
+_NAN_BITS = {"float16": ("int16", 0x7FFF, 0x7C00),
+             "float32": ("int32", 0x7FFFFFFF, 0x7F800000),
+             "float64": ("int64", 0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000)}
+
+
 def _is_nan(v):
-    """isnan(v) from its bits (exponent all ones, mantissa not zero). TVM's vectoriser rebuilds
-    a call it cannot vectorise (`tirx.isnan`) even where nothing in it changed, then visits the
-    enclosing expression a second time, and a `Let` met twice stops it ("Let cannot bind the
-    same var to two different values": a GELU gradient of a value the vector loop does not
-    index, FocalNet's); integer ops on the bits vectorise."""
-    bits = tirx.reinterpret("int32", v)
-    return tirx.bitwise_and(bits, tirx.const(0x7FFFFFFF, "int32")) > tirx.const(0x7F800000,
-                                                                              "int32")
+    """isnan(v) from its bits. TVM's vectoriser cannot vectorise a `tirx.isnan` call: it
+    rebuilds it even where nothing in it changed, then visits the enclosing expression a second
+    time, and a `Let` met twice stops it ("Let cannot bind the same var to two different
+    values": a GELU gradient of a value the vector loop does not index, FocalNet's; the tiny
+    autoencoder's `isfinite` before its latents' cast to uint8, under `tanh`); integer ops on
+    the bits vectorise."""
+    itype, mask, inf = _NAN_BITS[str(v.ty)]
+    bits = tirx.reinterpret(itype, v)
+    return tirx.bitwise_and(bits, tirx.const(mask, itype)) > tirx.const(inf, itype)
 
 
 def _pow2(n_int):
@@ -146,7 +156,10 @@ _RULES = {
 
 
 def _rewrite(call):
-    rule = _RULES.get(getattr(call.op, "name", ""))
+    name = getattr(call.op, "name", "")
+    if name == "tirx.isnan":
+        return _is_nan(call.args[0]) if str(call.args[0].ty) in _NAN_BITS else call
+    rule = _RULES.get(name)
     if rule is None or any(str(a.ty) != F32 for a in call.args):
         return call
     replaced = rule(list(call.args))
@@ -164,8 +177,9 @@ def _has_bfloat16(func: tirx.PrimFunc) -> bool:
 
 
 def vector_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """`func` with its float32 exp, tanh, erf, sigmoid and pow(x, 2|3|4) as polynomials
-    (unchanged if it holds bfloat16 values: see the module docstring)."""
+    """`func` with its float32 exp, tanh, erf, sigmoid and pow(x, 2|3|4) as polynomials and
+    its isnan tests of float16/32/64 values on their bits (unchanged if it holds bfloat16
+    values: see the module docstring)."""
     if _has_bfloat16(func):
         return func
     return tvm_ffi.structural_map(func, (tvm.ir.Call, _rewrite))

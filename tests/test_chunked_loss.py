@@ -33,8 +33,11 @@ def test_same_loss_and_gradients(steps):
     plain, chunked = steps
     assert chunked.mod["main"].script().count("R.nn.log_softmax") == 4
     args = plain.random_arguments(0)
+    # The head's gradient sums the 32 tokens' products chunk by chunk where the plain step
+    # sums them in one GEMM (in the BLAS's own blocking): float32 sums of 32 terms of up to
+    # ~0.5 associated otherwise differ by a few 1e-7; a chunk lost or counted twice by ~1e-2.
     for ours, theirs in zip(_outputs(chunked, args), _outputs(plain, args), strict=True):
-        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
     # The logits and their gradient ([2, 16, 64]) exist only a chunk of 8 rows at a time.
     assert {(2, 16, 64)} <= _shapes(plain) and (2, 16, 64) not in _shapes(chunked)
     assert (8, 64) in _shapes(chunked) and (8, 64) not in _shapes(plain)

@@ -258,33 +258,51 @@ def test_clip_gradient_passes_strictly_inside_the_bounds():
     assert float(loss.numpy()) == pytest.approx(float((np.clip(x, 0, 6) * r).sum()))
 
 
-@pytest.mark.parametrize("widths", [
-    [0, 0, 1, 0, 1, 2, 0, 3],
-    [0, 0, 1, -1, 0, 0, -2, 1],  # RWKV's time shift (one step in, one cut), a cut and a pad
+@pytest.mark.parametrize("widths, mode", [
+    ([0, 0, 1, 0, 1, 2, 0, 3], "constant"),
+    ([0, 0, 1, -1, 0, 0, -2, 1], "constant"),  # RWKV's time shift (one step in, one cut)
+    ([0, 0, 0, 0, 3, 1, 0, 4], "reflect"),      # widths up to size - 1 (UNet1D's pads)
+    ([0, 0, 2, 2, 0, 0, 1, 0], "reflect"),
+    ([0, 0, 1, 2, 5, 3, 0, 1], "replicate"),    # widths past the size: every one the edge's
+    ([0, 0, 3, 1, 4, 0, 0, 5], "circular"),     # widths up to the size
 ])
-def test_pad_gradient_is_dy_at_x_s_place(widths):
-    """A constant pad is linear: the gradient of sum(pad(x) * r) is r at x's place (zero where
-    a negative width cut x off), as torch.autograd's; other modes are refused by name."""
+def test_pad_gradient_matches_torch(widths, mode):
+    """The gradient of sum(pad(x) * r) in each mode, as torch.autograd's: a constant pad's is
+    r at x's place (zero where a negative width cut x off); the others also carry back the
+    strips their pads read from x."""
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(0)
     x = torch.from_numpy(rng.standard_normal((2, 3, 4, 5))).requires_grad_()
-    # Relax pads (before, after) from the first axis on; torch from the last axis back.
+    # Relax pads (before, after) from the first axis on; torch from the last axis back (and
+    # its non-constant modes pad only the last three axes).
     torch_widths = [w for b, a in reversed(list(zip(widths[0::2], widths[1::2], strict=True)))
                     for w in (b, a)]
-    padded = torch.nn.functional.pad(x, torch_widths)
+    if mode == "constant":
+        padded = torch.nn.functional.pad(x, torch_widths)
+    else:
+        padded = torch.nn.functional.pad(x, torch_widths[:6], mode)
     r = torch.from_numpy(rng.standard_normal(padded.shape))
     (expected,) = torch.autograd.grad((padded * r).sum(), x)
 
     def build(bb, vx, vr):
-        return relax.op.sum(relax.op.multiply(bb.emit(relax.op.nn.pad(vx, widths)), vr))
+        padded = bb.emit(relax.op.nn.pad(vx, widths, mode))
+        return relax.op.sum(relax.op.multiply(padded, vr))
 
     loss, (grad,) = _adjoint_vm(build, [x.shape, r.shape], wrt=[0])(x.detach().numpy(),
                                                                      r.numpy())
-    np.testing.assert_array_equal(grad.numpy(), expected.numpy())
-    assert float(loss.numpy()) == pytest.approx(float((padded * r).sum()))
-    with pytest.raises(Exception, match="only constant padding"):
-        _adjoint_vm(lambda bb, vx: relax.op.sum(bb.emit(relax.op.nn.pad(vx, widths, "reflect"))),
-                    [x.shape], wrt=[0])
+    np.testing.assert_allclose(grad.numpy(), expected.numpy(), rtol=1e-12, atol=1e-12)
+    assert float(loss.numpy()) == pytest.approx(float((padded * r).sum().detach()))
+
+
+@pytest.mark.parametrize("widths, mode, message", [
+    ([0, 0, 0, 0, 0, 0, 5, 0], "reflect", "reflect widths \\(5, 0\\) on axis 3 of size 5"),
+    ([0, 0, 0, 0, 0, 0, 1, -1], "reflect", "widths between 0 and 4"),
+    ([0, 0, 0, 0, 0, 0, 0, 6], "circular", "circular widths \\(0, 6\\) on axis 3"),
+])
+def test_pad_gradient_refuses_widths_that_read_past_x(widths, mode, message):
+    with pytest.raises(Exception, match=message):
+        _adjoint_vm(lambda bb, vx: relax.op.sum(bb.emit(relax.op.nn.pad(vx, widths, mode))),
+                    [(2, 3, 4, 5)], wrt=[0])
 
 
 def test_leakyrelu_gradient_is_alpha_at_and_below_zero():
@@ -299,18 +317,20 @@ def test_leakyrelu_gradient_is_alpha_at_and_below_zero():
 
 
 def test_masks_and_rounding_pass_no_gradient():
-    """floor, sign and bitwise / logical ops on the way from x to the loss add nothing to x's
-    gradient (PyTorch's are zeros); x's other use still does."""
+    """floor, floor_divide, sign and bitwise / logical ops on the way from x to the loss add
+    nothing to x's gradient (PyTorch's are zeros, or none); x's other use still does."""
     x = np.array([[-1.5, 0.25, 2.0]])
+    two = relax.const(2.0, "float64")
 
     def build(bb, vx):
         keep = bb.emit(relax.op.bitwise_not(relax.op.less(vx, relax.const(0.0, "float64"))))
         step = bb.emit(relax.op.add(relax.op.floor(vx), relax.op.sign(vx)))
+        step = bb.emit(relax.op.add(step, relax.op.floor_divide(vx, two)))
         kept = relax.op.where(keep, relax.op.multiply(vx, step), relax.const(0.0, "float64"))
         return relax.op.sum(relax.op.add(bb.emit(kept), vx))
 
     _, (grad,) = _adjoint_vm(build, [x.shape], wrt=[0])(x)
-    step = np.floor(x) + np.sign(x)
+    step = np.floor(x) + np.sign(x) + np.floor_divide(x, 2.0)
     np.testing.assert_allclose(grad.numpy(), np.where(x >= 0, step, 0.0) + 1.0)
 
 

@@ -224,11 +224,11 @@ def test_onnx_clip_is_a_relax_op_so_the_training_step_and_autocast_build(tmp_pat
     assert main([path, "--dtype", "bf16", "--run"]) == 0
 
 
-def test_onnx_constant_pad_and_tile_are_relax_ops_so_the_training_step_builds(tmp_path):
+def test_onnx_pads_and_tile_are_relax_ops_so_the_training_step_builds(tmp_path):
     """TVM's ONNX frontend writes Pad and Tile as hand-made kernels, which Gradient cannot
-    differentiate (SEW-D's and SwiftFormer's training steps were refused): a constant pad and
-    a tile by constant repeats are Relax ops, match ONNX Runtime and train; a reflecting pad
-    stays the frontend's kernel."""
+    differentiate (SEW-D's, SwiftFormer's and UNet1D's training steps were refused): constant,
+    reflecting and edge pads and a tile by constant repeats are Relax ops, match ONNX Runtime
+    and train; a reflecting pad wider than its axis less one stays the frontend's kernel."""
     onnx = pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper, numpy_helper
@@ -240,36 +240,39 @@ def test_onnx_constant_pad_and_tile_are_relax_ops_so_the_training_step_builds(tm
             np.array(value, dtype), name))
 
     nodes = [constant("pads", [0, 1, 0, 2], "int64"), constant("half", 0.5, "float32"),
-             constant("reps", [2, 1], "int64"), constant("mirror", [0, 1, 0, 1], "int64"),
+             constant("reps", [2, 1], "int64"), constant("mirror", [0, 1, 3, 1], "int64"),
+             constant("edges", [2, 0, 0, 3], "int64"),
              helper.make_node("MatMul", ["x", "w"], ["h"]),
              helper.make_node("Pad", ["h", "pads", "half"], ["p"], mode="constant"),
              helper.make_node("Tile", ["p", "reps"], ["t"]),
-             helper.make_node("Pad", ["t", "mirror"], ["y"], mode="reflect")]
-    graph = helper.make_graph(
-        nodes, "pad_tile", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 11])],
-        [numpy_helper.from_array(
-            np.random.default_rng(0).standard_normal((8, 6)).astype("float32"), "w")])
-    path = str(tmp_path / "pad_tile.onnx")
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+             helper.make_node("Pad", ["t", "mirror"], ["m"], mode="reflect"),
+             helper.make_node("Pad", ["m", "edges"], ["y"], mode="edge")]
+
+    def save(nodes, out_shape, name="pad_tile.onnx", opset=13):
+        graph = helper.make_graph(
+            nodes, "pad_tile", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
+            [numpy_helper.from_array(
+                np.random.default_rng(0).standard_normal((8, 6)).astype("float32"), "w")])
+        path = str(tmp_path / name)
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]),
+                  path)
+        return path
+
+    path = save(nodes, [14, 11])
     script = load_model(path).mod["main"].script()
-    assert "R.nn.pad(" in script and "R.tile(" in script
-    assert script.count("call_tir") == 1  # the reflecting pad
+    assert script.count("R.nn.pad(") == 3 and "R.tile(" in script and "call_tir" not in script
+    assert 'pad_mode="reflect"' in script and 'pad_mode="replicate"' in script
     assert main([path, "--check"]) == 0
-    # The reflecting pad has no gradient: the step differentiates the rest up to it.
-    without_mirror = [n for n in nodes if n.output[0] not in ("y", "mirror")]
-    graph = helper.make_graph(
-        without_mirror, "pad_tile", list(graph.input),
-        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [8, 9])], list(graph.initializer))
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
     assert main([path, "--training", "--run", "--check"]) == 0
+    # A reflecting pad as wide as its axis reads past x: the frontend's kernel, as before.
+    wide = save([*nodes[:3], constant("mirror", [0, 0, 0, 9], "int64"), *nodes[5:8],
+                 helper.make_node("Pad", ["t", "mirror"], ["y"], mode="reflect")], [8, 18],
+                "wide.onnx")
+    assert load_model(wide).mod["main"].script().count("call_tir") == 1
     # Pad before opset 11 takes its widths and value as attributes.
-    graph = helper.make_graph(
-        [nodes[4], helper.make_node("Pad", ["h"], ["y"], pads=[1, 0, 0, 2], value=-1.5)],
-        "pad2", list(graph.input), [helper.make_tensor_value_info("y", TensorProto.FLOAT,
-                                                                   [5, 8])],
-        list(graph.initializer))
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 10)]), path)
+    path = save([nodes[5], helper.make_node("Pad", ["h"], ["y"], pads=[1, 0, 0, 2], value=-1.5)],
+                [5, 8], "pad2.onnx", opset=10)
     assert "R.nn.pad(" in load_model(path).mod["main"].script()
     assert main([path, "--check"]) == 0
     assert main([path, "--training", "--run", "--check"]) == 0
@@ -304,6 +307,67 @@ def test_onnx_unsorted_topk_and_a_reduce_max_import_and_train(tmp_path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
     assert main([path, "--check"]) == 0
     assert main([path, "--training", "--run", "--check"]) == 0
+
+
+def test_onnx_weights_torch_marks_as_buffers_or_constants_are_not_trained(tmp_path):
+    """torch's dynamo exporter writes a module's buffers and the computation's constants (a
+    Pow exponent) as weights beside its parameters, marking which is which: only its
+    parameters, and values its optimizer folded from them (a transposed weight), are the
+    model's (as in a .pt2 of it); the others are constants, so a training step does not
+    train a Pow exponent into NaN (Wan). A file without the marks keeps every weight a
+    parameter."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tvm_ext.cli import main
+
+    rng = np.random.default_rng(0)
+    weights = {"lin.weight": rng.standard_normal((8, 6)).astype("float32"),
+               "val_9": rng.standard_normal((6, 6)).astype("float32"),
+               "scale": np.array(2.0, "float32"), "buf": np.ones(6, "float32"),
+               "val_0": np.array(2.0, "float32"), "val_4": np.array(0.5, "float32")}
+    marks = {"lin.weight": {"kind": "PARAMETER"}, "scale": {"kind": "PARAMETER"},
+             "buf": {"kind": "BUFFER"},
+             "val_9": {"folded_from": "['proj.weight']"},       # proj.weight transposed
+             "val_4": {"folded_from": "['val_2', 'val_3']"}}    # the exporter's literals
+    keys = {"kind": "pkg.torch.export.graph_signature.InputSpec.kind",
+            "folded_from": "pkg.onnxscript.optimizer.folded_from"}
+    nodes = [helper.make_node("MatMul", ["x", "lin.weight"], ["h"]),
+             helper.make_node("Pow", ["h", "val_0"], ["p"]),  # a negative base: d/dexp NaN
+             helper.make_node("MatMul", ["p", "val_9"], ["q"]),
+             helper.make_node("Mul", ["q", "scale"], ["s"]),
+             helper.make_node("Add", ["s", "buf"], ["t"]),
+             helper.make_node("Mul", ["t", "val_4"], ["y"])]
+
+    def save(marked: bool) -> str:
+        infos = []
+        for name, entries in marks.items():
+            info = helper.make_tensor_value_info(name, TensorProto.FLOAT, weights[name].shape)
+            for key, value in entries.items() if marked else ():
+                entry = info.metadata_props.add()
+                entry.key, entry.value = keys[key], value
+            infos.append(info)
+        graph = helper.make_graph(
+            nodes, "marks", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 6])],
+            [numpy_helper.from_array(w, n) for n, w in weights.items()], value_info=infos)
+        path = str(tmp_path / f"marks_{marked}.onnx")
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+        return path
+
+    marked = save(True)
+    model = load_model(marked)
+    assert [p.name for p in model.params] == ["lin_weight", "val_9", "scale"]
+    np.testing.assert_array_equal(model.weights[2], weights["scale"])
+    assert main([marked, "--check"]) == 0
+    assert main([marked, "--training", "--optimizer", "adamw", "--steps", "2", "--run",
+                 "--check"]) == 0
+    unmarked = save(False)
+    assert [p.name for p in load_model(unmarked).params] == [
+        "lin_weight", "val_9", "scale", "buf", "val_0", "val_4"]
+    # Trained, the exponent's gradient at the negative bases is NaN: the check says so.
+    assert main([unmarked, "--training", "--run", "--check"]) == 1
 
 
 def test_onnx_negative_perms_a_folded_expand_shape_and_einsum_import_and_train(tmp_path,

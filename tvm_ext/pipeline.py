@@ -3,7 +3,8 @@
 Phases, in order (each a list of passes, so a caller can rebuild the pipeline from parts):
 
 1. `library_dispatch_passes`  target-specific library dispatch (sort, sampling; bfloat16
-                              sorts and argmax on float32 values: OrderInFloat32); on GPU
+                              sorts, argmax and isnan on float32 values:
+                              Bfloat16InFloat32); on GPU
                               targets FuseAttention (tvm_ext.passes): each attention one
                               fused kernel and its backward two (not with a partition,
                               whose analysis reads the unfused operators; an attention
@@ -63,13 +64,13 @@ from tvm import relax
 
 from tvm_ext.partition import PartitionPlan
 from tvm_ext.passes import (
+    Bfloat16InFloat32,
     BroadcastConstants,
     CaptureKernelGraphs,
     DispatchLibraryKernels,
     DropUnreadKernelInputs,
     FuseAttention,
     FuseKernels,
-    OrderInFloat32,
     PartitionOperators,
     PlaceUpdatesAfterReaders,
     ReturnLossOnly,
@@ -99,7 +100,7 @@ def library_dispatch_passes(target: tvm.target.Target, fused_attention: bool = T
     it."""
     fuse = [FuseAttention(target, recompute_for_backward=budgeted)] \
         if fused_attention and is_gpu(target) else []
-    return [*fuse, relax.backend.DispatchSampling(), OrderInFloat32(),
+    return [*fuse, relax.backend.DispatchSampling(), Bfloat16InFloat32(),
             relax.backend.DispatchSortScan()]
 
 

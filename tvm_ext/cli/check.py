@@ -33,6 +33,11 @@ def check_against_reference(args, report: dict, model, target, device, arguments
     low += [least] if least is not None else []
     rtol = max([1e-5, *(t[0] for t in low)]) if args.rtol is None else args.rtol
     atol = max([1e-5, *(t[1] for t in low)]) if args.atol is None else args.atol
+    unfinished = _non_finite_step(model, outputs)
+    if unfinished:
+        report.setdefault("check", {}).update(ok=False, error=unfinished, reference=what)
+        print(f"check   FAILED: {unfinished}", file=sys.stderr)
+        return 1
     reference = driver.build_reference(model, target)
     ref = driver.run(reference, arguments, device, repeat=0)
     torch_status, expected = torch_expected(args, report, model, arguments)
@@ -282,6 +287,21 @@ def near_line(noise: dict) -> str:
 def _model_file(model, spec: str, suffix: str) -> str | None:
     path = model.config.get("file") or spec
     return path if str(path).lower().endswith(suffix) and os.path.isfile(path) else None
+
+
+def _non_finite_step(model, outputs) -> str | None:
+    """Why a training step's outputs (its loss, then its gradients) are no evidence, or None:
+    a loss or gradient that is not finite. The plain build's is likely not finite either, and
+    NaN equal to NaN says nothing of the step."""
+    if not model.training:
+        return None
+    for i, out in enumerate(outputs):
+        if np.issubdtype(out.dtype, np.floating) or str(out.dtype) == "bfloat16":
+            wide = np.asarray(out, np.float64)
+            if not np.all(np.isfinite(wide)):
+                what = "the loss" if i == 0 else f"output {i} (a gradient)"
+                return f"{what} is not finite: a check of non-finite steps proves nothing"
+    return None
 
 
 def torch_file(model, spec: str) -> str | None:

@@ -21,7 +21,7 @@ from ..ir.targets import is_cpu
 from ..ir.time_splits import annotate_time_splits
 from ..models import Model
 from ..partition import PartitionProblem
-from ..passes import OrderInFloat32
+from ..passes import Bfloat16InFloat32
 from ..runtime.cuda import DEFAULT_ARCH, cuda_target, ensure_cuda_runtime
 
 
@@ -88,11 +88,12 @@ def build(model: Model, target: tvm.target.Target, **pipeline_options) -> relax.
 
 def build_reference(model: Model, target: tvm.target.Target) -> relax.VMExecutable:
     """A plain `tvm.compile` with TVM's default pipeline: the reference for `--check`. Its
-    bfloat16 sorts and argmax / argmin order the widened values (`OrderInFloat32`, exact):
-    TVM's own fail to compile (argmax / argmin) or misorder (sorts) on llvm, which would leave
-    a bfloat16 model with nothing to check against."""
+    bfloat16 sorts, argmax / argmin and finiteness tests read the widened values
+    (`Bfloat16InFloat32`, exact): TVM's own fail to compile (argmax / argmin, isnan / isinf /
+    isfinite) or misorder (sorts) on llvm, which would leave a bfloat16 model with nothing to
+    check against."""
     with target:
-        return tvm.compile(OrderInFloat32()(model.mod), target)
+        return tvm.compile(Bfloat16InFloat32()(model.mod), target)
 
 
 def export(executable: relax.VMExecutable, path: str) -> str:

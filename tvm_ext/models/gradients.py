@@ -2,12 +2,12 @@
 weights; `flip`: a bidirectional RNN; `conv3d`: video models; `adaptive_avg_pool2d`: VGG's
 head; `slice_scatter`: Swin's window mask; `leakyrelu`: Swin2SR; `index_put`: MobileViTV2's
 `F.fold`; `avg_pool1d`: SEW-D through ONNX; `max` / `min` over axes and `stack`: XGLM through
-ONNX; `einsum`: Zamba2 through ONNX; `scatter_nd`: UNet1D and Wan through ONNX; none through
+ONNX; `einsum`: Zamba2 through ONNX; `scatter_nd`: UNet1D and Wan through ONNX; `pad` in
+every mode, `pad_grad.py`: RWKV's time shift, UNet1D's reflect pads through ONNX; none through
 masks, rounding and indices: RecurrentGemma's `bitwise_not`), cannot take (a `concat` of one
-tensor, a `pad` with negative widths: RWKV's time shift), or computes otherwise than PyTorch
-(`take` of indices not one-dimensional, `avg_pool2d` windows past the padded input, ReLU at
-zero, `where` over broadcast branches, a dilated `conv2d`'s data gradient), registered on
-`import tvm_ext` over TVM's own.
+tensor), or computes otherwise than PyTorch (`take` of indices not one-dimensional,
+`avg_pool2d` windows past the padded input, ReLU at zero, `where` over broadcast branches, a
+dilated `conv2d`'s data gradient), registered on `import tvm_ext` over TVM's own.
 
 Each is written from primitives that have gradients and legalizations of their own, and is
 checked against finite differences or torch.autograd in tests/test_gradients.py.
@@ -25,16 +25,19 @@ from tvm.relax.op.base import register_gradient
 
 from . import max_pool_backward
 from .grid_sample_grad import grid_sample_grad
+from .pad_grad import pad_grad
 
 _op = relax.op
 
 
 # Ops whose result is constant between jumps or not a float (masks, indices): no gradient
-# flows through them, as in PyTorch (its floor / round / sign gradients are zeros).
+# flows through them, as in PyTorch (its floor / round / sign gradients are zeros; it has
+# none for floor_divide, which XCiT's positional encoding applies to an arange).
 _PIECEWISE_CONSTANT = (
     "bitwise_not", "bitwise_and", "bitwise_or", "bitwise_xor", "logical_not", "logical_and",
     "logical_or", "logical_xor", "left_shift", "right_shift", "isnan", "isinf", "isfinite",
-    "floor", "ceil", "round", "sign", "trunc", "argmax", "argmin", "argsort", "one_hot",
+    "floor", "ceil", "round", "sign", "trunc", "floor_divide", "argmax", "argmin", "argsort",
+    "one_hot",
 )
 
 
@@ -296,24 +299,6 @@ def _clip_grad(orig_var, orig_call, output_grad, ctx):
     inside = _op.logical_and(_op.greater(x, bound[0]), _op.less(x, bound[1]))
     return [_op.where(inside, output_grad, _op.zeros_like(output_grad)),
             _op.grad.no_grad(low), _op.grad.no_grad(high)]
-
-
-def _pad_grad(orig_var, orig_call, output_grad, ctx):
-    """A constant pad's gradient is dy at x's place: dy cut where x was padded, zeros where a
-    negative width cut x (RWKV's time shift pads one step before and cuts one after)."""
-    x = orig_call.args[0]
-    mode = str(orig_call.attrs.pad_mode)
-    widths = [int(w) for w in orig_call.attrs.pad_width]
-    if mode != "constant":
-        raise ValueError(f"nn.pad gradient: only constant padding is supported (got {mode!r} "
-                         f"with widths {widths})")
-    shape = _dims(x)
-    befores, afters = widths[0::2], widths[1::2]
-    begins = [max(b, 0) for b in befores]
-    ends = [b + s + a - max(a, 0) for b, s, a in zip(befores, shape, afters, strict=True)]
-    grad = _op.strided_slice(output_grad, list(range(len(shape))), begins, ends)
-    cut = [w for b, a in zip(befores, afters, strict=True) for w in (max(-b, 0), max(-a, 0))]
-    return [_op.nn.pad(grad, cut) if any(cut) else grad]
 
 
 def _tile_grad(orig_var, orig_call, output_grad, ctx):
@@ -753,7 +738,7 @@ def register_all() -> None:
         ("relax.squeeze", _squeeze_grad),
         ("relax.tile", _tile_grad),
         ("relax.clip", _clip_grad),
-        ("relax.nn.pad", _pad_grad),
+        ("relax.nn.pad", pad_grad),
         ("relax.where", _where_grad),
         ("relax.gather_elements", _gather_elements_grad),
         ("relax.topk", _topk_grad),

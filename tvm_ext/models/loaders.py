@@ -48,13 +48,17 @@ def _cannot_import(path: str, err: Exception) -> ModelLoadError:
 
 
 def _with_weights(name: str, mod: tvm.IRModule, path: str, config: dict | None = None,
-                  aliases: dict[str, str] | None = None) -> Model:
+                  aliases: dict[str, str] | None = None,
+                  constants: set[str] | None = None) -> Model:
     """A frontend module whose `main` carries its weights in the `params` attribute; each
-    parameter `aliases` names becomes the one it is tied to."""
+    parameter `aliases` names becomes the one it is tied to, each `constants` names a
+    constant."""
     mod, params = relax.frontend.detach_params(mod)
     weights = [np.asarray(w.numpy()) for w in params.get("main", [])]
     if aliases:
         mod, weights = _without_aliases(mod, weights, aliases)
+    if constants:
+        mod, weights = _bound_constants(mod, weights, constants)
     func = mod["main"]
     num_input = int(func.attrs["num_input"])
     config = {"file": os.path.abspath(path), **(config or {})}
@@ -82,6 +86,22 @@ def _without_aliases(mod: tvm.IRModule, weights: list, aliases: dict[str, str]
     mod = mod.clone()
     mod["main"] = func.bind_params(merge)
     return mod, [weights[k] for k in kept]
+
+
+def _bound_constants(mod: tvm.IRModule, weights: list, names: set[str]
+                     ) -> tuple[tvm.IRModule, list]:
+    """`main` with the parameters `names` names bound to their weights, as constants."""
+    func = mod["main"]
+    num_input = int(func.attrs["num_input"])
+    params = func.params[num_input:]
+    # The dtype given: `relax.const` makes int64 arrays int32 by default.
+    bound = {p: relax.const(w, str(w.dtype)) for p, w in zip(params, weights, strict=True)
+             if p.name in names}
+    if not bound:
+        return mod, weights
+    mod = mod.clone()
+    mod["main"] = func.bind_params(bound)
+    return mod, [w for p, w in zip(params, weights, strict=True) if p not in bound]
 
 
 def _load_pt2(path: str, **_) -> Model:
@@ -125,6 +145,7 @@ def _load_onnx(path: str, **_) -> Model:
                              f"{type(err).__name__}: {err}") from err
     proto, weight_names = onnx_files.with_identifier_names(proto)
     proto, negative_perms = onnx_files.with_perms_in_range(proto)
+    constants = onnx_files.torch_non_parameters(proto)
     config: dict = {"onnx_weight_names": weight_names} if weight_names else {}
     notes = [f"{negative_perms} Transpose perms count dims from the end, which ONNX Runtime "
              "and ONNX's shape inference refuse: read as counted from the start (as torch's "
@@ -158,7 +179,9 @@ def _load_onnx(path: str, **_) -> Model:
             "subgraphs (batch norms left unfused)")
     if notes:
         config["import_note"] = "; ".join(notes)
-    return _with_weights(os.path.basename(path), mod, path, config)
+    # What torch's exporter marks as buffers and constants is what a .pt2 of the same module
+    # holds as constants: neither trained nor counted among the parameters.
+    return _with_weights(os.path.basename(path), mod, path, config, constants=constants)
 
 
 def _unknown_shapes(mod: tvm.IRModule) -> str | None:

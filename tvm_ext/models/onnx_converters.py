@@ -6,8 +6,10 @@ are Relax ops, with gradients of their own.
   float clip between constant scalars is `relax.op.clip` (PyTorch's gradient, see
   `gradients.py`); tensor bounds, and integers, are `relax.op.maximum` / `minimum`, NaN bounds
   unbounded as the frontend has them.
-- `Pad` in constant mode (SEW-D): the frontend emits `topi.nn.pad`; here `relax.op.nn.pad`
-  (its gradient is `gradients.py`'s). The other modes stay the frontend's.
+- `Pad` (SEW-D's constant pads, UNet1D's reflect pads): the frontend emits `topi.nn.pad`,
+  `mirror_pad` and `replicate_pad`; here `relax.op.nn.pad` in the same mode (its gradient is
+  `pad_grad.py`'s). Widths a mode does not read from x alone (reflect past the size less one,
+  negative widths but in constant mode) stay the frontend's.
 - `Einsum` (Zamba2's Mamba2 layers): the frontend emits `topi.einsum`; here
   `relax.op.einsum`.
 - `Tile` with constant repeats (SwiftFormer): the frontend emits `topi.tile`;
@@ -84,32 +86,58 @@ def _pad_converter(frontend):
     class Pad(frontend.Pad):
         @classmethod
         def _impl_v2(cls, bb, inputs, attr, params):
-            if not _constant_mode(attr):
-                return super()._impl_v2(bb, inputs, attr, params)
             pads = [int(p) for p in attr["pads"]]
             half = len(pads) // 2
-            return _constant_pad(bb, inputs[0], pads[:half], pads[half:],
-                                 float(attr.get("value", 0.0)))
+            padded = _relax_pad(bb, inputs[0], pads[:half], pads[half:],
+                                float(attr.get("value", 0.0)), _mode(attr))
+            return padded if padded is not None else super()._impl_v2(bb, inputs, attr, params)
 
         @classmethod
         def _lower_pad(cls, bb, inputs, attr, params, allowed_modes):
-            if not _constant_mode(attr):
-                return super()._lower_pad(bb, inputs, attr, params, allowed_modes)
-            before, after, value = cls._parse_pads_and_axes(inputs, params)
-            return _constant_pad(bb, inputs[0], before, after, float(value))
+            mode = _mode(attr)
+            if mode in allowed_modes:
+                before, after, value = cls._parse_pads_and_axes(inputs, params)
+                padded = _relax_pad(bb, inputs[0], before, after, float(value), mode)
+                if padded is not None:
+                    return padded
+            return super()._lower_pad(bb, inputs, attr, params, allowed_modes)
 
     return Pad
 
 
-def _constant_mode(attr) -> bool:
-    return attr.get("mode", b"constant").decode("utf-8") == "constant"
+def _mode(attr) -> str:
+    return attr.get("mode", b"constant").decode("utf-8")
 
 
-def _constant_pad(bb, x, before, after, value: float):
-    """`x` padded by `before` / `after` per axis (ONNX's order) with `value`: relax's `nn.pad`
-    takes the widths interleaved, (before, after) per axis."""
+# ONNX's pad modes as relax's `nn.pad` names them.
+_RELAX_PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate",
+                    "wrap": "circular"}
+
+
+def _relax_pad(bb, x, before, after, value: float, mode: str):
+    """`x` padded by `before` / `after` per axis (ONNX's order) as relax's `nn.pad`, which
+    takes the widths interleaved, (before, after) per axis; None where the frontend's kernel
+    stays: a mode relax does not have, or one other than constant with negative widths or
+    widths past what it reads of x (which ONNX leaves to the implementation)."""
     widths = [int(w) for pair in zip(before, after, strict=True) for w in pair]
-    return bb.emit(relax.op.nn.pad(x, widths, "constant", value))
+    if mode not in _RELAX_PAD_MODES:
+        return None
+    if mode != "constant":
+        sizes = _static_sizes(x)
+        extra = {"reflect": -1, "edge": None, "wrap": 0}[mode]  # widest pad: size + extra
+        if sizes is None or any(
+                min(b, a) < 0 or n < 1 or (extra is not None and max(b, a) > n + extra)
+                for n, b, a in zip(sizes, widths[0::2], widths[1::2], strict=True)):
+            return None
+    return bb.emit(relax.op.nn.pad(x, widths, _RELAX_PAD_MODES[mode], value))
+
+
+def _static_sizes(x) -> list[int] | None:
+    shape = x.ty.shape
+    values = None if shape is None else getattr(shape, "values", None)
+    if values is None or not all(isinstance(d, tvm.tirx.IntImm) for d in values):
+        return None
+    return [int(d) for d in values]
 
 
 def _tile_converter(frontend):

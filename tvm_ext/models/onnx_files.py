@@ -13,10 +13,16 @@
   the start: ONNX Runtime refuses the file as written and ONNX's shape inference stops at it.
 - `simplified`: constant subgraphs folded by onnxsim, for a file TVM's frontend cannot import
   as written (see `loaders._load_onnx`).
+- `torch_non_parameters`: the weights torch's dynamo exporter (`torch.onnx.export(...,
+  dynamo=True)`) marks as not a module's parameters: buffers, and the computation's own
+  constants (a `Pow` exponent, an `eps`), which it writes as weights too. A training step
+  would otherwise train them (a `Pow` exponent's gradient at a negative base is NaN: Wan).
+  Values its optimizer folded from a parameter (a transposed projection) stay weights.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 
 _NOT_IDENTIFIER = re.compile(r"\W")
@@ -53,6 +59,47 @@ def with_identifier_names(proto) -> tuple[object, dict[str, str]]:
         info.name = renamed.get(info.name, info.name)
     initializers = {i.name for i in graph.initializer}
     return proto, {new: old for old, new in renamed.items() if new in initializers}
+
+
+# What torch's dynamo exporter records on a weight's value_info: what torch.export called
+# it, and for a value its optimizer folded into a weight, the values it was computed from.
+_INPUT_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+_FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
+# The exporter's names of the values it makes itself (a literal of the computation).
+_EXPORTER_VALUE = re.compile(r"val_\d+")
+
+
+def torch_non_parameters(proto) -> set[str]:
+    """The names of the weights of `proto` that torch's dynamo exporter marks as not a
+    module's parameters: buffers, and its own constants (unmarked, folded from nothing or
+    from its own values alone). A value folded from a module's state (a transposed
+    parameter) stays a weight: the parameter it was folded from is gone. Empty for a file
+    no weight of which carries the marks (another exporter's: nothing tells its parameters
+    from its constants)."""
+    meta = {info.name: {e.key: e.value for e in info.metadata_props}
+            for info in proto.graph.value_info}
+    if not any(_INPUT_KIND in m for m in meta.values()):
+        return set()
+    return {i.name for i in proto.graph.initializer if _not_a_parameter(meta.get(i.name, {}))}
+
+
+def _not_a_parameter(marks: dict) -> bool:
+    kind = marks.get(_INPUT_KIND)
+    if kind is not None:
+        return kind != "PARAMETER"
+    sources = _names_listed(marks.get(_FOLDED_FROM, "[]"))
+    return sources is not None and all(_EXPORTER_VALUE.fullmatch(n) for n in sources)
+
+
+def _names_listed(text: str) -> list[str] | None:
+    """The names of a printed Python list of strings, or None when it is not one."""
+    try:
+        names = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return None
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+        return None
+    return list(names)
 
 
 def with_perms_in_range(proto) -> tuple[object, int]:

@@ -1,14 +1,17 @@
-"""OrderInFloat32: the ops that order bfloat16 data (`sort`, `argsort`, `topk`, `argmax`,
-`argmin`) computed on its float32 values.
+"""Bfloat16InFloat32: the ops TVM cannot compute on bfloat16 data computed on its float32
+values: those that order it (`sort`, `argsort`, `topk`, `argmax`, `argmin`) and those that
+test it (`isnan`, `isinf`, `isfinite`).
 
 TVM's CPU sorts (`tvm.contrib.sort`, which DispatchSortScan sends them to) do not order
 bfloat16: measured on llvm, `topk(k=1)` of [-1.5, 0.25, -3, 2, 0.5, -0.1] gives -3 at index 1,
 and `sort` returns a permutation that is not sorted; a `max(dim)` (imported as a `topk`) of
 Hiera's query pooling sent its bfloat16 build's logits off by their own size. float16 sorts
 right. `argmax` / `argmin` of bfloat16 do not compile (TVM's lowering of their reduction
-fails a type check, plain `tvm.compile` too). Every bfloat16 value is a float32 value, so
-ordering the widened data and rounding the values back gives the same values and indices
-exactly; the rewrite is the same on every target.
+fails a type check, plain `tvm.compile` too), nor do the finiteness tests ("Data type
+bfloat16 not supported for finiteness ops": the tiny autoencoder's latents, quantised where
+finite, under `--dtype bf16`). Every bfloat16 value is a float32 value, NaNs and infinities
+included, so ordering or testing the widened data and rounding the values back gives the same
+values, indices and flags exactly; the rewrite is the same on every target.
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ import tvm
 from tvm import relax
 
 _ORDERS = ("relax.sort", "relax.argsort", "relax.topk", "relax.argmax", "relax.argmin")
+_TESTS = ("relax.isnan", "relax.isinf", "relax.isfinite")
 _LOW = "bfloat16"
 
 
-@tvm.transform.module_pass(opt_level=0, name="OrderInFloat32")
-class OrderInFloat32:
-    """Order bfloat16 data by its float32 values (see the module docstring)."""
+@tvm.transform.module_pass(opt_level=0, name="Bfloat16InFloat32")
+class Bfloat16InFloat32:
+    """Order and test bfloat16 data by its float32 values (see the module docstring)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         mutator = _Widen(mod)
@@ -40,7 +44,7 @@ class _Widen(relax.expr_functor.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name in _ORDERS):
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name in _ORDERS + _TESTS):
             return call
         data = call.args[0]
         if not (isinstance(data.ty, relax.TensorType) and str(data.ty.dtype) == _LOW):
@@ -48,6 +52,8 @@ class _Widen(relax.expr_functor.PyExprMutator):
         self.changed = True
         bb, op, attrs = self.builder_, relax.op, call.attrs
         wide = bb.emit(op.astype(data, "float32"))
+        if call.op.name in _TESTS:
+            return relax.Call(call.op, [wide])
         if call.op.name == "relax.sort":
             return op.astype(bb.emit(op.sort(wide, int(attrs.axis), bool(attrs.descending))),
                              _LOW)
